@@ -1,0 +1,359 @@
+#include "sim/core/simulator.h"
+
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <boost/context/detail/fcontext.hpp>
+#include <fmt/format.h>
+
+#include "sim/core/waiter.h"
+
+#ifdef CUBESIM_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace cubesim::sim {
+
+namespace bctx = boost::context;
+using bctx::detail::fcontext_t;
+using bctx::detail::transfer_t;
+
+namespace {
+thread_local Simulator* t_active = nullptr;
+char kFinishedTag;  // address passed back by a fiber that has finished
+
+[[noreturn]] void internal_error(const char* what) {
+  std::fprintf(stderr, "cubesim: internal error in the scheduler: %s\n", what);
+  std::abort();
+}
+}  // namespace
+
+namespace detail {
+// Stacks are anonymous mappings (reserved, committed page by page on first touch), recycled through
+// a free list. A guarded stack has one PROT_NONE page below its usable range, so an overflow faults.
+class StackPool {
+ public:
+  StackPool(std::size_t size, bool guarded) : guarded_(guarded) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    page_ = page;
+    size_ = (size + page - 1) / page * page;
+  }
+  ~StackPool() {
+    for (void* sp : free_) ::munmap(static_cast<char*>(sp) - mapped(), mapped());
+  }
+  // Returns the top of a stack of size() usable bytes.
+  void* get() {
+    if (!free_.empty()) {
+      void* sp = free_.back();
+      free_.pop_back();
+      return sp;
+    }
+    void* base = ::mmap(nullptr, mapped(), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (base == MAP_FAILED) {
+      throw std::runtime_error(fmt::format("cubesim: cannot map a {}-byte process stack ({} stacks live); "
+                                           "lower SimulatorOptions::stack_size or the process count",
+                                           mapped(), allocated_));
+    }
+    if (guarded_ && ::mprotect(base, page_, PROT_NONE) != 0) {
+      ::munmap(base, mapped());
+      throw std::runtime_error("cubesim: cannot protect a stack guard page (mprotect failed)");
+    }
+    ++allocated_;
+    return static_cast<char*>(base) + mapped();
+  }
+  void put(void* sp) { free_.push_back(sp); }
+  std::size_t size() const { return size_; }
+  std::size_t allocated() const { return allocated_; }
+
+ private:
+  std::size_t mapped() const { return size_ + (guarded_ ? page_ : 0); }
+  std::size_t size_;
+  std::size_t page_;
+  bool guarded_;
+  std::vector<void*> free_;
+  std::size_t allocated_ = 0;
+};
+}  // namespace detail
+
+// The function every fiber starts in. It never returns: it jumps back to the scheduler for good.
+struct FiberEntry {
+  static void run(transfer_t t) {
+    auto* p = static_cast<Process*>(t.data);
+    Simulator* sim = p->sim_;
+    sim->main_ctx_ = t.fctx;
+#ifdef CUBESIM_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &sim->asan_main_bottom_, &sim->asan_main_size_);
+#endif
+    if (!p->cancel_) {
+      try {
+        p->body();
+      } catch (const detail::ProcessUnwind&) {
+        // torn down while blocked: nothing to report
+      } catch (...) {
+        sim->record_failure(*p, std::current_exception());
+      }
+    }
+    sim->unlink(p);
+    sim->finished_sp_ = p->stack_sp_;
+    sim->finished_size_ = p->stack_size_;
+    p->~Process();  // the record lives on this stack: destroy it before leaving for good
+#ifdef CUBESIM_ASAN
+    __sanitizer_start_switch_fiber(nullptr, sim->asan_main_bottom_, sim->asan_main_size_);
+#endif
+    bctx::detail::jump_fcontext(static_cast<fcontext_t>(sim->main_ctx_), &kFinishedTag);
+    internal_error("a finished fiber was resumed");
+  }
+};
+
+Simulator::Simulator(SimulatorOptions opts)
+    : opts_(opts), stacks_(std::make_unique<detail::StackPool>(opts.stack_size, opts.protected_stacks)) {
+  if (opts.stack_size < 16 * 1024) {
+    throw std::invalid_argument(
+        fmt::format("cubesim: SimulatorOptions::stack_size {} is too small; use at least 16384 bytes", opts.stack_size));
+  }
+  trace_.set_enabled(opts.trace);
+}
+
+Simulator::~Simulator() {
+  unwind_all();
+  queue_.clear();
+}
+
+Simulator* Simulator::active() { return t_active; }
+
+std::size_t Simulator::stack_size() const { return stacks_->size(); }
+std::size_t Simulator::stacks_allocated() const { return stacks_->allocated(); }
+
+void* Simulator::allocate_record(std::size_t bytes, std::size_t align, void** sp, std::size_t* size) {
+  void* top_ptr = stacks_->get();
+  *sp = top_ptr;
+  *size = stacks_->size();
+  if (align < 64) align = 64;
+  auto top = reinterpret_cast<std::uintptr_t>(top_ptr);
+  auto rec = (top - bytes) & ~(static_cast<std::uintptr_t>(align) - 1);
+  if (top - rec + 4096 > *size) {
+    stacks_->put(top_ptr);
+    throw std::invalid_argument(fmt::format(
+        "cubesim: the process callable ({} bytes) does not fit its {}-byte stack; capture by reference or "
+        "raise SimulatorOptions::stack_size",
+        bytes, *size));
+  }
+  return reinterpret_cast<void*>(rec);
+}
+
+void Simulator::start(Process* p, void* sp, std::size_t size) {
+  p->stack_sp_ = sp;
+  p->stack_size_ = size;
+  p->id_ = next_id_++;
+  p->live_prev_ = live_tail_;
+  p->live_next_ = nullptr;
+  if (live_tail_) live_tail_->live_next_ = p; else live_head_ = p;
+  live_tail_ = p;
+  ++live_count_;
+  // The fiber's stack runs from just below the record down to the bottom of the allocation.
+  const auto top = reinterpret_cast<std::uintptr_t>(sp);
+  const auto rec = reinterpret_cast<std::uintptr_t>(p);
+  p->ctx_ = bctx::detail::make_fcontext(p, size - (top - rec), &FiberEntry::run);
+  p->state_ = Process::State::kReady;
+  queue_.push_resume(now(), EventQueue::kDefaultPriority, p);
+}
+
+void Simulator::unlink(Process* p) {
+  if (p->live_prev_) p->live_prev_->live_next_ = p->live_next_; else live_head_ = p->live_next_;
+  if (p->live_next_) p->live_next_->live_prev_ = p->live_prev_; else live_tail_ = p->live_prev_;
+  --live_count_;
+}
+
+void Simulator::resume(Process* p) {
+  if (p->state_ == Process::State::kRunning) internal_error("resume of a running process");
+  Process* prev = current_;
+  current_ = p;
+  p->state_ = Process::State::kRunning;
+#ifdef CUBESIM_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, static_cast<char*>(p->stack_sp_) - p->stack_size_, p->stack_size_);
+#endif
+  transfer_t t = bctx::detail::jump_fcontext(static_cast<fcontext_t>(p->ctx_), p);
+#ifdef CUBESIM_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  current_ = prev;
+  if (t.data == &kFinishedTag) {
+    stacks_->put(finished_sp_);  // p is gone
+  } else {
+    p->ctx_ = t.fctx;
+  }
+}
+
+void Simulator::yield_to_scheduler(Process& p) {
+#ifdef CUBESIM_ASAN
+  __sanitizer_start_switch_fiber(&p.asan_fake_stack_, asan_main_bottom_, asan_main_size_);
+#endif
+  transfer_t t = bctx::detail::jump_fcontext(static_cast<fcontext_t>(main_ctx_), nullptr);
+#ifdef CUBESIM_ASAN
+  __sanitizer_finish_switch_fiber(p.asan_fake_stack_, &asan_main_bottom_, &asan_main_size_);
+#endif
+  main_ctx_ = t.fctx;
+}
+
+Process& Simulator::require_process(const char* what) const {
+  if (current_ == nullptr) {
+    throw NotInProcessError(fmt::format(
+        "cubesim: {} called outside a simulated process (from a callback or from code outside run()); "
+        "blocking calls are valid only inside a process started with Simulator::spawn",
+        what));
+  }
+  return *current_;
+}
+
+void Simulator::block(Process& p, const WaitGroup* group) {
+  if (&p != current_) internal_error("block() of a process that is not running");
+  if (p.cancel_) throw detail::ProcessUnwind{};
+  p.state_ = Process::State::kBlocked;
+  p.wait_group_ = group;
+  p.blocked_since_ = now();
+  yield_to_scheduler(p);
+  p.wait_group_ = nullptr;
+  if (p.cancel_) throw detail::ProcessUnwind{};
+}
+
+void Simulator::wake(Process& p) {
+  if (p.state_ != Process::State::kBlocked) internal_error("wake() of a process that is not blocked");
+  p.state_ = Process::State::kReady;
+  queue_.push_resume(now(), EventQueue::kDefaultPriority, &p);
+}
+
+void Simulator::sleep(Process& p, Duration d) {
+  queue_.push_resume(add(now(), d), EventQueue::kDefaultPriority, &p);
+  block(p, nullptr);
+}
+
+void Simulator::record_failure(Process& p, std::exception_ptr e) {
+  std::string msg;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    msg = ex.what();
+  } catch (...) {
+    msg = "an exception not derived from std::exception";
+  }
+  if (!stopping_) {
+    stopping_ = true;
+    failure_time_ = now();
+  }
+  failures_.push_back(ProcessFailure{p.name_, p.id_, now(), std::move(msg), e});
+}
+
+namespace {
+struct ActiveGuard {
+  Simulator* prev;
+  explicit ActiveGuard(Simulator* s) : prev(t_active) { t_active = s; }
+  ~ActiveGuard() { t_active = prev; }
+};
+}  // namespace
+
+void Simulator::run_loop(Time limit) {
+  if (current_ != nullptr) {
+    throw std::logic_error("cubesim: Simulator::run() called from inside a simulated process");
+  }
+  ActiveGuard guard(this);
+  while (!queue_.empty()) {
+    const Time t = queue_.next_time();
+    if (t > limit) break;
+    if (stopping_ && t > failure_time_) break;
+    queue_.pop_and_run([this](void* p) { resume(static_cast<Process*>(p)); });
+  }
+  if (!failures_.empty()) {
+    std::vector<ProcessFailure> failures = std::move(failures_);
+    failures_.clear();
+    unwind_all();
+    queue_.clear();
+    stopping_ = false;
+    throw ProcessError(std::move(failures));
+  }
+}
+
+void Simulator::run() {
+  run_loop(kTimeMax);
+  if (live_count_ > 0) throw_deadlock();
+}
+
+void Simulator::run_until(Time t) { run_loop(t); }
+
+std::string describe(const WaiterList& list, std::uint64_t amount) {
+  std::string s = fmt::format("{} '{}'", list.kind, list.name ? *list.name : std::string("?"));
+  if (amount) s += fmt::format(" ({} units)", amount);
+  if (list.detail) s += fmt::format(" ({})", list.detail(list.owner));
+  return s;
+}
+
+void Simulator::throw_deadlock() {
+  std::vector<BlockedProcess> blocked;
+  for (Process* p = live_head_; p; p = p->live_next_) {
+    std::string what = "nothing (it was never woken)";
+    if (const WaitGroup* g = p->wait_group_) {
+      std::vector<std::string> parts;
+      for (std::size_t i = 0; i < g->count; ++i) {
+        const Waiter& w = g->waiters[i];
+        if (w.list) parts.push_back(describe(*w.list, w.amount));
+      }
+      if (g->mode == nullptr && parts.size() == 1) {
+        what = parts[0];
+      } else {
+        what = fmt::format("{} of [{}]", g->mode ? g->mode : "one", fmt::join(parts, ", "));
+      }
+    }
+    blocked.push_back(BlockedProcess{p->name_, p->id_, std::move(what), p->blocked_since_});
+  }
+  const Time t = now();
+  unwind_all();
+  queue_.clear();
+  throw DeadlockError(t, std::move(blocked));
+}
+
+void Simulator::unwind_all() {
+  // Resume every live process with cancel set: a blocked one throws ProcessUnwind out of its
+  // blocking call, so its stack unwinds (destructors run) and its fiber finishes.
+  ActiveGuard guard(this);
+  while (live_head_) {
+    Process* p = live_head_;
+    p->cancel_ = true;
+    resume(p);
+    if (live_head_ == p) internal_error("a process did not finish when unwound (did it swallow ProcessUnwind?)");
+  }
+  failures_.clear();
+  stopping_ = false;
+}
+
+namespace this_process {
+namespace {
+Process& running(const char* what) {
+  Simulator* s = Simulator::active();
+  if (s == nullptr) {
+    throw NotInProcessError(fmt::format(
+        "cubesim: {} called outside a simulated process (no simulation is running on this thread)", what));
+  }
+  return s->require_process(what);
+}
+}  // namespace
+
+void sleep(Duration d) {
+  Process& p = running("this_process::sleep()");
+  p.simulator().sleep(p, d);
+}
+
+Time now() {
+  Simulator* s = Simulator::active();
+  if (s == nullptr) throw NotInProcessError("cubesim: this_process::now() called with no simulation running");
+  return s->now();
+}
+
+Process& self() { return running("this_process::self()"); }
+}  // namespace this_process
+
+}  // namespace cubesim::sim

@@ -1,0 +1,323 @@
+#include "sim/core/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sim/core/barrier.h"
+#include "sim/core/event.h"
+#include "sim/core/resource.h"
+#include "sim/core/wait.h"
+
+namespace cubesim::sim {
+namespace {
+
+// Counts live instances: a process unwound at teardown must run its destructors.
+struct Tracked {
+  static inline int live = 0;
+  Tracked() { ++live; }
+  ~Tracked() { --live; }
+};
+
+TEST(Simulator, ProcessesSleepAndSeeSimulatedTime) {
+  Simulator sim;
+  std::vector<std::string> log;
+  sim.spawn("a", [&] {
+    this_process::sleep(ns(10));
+    log.push_back("a@" + std::to_string(this_process::now()));
+  });
+  sim.spawn("b", [&] {
+    this_process::sleep(ns(5));
+    log.push_back("b@" + std::to_string(sim.now()));
+    this_process::sleep(ns(5));
+    log.push_back("b@" + std::to_string(sim.now()));
+  });
+  sim.run();
+  // At 10 ns both are due; a's wake-up was pushed first (at t=0), so a runs first.
+  EXPECT_EQ(log, (std::vector<std::string>{"b@5000", "a@10000", "b@10000"}));
+  EXPECT_EQ(sim.now(), ns(10));
+  EXPECT_EQ(sim.processes_live(), 0u);
+}
+
+TEST(Simulator, SpawnOrderIsStartOrderAndYieldLetsOthersRun) {
+  Simulator sim;
+  std::string s;
+  for (char c : std::string("abc")) {
+    sim.spawn(std::string(1, c), [&s, c] {
+      s += c;
+      this_process::yield();
+      s += static_cast<char>(c - 32);
+    });
+  }
+  sim.run();
+  EXPECT_EQ(s, "abcABC");
+}
+
+TEST(Simulator, ProcessesSpawnProcesses) {
+  Simulator sim;
+  int done = 0;
+  sim.spawn("parent", [&] {
+    for (int i = 0; i < 10; ++i) {
+      sim.spawn("child" + std::to_string(i), [&, i] {
+        this_process::sleep(ns(i));
+        ++done;
+      });
+    }
+  });
+  sim.run();
+  EXPECT_EQ(done, 10);
+  EXPECT_EQ(sim.now(), ns(9));
+}
+
+// A random workload: processes sleep random times, contend for a resource, pass events and meet at
+// a barrier. The observable order (who did what when) is hashed; two runs must agree bit for bit,
+// and so must the queue's own event-order hash.
+std::pair<std::uint64_t, std::uint64_t> random_workload(std::uint64_t seed) {
+  Simulator sim;
+  Resource res(2, "shared");
+  Barrier bar(8, "bar");
+  std::vector<std::unique_ptr<Event>> evs;
+  for (int i = 0; i < 8; ++i) evs.push_back(std::make_unique<Event>("e" + std::to_string(i)));
+  std::uint64_t h = 1469598103934665603ull;
+  auto note = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull ^ sim.now(); };
+  for (int r = 0; r < 8; ++r) {
+    sim.spawn("p" + std::to_string(r), [&, r] {
+      std::mt19937_64 rng(seed * 100 + r);
+      for (int step = 0; step < 50; ++step) {
+        this_process::sleep(rng() % 3 == 0 ? 0 : ps(rng() % 2000));
+        res.acquire(1 + rng() % 2);
+        note(r * 1000 + step);
+        this_process::sleep(ps(rng() % 500));
+        res.release(res.capacity() - res.available());
+        if (step == 25) {
+          evs[r]->trigger();
+          evs[(r + 1) % 8]->wait();
+          bar.arrive_and_wait();
+          note(77 + r);
+        }
+      }
+    });
+  }
+  sim.run();
+  return {h, sim.event_order_hash()};
+}
+
+TEST(Simulator, DeterministicEventOrderAcrossRuns) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    auto a = random_workload(seed);
+    auto b = random_workload(seed);
+    EXPECT_EQ(a.first, b.first) << "seed " << seed;
+    EXPECT_EQ(a.second, b.second) << "seed " << seed;
+  }
+  EXPECT_NE(random_workload(1).first, random_workload(2).first);  // the hash does see the workload
+}
+
+TEST(Simulator, ExceptionEndsRunNamingProcessAndTime) {
+  Tracked::live = 0;
+  Simulator sim;
+  Event never("never");
+  int after_throw = 0;
+  sim.spawn("worker", [&] {
+    this_process::sleep(ns(3));
+    throw std::runtime_error("bad tile index 17");
+  });
+  sim.spawn("waiter", [&] {
+    Tracked t;
+    never.wait();
+    ++after_throw;
+  });
+  sim.spawn("sleeper", [&] {
+    Tracked t;
+    this_process::sleep(us(5));
+    ++after_throw;
+  });
+  try {
+    sim.run();
+    FAIL() << "run() should have thrown";
+  } catch (const ProcessError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'worker'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3.000 ns"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bad tile index 17"), std::string::npos) << msg;
+    ASSERT_EQ(e.failures().size(), 1u);
+    EXPECT_EQ(e.failures()[0].time, ns(3));
+    EXPECT_THROW(std::rethrow_exception(e.failures()[0].error), std::runtime_error);
+  }
+  EXPECT_EQ(after_throw, 0);
+  EXPECT_EQ(Tracked::live, 0);  // siblings were unwound, destructors ran
+  EXPECT_EQ(sim.processes_live(), 0u);
+  EXPECT_EQ(sim.now(), ns(3));  // the sleeper's 5 us never happened
+}
+
+TEST(Simulator, AllFailuresAtTheSameInstantAreReported) {
+  Simulator sim;
+  for (int r = 0; r < 4; ++r) {
+    sim.spawn("rank" + std::to_string(r), [r] {
+      this_process::sleep(ns(r < 2 ? 7 : 8));
+      throw std::invalid_argument("shape mismatch on rank " + std::to_string(r));
+    });
+  }
+  try {
+    sim.run();
+    FAIL();
+  } catch (const ProcessError& e) {
+    ASSERT_EQ(e.failures().size(), 2u);  // ranks 0 and 1 at 7 ns; ranks 2, 3 never got to 8 ns
+    EXPECT_EQ(e.failures()[0].process, "rank0");
+    EXPECT_EQ(e.failures()[1].process, "rank1");
+    EXPECT_NE(std::string(e.what()).find("2 processes failed at 7.000 ns"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Simulator, DeadlockReportListsEachBlockedProcessAndWhatItWaitsOn) {
+  Simulator sim;
+  Event a("grad.ready"), b("weights.loaded");
+  Resource r(2, "hbm.port");
+  Barrier bar(3, "step.barrier");
+  sim.spawn("rank0", [&] { a.wait(); });
+  sim.spawn("rank1", [&] {
+    this_process::sleep(ns(4));
+    wait_any({&a, &b});
+  });
+  sim.spawn("dma", [&] {
+    r.acquire(2);
+    this_process::sleep(ns(1));
+    r.acquire(1);  // holds both units and asks for a third: waits forever
+  });
+  sim.spawn("rank2", [&] { bar.arrive_and_wait(); });
+  try {
+    sim.run();
+    FAIL() << "expected a deadlock";
+  } catch (const DeadlockError& e) {
+    const std::string msg = e.what();
+    ASSERT_EQ(e.blocked().size(), 4u) << msg;
+    EXPECT_EQ(e.blocked()[0].process, "rank0");
+    EXPECT_EQ(e.blocked()[0].waits_on, "Event 'grad.ready'");
+    EXPECT_EQ(e.blocked()[1].waits_on, "any of [Event 'grad.ready', Event 'weights.loaded']");
+    EXPECT_EQ(e.blocked()[1].since, ns(4));
+    EXPECT_EQ(e.blocked()[2].waits_on, "Resource 'hbm.port' (1 units) (0 of 2 free, 1 queued)");
+    EXPECT_EQ(e.blocked()[3].waits_on, "Barrier 'step.barrier' (1 of 3 arrived)");
+    EXPECT_NE(msg.find("deadlock at 4.000 ns"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(sim.processes_live(), 0u);
+}
+
+TEST(Simulator, BlockingOutsideAProcessIsAClearError) {
+  Event e("x");
+  try {
+    e.wait();
+    FAIL();
+  } catch (const NotInProcessError& err) {
+    EXPECT_NE(std::string(err.what()).find("Event::wait()"), std::string::npos);
+  }
+  EXPECT_THROW(this_process::sleep(ns(1)), NotInProcessError);
+  Simulator sim;
+  Resource r(1, "r");
+  sim.at(ns(1), [&] { r.acquire(); });  // a callback is not a process
+  try {
+    sim.run();
+    FAIL();
+  } catch (const NotInProcessError& err) {
+    EXPECT_NE(std::string(err.what()).find("Resource::acquire()"), std::string::npos) << err.what();
+  }
+}
+
+TEST(Simulator, HundredThousandProcessesFinishWithoutLeaks) {
+  Tracked::live = 0;
+  SimulatorOptions o;
+  o.stack_size = 32 * 1024;
+  Simulator sim(o);
+  std::uint64_t sum = 0;
+  constexpr int kN = 100000;
+  sim.spawn("spawner", [&] {
+    for (int i = 0; i < kN; ++i) {
+      sim.spawn("p", [&sum, i] {
+        Tracked t;
+        this_process::sleep(ps(i % 1000));
+        sum += static_cast<std::uint64_t>(i);
+      });
+      if (i % 1000 == 999) this_process::sleep(ps(2000));  // waves: the pool recycles stacks
+    }
+  });
+  sim.run();
+  EXPECT_EQ(sum, std::uint64_t{kN} * (kN - 1) / 2);
+  EXPECT_EQ(sim.processes_spawned(), std::uint64_t{kN} + 1);
+  EXPECT_EQ(sim.processes_live(), 0u);
+  EXPECT_EQ(Tracked::live, 0);
+  EXPECT_LE(sim.stacks_allocated(), 2100u);  // at most ~2 waves alive at once
+}
+
+TEST(Simulator, TeardownUnwindsBlockedProcesses) {
+  Tracked::live = 0;
+  Event never("never");
+  {
+    Simulator sim;
+    for (int i = 0; i < 5; ++i) sim.spawn("w", [&] {
+      Tracked t;
+      never.wait();
+    });
+    sim.spawn("late", [&] {
+      Tracked t;
+      this_process::sleep(ms(1));
+    });
+    sim.run_until(us(1));
+    EXPECT_EQ(Tracked::live, 6);
+    EXPECT_EQ(sim.processes_live(), 6u);
+  }
+  EXPECT_EQ(Tracked::live, 0);
+  EXPECT_EQ(never.waiting(), 0u);
+}
+
+TEST(Simulator, RunUntilThenRunContinues) {
+  Simulator sim;
+  std::vector<Time> seen;
+  sim.spawn("p", [&] {
+    for (int i = 0; i < 5; ++i) {
+      this_process::sleep(ns(10));
+      seen.push_back(sim.now());
+    }
+  });
+  sim.run_until(ns(25));
+  EXPECT_EQ(seen.size(), 2u);
+  sim.run();
+  EXPECT_EQ(seen.size(), 5u);
+  EXPECT_EQ(sim.now(), ns(50));
+}
+
+TEST(Simulator, ProtectedStacksRun) {
+  SimulatorOptions o;
+  o.protected_stacks = true;
+  Simulator sim(o);
+  int n = 0;
+  for (int i = 0; i < 10; ++i) sim.spawn("p", [&] {
+    volatile char buf[8192];
+    buf[0] = 1;
+    this_process::sleep(ns(1));
+    n += buf[0];
+  });
+  sim.run();
+  EXPECT_EQ(n, 10);
+}
+
+TEST(Simulator, TooSmallStackIsRejected) {
+  SimulatorOptions o;
+  o.stack_size = 1024;
+  EXPECT_THROW(Simulator s(o), std::invalid_argument);
+}
+
+TEST(Simulator, CallbacksAndProcessesInterleaveByTime) {
+  Simulator sim;
+  std::vector<int> order;
+  sim.at(ns(5), [&] { order.push_back(1); });
+  sim.spawn("p", [&] {
+    this_process::sleep(ns(5));
+    order.push_back(2);
+  });
+  sim.at(ns(5), [&] { order.push_back(3); }, -1);  // higher priority: first at 5 ns
+  sim.run();
+  EXPECT_EQ(order, (std::vector<int>{3, 1, 2}));
+}
+
+}  // namespace
+}  // namespace cubesim::sim
