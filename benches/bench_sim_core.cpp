@@ -1,7 +1,7 @@
 // bench_sim_core — speed and footprint of sim/core, against a floor measured in the same run.
 //
 //   events_per_s            callback events per second (a queue holding ~1024 pending events)
-//   fiber_switch_ns         a process yielding to the scheduler and being resumed, per switch
+//   fiber_switch_ns         two processes yielding to each other through the scheduler, per switch
 //   raw_switch_ns           two bare Boost.Context fcontexts jumping to each other, per switch (floor)
 //   bytes_per_idle_process  stack + heap per process blocked on an event
 //
@@ -50,17 +50,21 @@ double bench_events(std::uint64_t n) {
   return static_cast<double>(q.executed()) / dt;
 }
 
+// Two processes ping-pong: each yield hands the thread, through the scheduler, to the other.
+// A hand-over is a yield plus a resume: two context switches, which is what we divide by.
 double bench_fiber_switch(std::uint64_t rounds) {
   Simulator sim;
   double t0 = 0, t1 = 0;
-  sim.spawn("pingpong", [&] {
-    for (int i = 0; i < 1000; ++i) this_process::yield();  // warm-up
-    t0 = wall_seconds();
-    for (std::uint64_t i = 0; i < rounds; ++i) this_process::yield();
-    t1 = wall_seconds();
-  });
+  for (int who = 0; who < 2; ++who) {
+    sim.spawn(who ? "pong" : "ping", [&, who] {
+      for (int i = 0; i < 1000; ++i) this_process::yield();  // warm-up
+      if (who == 0) t0 = wall_seconds();
+      for (std::uint64_t i = 0; i < rounds; ++i) this_process::yield();
+      if (who == 1) t1 = wall_seconds();
+    });
+  }
   sim.run();
-  return (t1 - t0) * 1e9 / (2.0 * static_cast<double>(rounds));  // a round is resume + yield
+  return (t1 - t0) * 1e9 / (4.0 * static_cast<double>(rounds));
 }
 
 // The floor: two bare fcontexts ping-ponging, no scheduler.

@@ -1,5 +1,6 @@
 #include "sim/core/event_queue.h"
 
+#include <algorithm>
 #include <cassert>
 #include <stdexcept>
 
@@ -12,16 +13,9 @@ constexpr std::size_t kArity = 4;
 constexpr std::uint64_t kSeqBits = 48;
 constexpr std::uint64_t kSeqMask = (std::uint64_t{1} << kSeqBits) - 1;
 
-inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h * 0x100000001b3ull;
-}
 }  // namespace
 
-EventQueue::EventQueue() {
-  heap_.reserve(1024);
-  now_lane_.reserve(1024);
-}
+EventQueue::EventQueue() : lane_(std::make_unique<Entry[]>(1024)), lane_cap_(1024) { heap_.reserve(1024); }
 
 EventQueue::~EventQueue() { clear(); }
 
@@ -35,7 +29,7 @@ void EventQueue::grow_pool() {
   if (chunk_size_ < 65536) chunk_size_ *= 2;
 }
 
-std::uint64_t EventQueue::insert(Time t, int priority, std::uintptr_t item) {
+std::uint64_t EventQueue::insert_slow(Time t, int priority, std::uintptr_t item) {
   if (t < now_ || priority < -32768 || priority > 32767) {
     drop(item);
     if (t < now_) {
@@ -47,7 +41,22 @@ std::uint64_t EventQueue::insert(Time t, int priority, std::uintptr_t item) {
   assert(seq <= kSeqMask);
   const std::uint64_t key = (static_cast<std::uint64_t>(priority + 32768) << kSeqBits) | (seq & kSeqMask);
   if (t == now_ && priority == kDefaultPriority) {
-    now_lane_.push_back(Entry{t, key, item});
+    // The lane's tail reached its end. Its head advances too (the lane only resets when it
+    // drains, which a steady stream of wake-ups may never let it do): slide the live entries to
+    // the front, and grow only if they fill more than half of it.
+    const std::size_t live = lane_tail_ - lane_head_;
+    if (live * 2 > lane_cap_) {
+      const std::size_t cap = 2 * lane_cap_;
+      auto bigger = std::make_unique<Entry[]>(cap);
+      std::copy(lane_.get() + lane_head_, lane_.get() + lane_tail_, bigger.get());
+      lane_ = std::move(bigger);
+      lane_cap_ = cap;
+    } else {
+      std::copy(lane_.get() + lane_head_, lane_.get() + lane_tail_, lane_.get());
+    }
+    lane_head_ = 0;
+    lane_tail_ = live;
+    lane_[lane_tail_++] = Entry{t, key, item};
   } else {
     heap_.push_back(Entry{t, key, item});
     sift_up(heap_.size() - 1);
@@ -55,27 +64,15 @@ std::uint64_t EventQueue::insert(Time t, int priority, std::uintptr_t item) {
   return seq;
 }
 
-std::uintptr_t EventQueue::pop() {
-  assert(!empty());
-  Entry top;
-  if (lane_has_next()) {
-    top = now_lane_[now_lane_head_++];
-    if (now_lane_head_ == now_lane_.size()) {
-      now_lane_.clear();
-      now_lane_head_ = 0;
-    }
-  } else {
-    top = heap_.front();
-    const Entry last = heap_.back();
-    heap_.pop_back();
-    if (!heap_.empty()) {
-      heap_.front() = last;
-      sift_down(0);
-    }
+std::uintptr_t EventQueue::pop_heap() {
+  const Entry top = heap_.front();
+  const Entry last = heap_.back();
+  heap_.pop_back();
+  if (!heap_.empty()) {
+    heap_.front() = last;
+    sift_down(0);
   }
-  now_ = top.time;
-  ++executed_;
-  hash_ = mix(mix(hash_, top.time), top.key);
+  note(top);
   return top.item;
 }
 
@@ -96,9 +93,8 @@ void EventQueue::throw_resume_without_handler() {
 void EventQueue::clear() {
   for (Entry& e : heap_) drop(e.item);
   heap_.clear();
-  for (std::size_t i = now_lane_head_; i < now_lane_.size(); ++i) drop(now_lane_[i].item);
-  now_lane_.clear();
-  now_lane_head_ = 0;
+  for (std::size_t i = lane_head_; i < lane_tail_; ++i) drop(lane_[i].item);
+  lane_head_ = lane_tail_ = 0;
 }
 
 void EventQueue::sift_up(std::size_t i) {
@@ -112,22 +108,40 @@ void EventQueue::sift_up(std::size_t i) {
   heap_[i] = e;
 }
 
+// Floyd's variant: move the hole down to a leaf along the smaller children (picked without
+// branches: the four-way minimum is the hot spot), then sift the displaced entry up from there.
 void EventQueue::sift_down(std::size_t i) {
   const std::size_t n = heap_.size();
   const Entry e = heap_[i];
+  Entry* h = heap_.data();
+  using u128 = unsigned __int128;
+  auto k = [](const Entry& a) { return (u128{a.time} << 64) | a.key; };
+  auto less = [&](const Entry& a, const Entry& b) { return k(a) < k(b); };
+  // cond ? x : y without a branch (the compiler turns ?: into mispredicted jumps here).
+  auto sel = [](std::size_t cond, std::size_t x, std::size_t y) { return y ^ ((x ^ y) & (std::size_t{0} - cond)); };
   for (;;) {
     const std::size_t first = i * kArity + 1;
-    if (first >= n) break;
-    std::size_t best = first;
-    const std::size_t end = first + kArity < n ? first + kArity : n;
-    for (std::size_t c = first + 1; c < end; ++c) {
-      if (before(heap_[c], heap_[best])) best = c;
+    std::size_t best;
+    if (first + kArity <= n) [[likely]] {
+      const std::size_t b01 = sel(k(h[first + 1]) < k(h[first]), first + 1, first);
+      const std::size_t b23 = sel(k(h[first + 3]) < k(h[first + 2]), first + 3, first + 2);
+      best = sel(k(h[b23]) < k(h[b01]), b23, b01);
+    } else if (first < n) {
+      best = first;
+      for (std::size_t c = first + 1; c < n; ++c) best = less(h[c], h[best]) ? c : best;
+    } else {
+      break;
     }
-    if (!before(heap_[best], e)) break;
-    heap_[i] = heap_[best];
+    h[i] = h[best];
     i = best;
   }
-  heap_[i] = e;
+  while (i > 0) {
+    const std::size_t parent = (i - 1) / kArity;
+    if (!less(e, h[parent])) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
 }
 
 }  // namespace cubesim::sim

@@ -50,8 +50,8 @@ class EventQueue {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
-  bool empty() const { return heap_.empty() && now_lane_head_ == now_lane_.size(); }
-  std::size_t size() const { return heap_.size() + (now_lane_.size() - now_lane_head_); }
+  bool empty() const { return heap_.empty() && lane_head_ == lane_tail_; }
+  std::size_t size() const { return heap_.size() + (lane_tail_ - lane_head_); }
   Time next_time() const { return lane_has_next() ? now_ : heap_.front().time; }
   Time now() const { return now_; }
 
@@ -59,12 +59,22 @@ class EventQueue {
   // push_resume target is passed to resume(void*). Precondition: !empty().
   template <class Resume>
   void pop_and_run(Resume&& resume) {
-    const std::uintptr_t item = pop();
-    if (item & 1u) {
-      resume(reinterpret_cast<void*>(item & ~std::uintptr_t{1}));
+    dispatch(pop(), resume);
+  }
+  // The scheduler's loop step: if the next event is due at or before `limit`, pops and runs it
+  // and returns true; otherwise (or when empty) returns false.
+  template <class Resume>
+  bool run_next(Time limit, Resume&& resume) {
+    std::uintptr_t item;
+    if (lane_has_next()) {
+      if (now_ > limit) return false;
+      item = pop_lane();
     } else {
-      run_node(reinterpret_cast<Node*>(item));
+      if (heap_.empty() || heap_.front().time > limit) return false;
+      item = pop_heap();
     }
+    dispatch(item, resume);
+    return true;
   }
   void pop_and_run() {
     pop_and_run([](void*) { throw_resume_without_handler(); });
@@ -74,6 +84,7 @@ class EventQueue {
   void clear();
 
   std::uint64_t pushed() const { return seq_; }
+  std::size_t lane_capacity() const { return lane_cap_; }
   std::uint64_t executed() const { return executed_; }
   // A running hash of (time, priority, sequence) of every executed event: two runs of the same
   // input give the same value; a test compares it across runs.
@@ -104,8 +115,36 @@ class EventQueue {
     n->next_free = free_;
     free_ = n;
   }
-  std::uint64_t insert(Time t, int priority, std::uintptr_t item);
-  std::uintptr_t pop();
+  std::uint64_t insert(Time t, int priority, std::uintptr_t item) {
+    if (t == now_ && priority == kDefaultPriority && lane_tail_ < lane_cap_) [[likely]] {
+      const std::uint64_t seq = seq_++;
+      lane_[lane_tail_++] = Entry{t, (std::uint64_t{32768} << 48) | seq, item};
+      return seq;
+    }
+    return insert_slow(t, priority, item);
+  }
+  std::uint64_t insert_slow(Time t, int priority, std::uintptr_t item);
+  std::uintptr_t pop() { return lane_has_next() ? pop_lane() : pop_heap(); }
+  std::uintptr_t pop_lane() {
+    const Entry& e = lane_[lane_head_++];
+    if (lane_head_ == lane_tail_) lane_head_ = lane_tail_ = 0;
+    note(e);
+    return e.item;
+  }
+  std::uintptr_t pop_heap();
+  void note(const Entry& e) {
+    now_ = e.time;
+    ++executed_;
+    hash_ = ((hash_ ^ e.time) * 0x100000001b3ull ^ e.key) * 0x9e3779b97f4a7c15ull;
+  }
+  template <class Resume>
+  void dispatch(std::uintptr_t item, Resume& resume) {
+    if (item & 1u) {
+      resume(reinterpret_cast<void*>(item & ~std::uintptr_t{1}));
+    } else {
+      run_node(reinterpret_cast<Node*>(item));
+    }
+  }
   void run_node(Node* n);
   [[noreturn]] static void throw_resume_without_handler();
   void drop(std::uintptr_t item) {
@@ -116,16 +155,15 @@ class EventQueue {
   void grow_pool();
   // True when the next event to run is the front of the now-lane rather than the heap's top.
   bool lane_has_next() const {
-    return now_lane_head_ < now_lane_.size() &&
-           (heap_.empty() || before(now_lane_[now_lane_head_], heap_.front()));
+    return lane_head_ != lane_tail_ && (heap_.empty() || before(lane_[lane_head_], heap_.front()));
   }
 
   std::vector<Entry> heap_;  // 4-ary min-heap
   // Events pushed for the current time at the default priority (wake-ups, mostly) skip the heap:
   // they arrive in sequence order, so this FIFO is already sorted, and popping takes the smaller of
   // its front and the heap's top. The total order is unchanged; the common case is O(1).
-  std::vector<Entry> now_lane_;
-  std::size_t now_lane_head_ = 0;
+  std::unique_ptr<Entry[]> lane_;
+  std::size_t lane_head_ = 0, lane_tail_ = 0, lane_cap_ = 0;
   std::vector<std::unique_ptr<Node[]>> chunks_;
   std::size_t chunk_size_ = 256;
   Node* free_ = nullptr;

@@ -32,6 +32,9 @@ namespace cubesim::sim {
 
 class Simulator;
 struct WaitGroup;
+namespace this_process {
+void sleep(Duration d);
+}
 
 struct SimulatorOptions {
   std::size_t stack_size = 256 * 1024;  // bytes per process stack
@@ -68,6 +71,7 @@ class Process {
  private:
   friend class Simulator;
   friend struct FiberEntry;
+  friend void this_process::sleep(Duration d);
   enum class State : std::uint8_t { kCreated, kReady, kRunning, kBlocked };
 
   Simulator* sim_;
@@ -125,7 +129,15 @@ class Simulator {
   Process& require_process(const char* what) const;
 
   // The simulator whose run() is executing on this thread (nullptr outside run()).
-  static Simulator* active();
+  static Simulator* active() { return t_active_; }
+  static void set_active(Simulator* s) { t_active_ = s; }
+  // The process running now on this thread's active simulator; NotInProcessError naming `what`
+  // when there is none.
+  static Process& running_process(const char* what) {
+    Simulator* s = t_active_;
+    if (s != nullptr && s->current_ != nullptr) [[likely]] return *s->current_;
+    throw_not_in_process(what);
+  }
 
   // For primitives: block the current process until wake(). `group` says what it waits on (for
   // deadlock reports); nullptr means a timed sleep, which is woken by its own event.
@@ -162,11 +174,18 @@ class Simulator {
   void resume(Process* p);
   void yield_to_scheduler(Process& p);
   void run_loop(Time limit);
+  // The switch path, forced inline: fcontext returns by jmp, so each `ret` between a switch and
+  // the loop that continues is a return-stack mispredict. Inlined, one ret at most follows a switch.
+  void block_inline(Process& p, const WaitGroup* group);
+  void sleep_inline(Process& p, Duration d);
+  [[noreturn]] static void throw_not_in_process(const char* what);
+  static thread_local Simulator* t_active_;
   void record_failure(Process& p, std::exception_ptr e);
   void unlink(Process* p);
   void unwind_all();
   [[noreturn]] void throw_deadlock();
   friend struct FiberEntry;
+  friend void this_process::sleep(Duration d);
 
   SimulatorOptions opts_;
   EventQueue queue_;
@@ -182,6 +201,7 @@ class Simulator {
   std::size_t finished_size_ = 0;
   std::vector<ProcessFailure> failures_;
   Time failure_time_ = 0;
+  Time stop_at_ = kTimeMax;  // the run loop's limit; a failure lowers it to the failure's instant
   bool stopping_ = false;
   Simulator* prev_active_ = nullptr;
 #ifdef CUBESIM_ASAN

@@ -12,16 +12,7 @@ namespace cubesim::sim {
 
 namespace {
 // The running process, or NotInProcessError naming the call.
-Process& caller(const char* what) {
-  Simulator* s = Simulator::active();
-  if (s == nullptr) {
-    throw NotInProcessError(fmt::format(
-        "cubesim: {} called outside a simulated process (no simulation is running on this thread); "
-        "blocking calls are valid only inside a process started with Simulator::spawn",
-        what));
-  }
-  return s->require_process(what);
-}
+Process& caller(const char* what) { return Simulator::running_process(what); }
 }  // namespace
 
 // ---- Event ----

@@ -83,6 +83,25 @@ TEST(EventQueue, PoolRecyclesNodes) {
   EXPECT_EQ(q.executed(), 5000u);
 }
 
+// Two wake-ups ping-ponging at one instant keep the now-lane non-empty forever; it must recycle its
+// space rather than grow (regression: it once doubled on every wrap, ~24 bytes per event).
+TEST(EventQueue, SteadyWakeupsDoNotGrowTheLane) {
+  EventQueue q;
+  int remaining = 1'000'000;
+  struct Bounce {
+    EventQueue* q;
+    int* remaining;
+    void operator()() const {
+      if (--*remaining > 0) q->push(q->now(), 0, Bounce{q, remaining});
+    }
+  };
+  q.push(0, 0, Bounce{&q, &remaining});
+  q.push(0, 0, Bounce{&q, &remaining});
+  while (!q.empty()) q.pop_and_run();
+  EXPECT_LE(q.lane_capacity(), 1024u);
+  EXPECT_EQ(q.executed(), 1'000'001u);
+}
+
 TEST(EventQueue, CallbacksWithStateAreDestroyed) {
   auto token = std::make_shared<int>(1);
   {
