@@ -13,6 +13,7 @@
 #include "sim/core/waiter.h"
 
 #ifdef CUBESIM_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -44,14 +45,14 @@ class StackPool {
     size_ = (size + page - 1) / page * page;
   }
   ~StackPool() {
-    for (void* sp : free_) ::munmap(static_cast<char*>(sp) - mapped(), mapped());
+    for (void* sp : free_) ::munmap(clean(sp) - mapped(), mapped());
   }
   // Returns the top of a stack of size() usable bytes.
   void* get() {
     if (!free_.empty()) {
       void* sp = free_.back();
       free_.pop_back();
-      return sp;
+      return clean(sp);
     }
     void* base = ::mmap(nullptr, mapped(), PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
@@ -65,7 +66,7 @@ class StackPool {
       throw std::runtime_error("cubesim: cannot protect a stack guard page (mprotect failed)");
     }
     ++allocated_;
-    return static_cast<char*>(base) + mapped();
+    return clean(static_cast<char*>(base) + mapped());
   }
   void put(void* sp) { free_.push_back(sp); }
   std::size_t size() const { return size_; }
@@ -73,6 +74,14 @@ class StackPool {
 
  private:
   std::size_t mapped() const { return size_ + (guarded_ ? page_ : 0); }
+  // A finished fiber leaves its frames' redzones poisoned in ASan's shadow, and unmapping does not
+  // clear them either, so a stack (reused, or mapped where an old one was) starts clean.
+  char* clean(void* sp) const {
+#ifdef CUBESIM_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(sp) - size_, size_);
+#endif
+    return static_cast<char*>(sp);
+  }
   std::size_t size_;
   std::size_t page_;
   bool guarded_;
