@@ -1,0 +1,91 @@
+// bench_det_gemm_cuda.cu — device helpers of bench_det_gemm_cuda.cpp: random fills, and the counts
+// and norms that compare two outputs, computed on the GPU so 100s of MB never cross PCIe.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "bench_det_gemm_cuda.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace cubesim::bench::gpu {
+namespace {
+
+__device__ __forceinline__ std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+__global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t r = mix(seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i));
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+    p[i] = __float2bfloat16_rn(u);
+  }
+}
+
+// rows x cols of a (row stride lda) against b (row stride ldb): bitwise mismatches, and the sums
+// of (a-b)^2 and b^2.
+__global__ void compare_kernel(const unsigned short* a, std::int64_t lda, const unsigned short* b, std::int64_t ldb,
+                               std::int64_t rows, std::int64_t cols, unsigned long long* mismatches, double* sq) {
+  unsigned long long bad = 0;
+  double d2 = 0, r2 = 0;
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / cols, c = i % cols;
+    const unsigned short x = a[r * lda + c], y = b[r * ldb + c];
+    bad += x != y;
+    const float fx = __uint_as_float(static_cast<unsigned>(x) << 16), fy = __uint_as_float(static_cast<unsigned>(y) << 16);
+    d2 += static_cast<double>(fx - fy) * (fx - fy);
+    r2 += static_cast<double>(fy) * fy;
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    bad += __shfl_down_sync(0xffffffffu, bad, o);
+    d2 += __shfl_down_sync(0xffffffffu, d2, o);
+    r2 += __shfl_down_sync(0xffffffffu, r2, o);
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(mismatches, bad);
+    atomicAdd(sq, d2);
+    atomicAdd(sq + 1, r2);
+  }
+}
+
+}  // namespace
+
+void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed) {
+  fill_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CUBESIM_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+Comparison compare_bf16(const void* a, std::int64_t lda, const void* b, std::int64_t ldb, std::int64_t rows,
+                        std::int64_t cols) {
+  unsigned long long* cnt = nullptr;
+  double* sq = nullptr;
+  CUBESIM_CUDA_CHECK(cudaMalloc(&cnt, sizeof(unsigned long long)));
+  CUBESIM_CUDA_CHECK(cudaMalloc(&sq, 2 * sizeof(double)));
+  CUBESIM_CUDA_CHECK(cudaMemset(cnt, 0, sizeof(unsigned long long)));
+  CUBESIM_CUDA_CHECK(cudaMemset(sq, 0, 2 * sizeof(double)));
+  compare_kernel<<<1024, 256>>>(static_cast<const unsigned short*>(a), lda, static_cast<const unsigned short*>(b), ldb,
+                                rows, cols, cnt, sq);
+  CUBESIM_CUDA_CHECK_LAUNCH("compare_kernel");
+  unsigned long long h_cnt = 0;
+  double h_sq[2] = {0, 0};
+  CUBESIM_CUDA_CHECK(cudaMemcpy(&h_cnt, cnt, sizeof(h_cnt), cudaMemcpyDeviceToHost));
+  CUBESIM_CUDA_CHECK(cudaMemcpy(h_sq, sq, sizeof(h_sq), cudaMemcpyDeviceToHost));
+  CUBESIM_CUDA_CHECK(cudaFree(cnt));
+  CUBESIM_CUDA_CHECK(cudaFree(sq));
+  Comparison c;
+  c.mismatches = static_cast<std::int64_t>(h_cnt);
+  c.compared = rows * cols;
+  c.rel_fro = h_sq[1] > 0 ? __builtin_sqrt(h_sq[0] / h_sq[1]) : 0.0;
+  return c;
+}
+
+}  // namespace cubesim::bench::gpu

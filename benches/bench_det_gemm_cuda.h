@@ -1,0 +1,20 @@
+// bench_det_gemm_cuda.h — the device helpers bench_det_gemm_cuda.cpp calls (bench_det_gemm_cuda.cu).
+#pragma once
+
+#include <cstdint>
+
+namespace cubesim::bench::gpu {
+
+// n bf16 values uniform in [-1, 1) from a counter-based hash of (seed, index); on the default stream.
+void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed);
+
+struct Comparison {
+  std::int64_t mismatches = 0;  // elements whose bits differ
+  std::int64_t compared = 0;
+  double rel_fro = 0;           // ||a - b|| / ||b||
+};
+// Two rows x cols bf16 matrices (row strides lda, ldb) compared on the device; synchronizes.
+Comparison compare_bf16(const void* a, std::int64_t lda, const void* b, std::int64_t ldb, std::int64_t rows,
+                        std::int64_t cols);
+
+}  // namespace cubesim::bench::gpu

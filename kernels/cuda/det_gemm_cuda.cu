@@ -1,0 +1,273 @@
+// det_gemm_cuda.cu — the public entry points: shape checks, the mode switch, the backward views, and
+// the bf16 repacking that lets the tensor-core kernel take any strided operand.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/det_gemm_cuda.h"
+#include "kernels/cuda/det_gemm_cuda_internal.h"
+#include "kernels/cuda/dtype_cuda.cuh"
+
+namespace cubesim::cuda {
+
+const char* gemm_mode_name(GemmMode m) {
+  switch (m) {
+    case GemmMode::exact: return "exact";
+    case GemmMode::tensor_core: return "tensor_core";
+  }
+  return "?";
+}
+
+const char* tc_config_name(TcConfig c) {
+  switch (c) {
+    case TcConfig::automatic: return "automatic";
+    case TcConfig::m128n256: return "m128n256";
+    case TcConfig::m128n128: return "m128n128";
+    case TcConfig::m64n32: return "m64n32";
+  }
+  return "?";
+}
+
+bool tensor_core_mode_supported() {
+  // Cached per device (0 unknown, 1 no, 2 yes): every tensor-core call asks.
+  static std::atomic<int> cache[64] = {};
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev < 64 && cache[dev].load(std::memory_order_relaxed) != 0) return cache[dev].load(std::memory_order_relaxed) == 2;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  const bool ok = major == 9 && minor == 0;  // the kernels are built for sm_90a only
+  if (dev < 64) cache[dev].store(ok ? 2 : 1, std::memory_order_relaxed);
+  return ok;
+}
+
+namespace detail {
+namespace {
+
+const char* dname(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+  }
+  return "?";
+}
+
+// Can the tensor-core kernel read this rows x kdim operand in place? (bf16, k contiguous, rows
+// 16-byte aligned, as TMA needs.)
+bool tc_native(const void* data, DType t, std::int64_t rows, std::int64_t rs, std::int64_t ks) {
+  if (t != DType::bf16 || ks != 1) return false;
+  if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0) return false;
+  return rows <= 1 || (rs > 0 && (rs * 2) % 16 == 0);
+}
+
+std::int64_t packed_ld(std::int64_t k) { return (k + 7) / 8 * 8; }
+std::size_t round256(std::size_t b) { return (b + 255) / 256 * 256; }
+
+__global__ void pack_bf16_kernel(const void* src, DType t, std::int64_t rows, std::int64_t kdim, std::int64_t rs,
+                                 std::int64_t ks, __nv_bfloat16* dst, std::int64_t ld) {
+  // A 32x32 tile through shared memory, so both the strided read and the k-contiguous write are
+  // coalesced whichever of the source's dimensions is the unit-stride one.
+  __shared__ float tile[32][33];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, k0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  const bool k_fast = (ks < 0 ? -ks : ks) <= (rs < 0 ? -rs : rs);  // read along the smaller stride
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int a = threadIdx.x, b = i;
+    const std::int64_t r = r0 + (k_fast ? b : a), k = k0 + (k_fast ? a : b);
+    if (r < rows && k < kdim) tile[k_fast ? b : a][k_fast ? a : b] = load_elem_rt(src, t, r * rs + k * ks);
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const std::int64_t r = r0 + i, k = k0 + threadIdx.x;
+    if (r < rows && k < kdim) dst[r * ld + k] = __float2bfloat16_rn(tile[i][threadIdx.x]);
+  }
+}
+
+}  // namespace
+
+void launch_pack_bf16(const void* src, DType t, std::int64_t rows, std::int64_t kdim, std::int64_t rs, std::int64_t ks,
+                      void* dst, std::int64_t ld, cudaStream_t stream) {
+  if (rows == 0 || kdim == 0) return;
+  const dim3 grid(static_cast<unsigned>((kdim + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  if ((rows + 31) / 32 > 65535) throw_shape_error("det_gemm_cuda: operand has too many rows to repack");
+  pack_bf16_kernel<<<grid, dim3(32, 8), 0, stream>>>(src, t, rows, kdim, rs, ks, static_cast<__nv_bfloat16*>(dst), ld);
+  CUBESIM_CUDA_CHECK_LAUNCH("pack_bf16_kernel");
+}
+
+}  // namespace detail
+
+using detail::BiasArg;
+using detail::throw_shape_error;
+
+namespace {
+
+// [lo, hi) byte range a view's elements span (empty views: an empty range).
+struct Range {
+  std::uintptr_t lo = 0, hi = 0;
+};
+Range span(const void* data, DType t, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs) {
+  if (rows == 0 || cols == 0) return {};
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(t));
+  const std::int64_t r_lo = std::min<std::int64_t>(0, (rows - 1) * rs), r_hi = std::max<std::int64_t>(0, (rows - 1) * rs);
+  const std::int64_t c_lo = std::min<std::int64_t>(0, (cols - 1) * cs), c_hi = std::max<std::int64_t>(0, (cols - 1) * cs);
+  const auto base = reinterpret_cast<std::intptr_t>(data);
+  return {static_cast<std::uintptr_t>(base + (r_lo + c_lo) * es), static_cast<std::uintptr_t>(base + (r_hi + c_hi + 1) * es)};
+}
+bool overlaps(Range a, Range b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+std::string describe(const char* name, const MatrixView& v) {
+  return std::string(name) + " " + std::to_string(v.rows) + "x" + std::to_string(v.cols) + " " +
+         detail::dname(v.dtype) + " (row stride " + std::to_string(v.row_stride) + ", col stride " +
+         std::to_string(v.col_stride) + ")";
+}
+
+void check_view(const char* fn, const char* name, const MatrixView& v) {
+  if (!dtype_valid(v.dtype))
+    throw_shape_error(std::string(fn) + ": " + name + " has an invalid dtype; valid: f32, bf16, f16");
+  if (v.rows < 0 || v.cols < 0)
+    throw_shape_error(std::string(fn) + ": " + describe(name, v) + " has a negative extent");
+  if (v.rows > 0x7fffffff || v.cols > 0x7fffffff)
+    throw_shape_error(std::string(fn) + ": " + describe(name, v) + " exceeds 2^31-1 rows or columns");
+  if (v.rows > 0 && v.cols > 0 && v.data == nullptr)
+    throw_shape_error(std::string(fn) + ": " + describe(name, v) + " has no data");
+}
+
+BiasArg check_args(const char* fn, const MatrixView& a, const MatrixView& b, const VectorView* bias,
+                   const MutableMatrixView& c) {
+  check_view(fn, "A", a);
+  check_view(fn, "B", b);
+  check_view(fn, "C", c);
+  if (a.cols != b.rows || c.rows != a.rows || c.cols != b.cols)
+    throw_shape_error(std::string(fn) + ": C = A·B needs A [M,K], B [K,N], C [M,N]; got " + describe("A", a) + ", " +
+                      describe("B", b) + ", " + describe("C", c));
+  const Range rc = span(c.data, c.dtype, c.rows, c.cols, c.row_stride, c.col_stride);
+  if (c.rows > 1 && c.cols > 1 && (c.row_stride == 0 || c.col_stride == 0))
+    throw_shape_error(std::string(fn) + ": " + describe("C", c) + " maps several elements to one address");
+  if (overlaps(rc, span(a.data, a.dtype, a.rows, a.cols, a.row_stride, a.col_stride)) ||
+      overlaps(rc, span(b.data, b.dtype, b.rows, b.cols, b.row_stride, b.col_stride)))
+    throw_shape_error(std::string(fn) + ": the output " + describe("C", c) + " overlaps an input; it must not");
+  BiasArg ba;
+  if (bias && bias->data) {
+    if (!dtype_valid(bias->dtype)) throw_shape_error(std::string(fn) + ": bias has an invalid dtype; valid: f32, bf16, f16");
+    if (bias->size != b.cols)
+      throw_shape_error(std::string(fn) + ": bias has " + std::to_string(bias->size) + " elements; C has " +
+                        std::to_string(b.cols) + " columns and the bias needs as many");
+    if (overlaps(rc, span(bias->data, bias->dtype, 1, bias->size, 0, bias->stride)))
+      throw_shape_error(std::string(fn) + ": the output " + describe("C", c) + " overlaps the bias; it must not");
+    ba.data = bias->data;
+    ba.dtype = bias->dtype;
+    ba.stride = bias->stride;
+  }
+  return ba;
+}
+
+struct TcPlan {
+  bool pack_a, pack_b;
+  std::size_t a_bytes, b_bytes;
+};
+
+TcPlan tc_plan(const MatrixView& a, const MatrixView& b) {
+  TcPlan p;
+  const std::int64_t K = a.cols;
+  p.pack_a = !detail::tc_native(a.data, a.dtype, a.rows, a.row_stride, a.col_stride);
+  // The kernel wants Bᵀ [N,K] k-contiguous: B's row stride is Bᵀ's column stride.
+  p.pack_b = !detail::tc_native(b.data, b.dtype, b.cols, b.col_stride, b.row_stride);
+  p.a_bytes = p.pack_a ? detail::round256(static_cast<std::size_t>(a.rows * detail::packed_ld(K) * 2)) : 0;
+  p.b_bytes = p.pack_b ? detail::round256(static_cast<std::size_t>(b.cols * detail::packed_ld(K) * 2)) : 0;
+  return p;
+}
+
+void run_gemm(const char* fn, const MatrixView& a, const MatrixView& b, const VectorView* bias,
+              const MutableMatrixView& c, const GemmOptions& opt, cudaStream_t stream) {
+  const BiasArg ba = check_args(fn, a, b, bias, c);
+  if (opt.mode != GemmMode::exact && opt.mode != GemmMode::tensor_core)
+    throw_shape_error(std::string(fn) + ": unknown GemmMode; valid: exact, tensor_core");
+  if (c.rows == 0 || c.cols == 0) return;
+  // K == 0: C = 0 (+ bias) in either mode; the exact kernel writes exactly that.
+  if (opt.mode == GemmMode::exact || a.cols == 0) {
+    detail::launch_exact_gemm(a, b, ba, c, stream);
+    return;
+  }
+  if (!tensor_core_mode_supported())
+    throw std::invalid_argument(std::string(fn) + ": GemmMode::tensor_core needs an sm_90 GPU (H100/H200); this "
+                                "device is not one. Use GemmMode::exact.");
+
+  const TcPlan plan = tc_plan(a, b);
+  const std::size_t need = plan.a_bytes + plan.b_bytes;
+  void* ws = opt.workspace;
+  bool own = false;
+  if (need > 0 && (ws == nullptr || opt.workspace_bytes < need)) {
+    if (ws != nullptr)
+      throw_shape_error(std::string(fn) + ": workspace of " + std::to_string(opt.workspace_bytes) +
+                        " bytes is too small; " + std::to_string(need) + " needed (det_gemm_cuda_workspace_bytes)");
+    CUBESIM_CUDA_CHECK(cudaMallocAsync(&ws, need, stream));
+    own = true;
+  }
+  const std::int64_t K = a.cols, ldk = detail::packed_ld(K);
+  detail::TcOperands ops;
+  ops.M = static_cast<int>(a.rows);
+  ops.N = static_cast<int>(b.cols);
+  ops.K = static_cast<int>(K);
+  auto* wsb = static_cast<std::uint8_t*>(ws);
+  try {
+    if (plan.pack_a) {
+      detail::launch_pack_bf16(a.data, a.dtype, a.rows, K, a.row_stride, a.col_stride, wsb, ldk, stream);
+      ops.a = wsb;
+      ops.lda = ldk;
+    } else {
+      ops.a = a.data;
+      ops.lda = a.rows <= 1 ? ldk : a.row_stride;
+    }
+    if (plan.pack_b) {
+      void* dst = wsb + plan.a_bytes;
+      detail::launch_pack_bf16(b.data, b.dtype, b.cols, K, b.col_stride, b.row_stride, dst, ldk, stream);
+      ops.bt = dst;
+      ops.ldb = ldk;
+    } else {
+      ops.bt = b.data;
+      ops.ldb = b.cols <= 1 ? ldk : b.col_stride;
+    }
+    detail::launch_tc_gemm(ops, ba, c, opt.tc_config, stream);
+  } catch (...) {
+    if (own) cudaFreeAsync(ws, stream);
+    throw;
+  }
+  if (own) CUBESIM_CUDA_CHECK(cudaFreeAsync(ws, stream));
+}
+
+}  // namespace
+
+std::size_t det_gemm_cuda_workspace_bytes(const MatrixView& A, const MatrixView& B, const GemmOptions& opt) {
+  if (opt.mode != GemmMode::tensor_core || A.cols == 0) return 0;
+  const TcPlan p = tc_plan(A, B);
+  return p.a_bytes + p.b_bytes;
+}
+
+void det_gemm_cuda(const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C,
+                   const GemmOptions& opt, cudaStream_t stream) {
+  run_gemm("det_gemm_cuda", A, B, bias, C, opt, stream);
+}
+
+void det_gemm_cuda_backward_input(const MatrixView& dC, const MatrixView& B, const MutableMatrixView& dA,
+                                  const GemmOptions& opt, cudaStream_t stream) {
+  // dA [M,K] = dC [M,N] · Bᵀ [N,K]: the reduction runs over n, ascending.
+  if (dC.cols != B.cols)
+    throw_shape_error("det_gemm_cuda_backward_input: dA = dC·Bᵀ needs dC [M,N] and B [K,N]; got " + describe("dC", dC) +
+                      ", " + describe("B", B));
+  run_gemm("det_gemm_cuda_backward_input", dC, B.transposed(), nullptr, dA, opt, stream);
+}
+
+void det_gemm_cuda_backward_weight(const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB,
+                                   const GemmOptions& opt, cudaStream_t stream) {
+  // dB [K,N] = Aᵀ [K,M] · dC [M,N]: the reduction runs over m, ascending.
+  if (A.rows != dC.rows)
+    throw_shape_error("det_gemm_cuda_backward_weight: dB = Aᵀ·dC needs A [M,K] and dC [M,N]; got " + describe("A", A) +
+                      ", " + describe("dC", dC));
+  run_gemm("det_gemm_cuda_backward_weight", A.transposed(), dC, nullptr, dB, opt, stream);
+}
+
+}  // namespace cubesim::cuda

@@ -1,0 +1,225 @@
+// det_gemm_exact.cu — GemmMode::exact: the numerics contract with FFMA, tuned for the f32 pipes.
+//
+// A classic register-blocked SGEMM: a 128x128 block tile, 256 threads, 8x8 outputs per thread,
+// k staged through shared memory 16 at a time (widened to f32 on the way in), the next k-tile
+// prefetched into registers while the current one is consumed. The contract is kept because each
+// accumulator is owned by exactly one thread and updated by one __fmaf_rn per k, in ascending k,
+// from 0.0f; blocking over k only changes when the loads happen, never the order of the FMAs. The
+// last, partial k-tile stops at K (it does not run zero-padded k, which could turn a -0 sum to +0).
+// Vectorized over m and n only, never over k.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/det_gemm_cuda_internal.h"
+#include "kernels/cuda/dtype_cuda.cuh"
+
+namespace cubesim::cuda::detail {
+namespace {
+
+constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
+constexpr int PAD = 4;  // keeps float4 alignment (row = 132 floats = 528 B) and spreads banks
+constexpr int A_PER_THREAD = BM * BK / THREADS;  // 8
+constexpr int B_PER_THREAD = BN * BK / THREADS;  // 8
+static_assert(THREADS % BK == 0 && THREADS % BM == 0 && THREADS % BN == 0, "staging maps assume these");
+
+struct ExactParams {
+  const void* a;
+  std::int64_t a_rs, a_cs;
+  const void* b;
+  std::int64_t b_rs, b_cs;
+  void* c;
+  std::int64_t c_rs, c_cs;
+  const void* bias;
+  std::int64_t bias_stride;
+  int M, N, K;
+  DType c_dtype, bias_dtype;
+  bool a_kcontig;  // consecutive threads walk k (else m) when staging A: coalesced either way
+  bool b_ncontig;  // consecutive threads walk n (else k) when staging B
+};
+
+// Which elements of a tile this thread stages: all 8 lie in one row r0 of the tile (r is m for A, n
+// for B), at k = k0 + i*DK. With K_FAST (the view's k stride is the small one), two threads share a
+// row and each takes 8 consecutive k; otherwise ROWS threads take ROWS consecutive rows and step k by
+// 256/ROWS. Either way neighbouring threads touch neighbouring addresses: coalesced loads, and one
+// 64-bit row offset per thread.
+//
+// Edges need no zero fill: a row past the matrix is clamped to its last row and a k past K to the last
+// k (valid addresses), and what they load is never used — rows past M and columns past N feed only
+// outputs that are not stored, and k past K is never multiplied (the last k-tile stops at K).
+template <bool K_FAST, int ROWS>
+struct Stager {
+  static constexpr int PER = ROWS * BK / THREADS;  // 8
+  static constexpr int DK = K_FAST ? 1 : THREADS / ROWS;
+  int r0, k0;
+  std::int64_t row_off;  // element offset of row min(r0, last row) from the tile's row 0
+  std::int64_t k_stride;
+};
+
+template <bool K_FAST, int ROWS>
+__device__ __forceinline__ Stager<K_FAST, ROWS> make_stager(int r_left, std::int64_t r_stride,
+                                                            std::int64_t k_stride) {
+  using S = Stager<K_FAST, ROWS>;
+  static_assert(K_FAST ? BK % S::PER == 0 : THREADS % ROWS == 0, "staging map");
+  const int tid = threadIdx.x;
+  S st;
+  st.r0 = K_FAST ? tid / (BK / S::PER) : tid % ROWS;
+  st.k0 = K_FAST ? (tid % (BK / S::PER)) * S::PER : tid / ROWS;
+  st.row_off = static_cast<std::int64_t>(min(st.r0, r_left - 1)) * r_stride;
+  st.k_stride = k_stride;
+  return st;
+}
+
+// base: the view's element (tile row 0, first k of the k-tile); k_last: last valid k relative to it.
+template <DType T, bool K_FAST, int ROWS, int PER_THREAD>
+__device__ __forceinline__ void stage_load(const void* base, const Stager<K_FAST, ROWS>& st, int k_last,
+                                           float (&reg)[PER_THREAD]) {
+  using S = Stager<K_FAST, ROWS>;
+  static_assert(PER_THREAD == S::PER, "8 elements a thread");
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) {
+    const int k = min(st.k0 + i * S::DK, k_last);
+    reg[i] = load_elem<T>(base, st.row_off + static_cast<std::int64_t>(k) * st.k_stride);
+  }
+}
+
+template <int LD, bool K_FAST, int ROWS, int PER_THREAD>
+__device__ __forceinline__ void stage_store(float (*tile)[LD], const Stager<K_FAST, ROWS>& st,
+                                            const float (&reg)[PER_THREAD]) {
+  using S = Stager<K_FAST, ROWS>;
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) tile[st.k0 + i * S::DK][st.r0] = reg[i];
+}
+
+// One k step for this thread's 8x8 accumulators: rows ty*4+{0..3} and 64+ty*4+{0..3}, columns
+// likewise with tx (split so a warp's float4 reads of B cover 2 x 256 contiguous bytes).
+__device__ __forceinline__ void fma_step(float (&acc)[8][8], const float* arow, const float* brow, int ty, int tx) {
+  const float4 a0 = *reinterpret_cast<const float4*>(arow + ty * 4);
+  const float4 a1 = *reinterpret_cast<const float4*>(arow + 64 + ty * 4);
+  const float4 b0 = *reinterpret_cast<const float4*>(brow + tx * 4);
+  const float4 b1 = *reinterpret_cast<const float4*>(brow + 64 + tx * 4);
+  const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(a[i], b[j], acc[i][j]);
+}
+
+template <DType TA, DType TB, bool A_KFAST, bool B_KFAST>
+__global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParams p) {
+  __shared__ __align__(16) float as[2][BK][BM + PAD];
+  __shared__ __align__(16) float bs[2][BK][BN + PAD];
+
+  // Block (x, y) covers columns x*BN.., rows y*BM..; x is fastest so neighbouring blocks share A rows.
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+  const auto sta = make_stager<A_KFAST, BM>(p.M - m0, p.a_rs, p.a_cs);
+  const auto stb = make_stager<B_KFAST, BN>(p.N - n0, p.b_cs, p.b_rs);
+  // Element (tile row 0, k 0) of this block's A and B panels, as typed pointers advanced per k-tile.
+  using SA = typename Storage<TA>::type;
+  using SB = typename Storage<TB>::type;
+  const SA* a_ptr = static_cast<const SA*>(p.a) + static_cast<std::int64_t>(m0) * p.a_rs;
+  const SB* b_ptr = static_cast<const SB*>(p.b) + static_cast<std::int64_t>(n0) * p.b_cs;
+  const std::int64_t a_kstep = static_cast<std::int64_t>(BK) * p.a_cs, b_kstep = static_cast<std::int64_t>(BK) * p.b_rs;
+
+  float ra[A_PER_THREAD], rb[B_PER_THREAD];
+  const int ktiles = (p.K + BK - 1) / BK;
+  if (ktiles > 0) {
+    stage_load<TA>(a_ptr, sta, p.K - 1, ra);
+    stage_load<TB>(b_ptr, stb, p.K - 1, rb);
+    stage_store(as[0], sta, ra);
+    stage_store(bs[0], stb, rb);
+  }
+  __syncthreads();
+  for (int t = 0; t < ktiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ktiles) {
+      a_ptr += a_kstep;
+      b_ptr += b_kstep;
+      const int k_last = p.K - 1 - (t + 1) * BK;
+      stage_load<TA>(a_ptr, sta, k_last, ra);
+      stage_load<TB>(b_ptr, stb, k_last, rb);
+    }
+    if (t + 1 < ktiles || p.K % BK == 0) {
+#pragma unroll
+      for (int kk = 0; kk < BK; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
+    } else {
+      const int krem = p.K - t * BK;  // the last k-tile: stop at K
+      for (int kk = 0; kk < krem; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
+    }
+    if (t + 1 < ktiles) {
+      stage_store(as[buf ^ 1], sta, ra);
+      stage_store(bs[buf ^ 1], stb, rb);
+      __syncthreads();
+    }
+  }
+
+  // Epilogue: bias after the whole sum (an add the compiler cannot contract), then round once.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int m = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+    if (m >= p.M) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
+      if (n >= p.N) continue;
+      float v = acc[i][j];
+      if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
+      store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
+    }
+  }
+}
+
+template <DType TA, DType TB>
+void launch_typed(const ExactParams& p, cudaStream_t stream) {
+  const dim3 grid((p.N + BN - 1) / BN, (p.M + BM - 1) / BM);
+  const bool a_kfast = p.a_kcontig, b_kfast = !p.b_ncontig;
+  if (a_kfast && b_kfast) exact_gemm_kernel<TA, TB, true, true><<<grid, THREADS, 0, stream>>>(p);
+  else if (a_kfast) exact_gemm_kernel<TA, TB, true, false><<<grid, THREADS, 0, stream>>>(p);
+  else if (b_kfast) exact_gemm_kernel<TA, TB, false, true><<<grid, THREADS, 0, stream>>>(p);
+  else exact_gemm_kernel<TA, TB, false, false><<<grid, THREADS, 0, stream>>>(p);
+  CUBESIM_CUDA_CHECK_LAUNCH("exact_gemm_kernel");
+}
+
+template <DType TA>
+void launch_b(DType tb, const ExactParams& p, cudaStream_t stream) {
+  switch (tb) {
+    case DType::f32: return launch_typed<TA, DType::f32>(p, stream);
+    case DType::bf16: return launch_typed<TA, DType::bf16>(p, stream);
+    case DType::f16: return launch_typed<TA, DType::f16>(p, stream);
+  }
+}
+
+}  // namespace
+
+void launch_exact_gemm(const MatrixView& a, const MatrixView& b, const BiasArg& bias, const MutableMatrixView& c,
+                       cudaStream_t stream) {
+  if (c.rows == 0 || c.cols == 0) return;
+  ExactParams p;
+  p.a = a.data; p.a_rs = a.row_stride; p.a_cs = a.col_stride;
+  p.b = b.data; p.b_rs = b.row_stride; p.b_cs = b.col_stride;
+  p.c = c.data; p.c_rs = c.row_stride; p.c_cs = c.col_stride;
+  p.bias = bias.data; p.bias_dtype = bias.dtype; p.bias_stride = bias.stride; p.c_dtype = c.dtype;
+  p.M = static_cast<int>(c.rows); p.N = static_cast<int>(c.cols); p.K = static_cast<int>(a.cols);
+  // Walk the operand along its unit-stride dimension when staging (ties: the row-major choice).
+  p.a_kcontig = !(a.row_stride == 1 && a.col_stride != 1);
+  p.b_ncontig = !(b.row_stride == 1 && b.col_stride != 1);
+  // K == 0 is fine: the k loop is empty and the epilogue writes 0.0f (+ bias).
+  // Grid y is limited to 65535 blocks of 128 rows: M up to 8.3 M rows.
+  if ((p.M + BM - 1) / BM > 65535) throw_shape_error("det_gemm_cuda: M too large for the exact kernel's grid");
+  switch (a.dtype) {
+    case DType::f32: return launch_b<DType::f32>(b.dtype, p, stream);
+    case DType::bf16: return launch_b<DType::bf16>(b.dtype, p, stream);
+    case DType::f16: return launch_b<DType::f16>(b.dtype, p, stream);
+  }
+}
+
+}  // namespace cubesim::cuda::detail

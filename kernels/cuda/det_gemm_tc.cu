@@ -1,0 +1,362 @@
+// det_gemm_tc.cu — GemmMode::tensor_core: bf16 wgmma with f32 accumulators, TMA loads, sm_90a.
+//
+// One CTA computes a BM x BN tile of C. Warpgroup 0 is the producer: one thread streams 64-wide
+// k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with the bulk tensor
+// copy engine (128-byte swizzle, completion on a "full" mbarrier per stage). Warpgroups 1..NC are
+// consumers: each owns 64 rows and issues, per k-tile, four wgmma m64nBNk16 in ascending k, then
+// frees the stage on its "empty" mbarrier.
+//
+// Why a row of C does not depend on M, the tile configuration, or the other rows:
+//  - every element's accumulator starts at 0.0f in a register and receives the same sequence of
+//    k16 MMAs: k = 0..15, 16..31, ... up to ceil(K/64)*64 (TMA fills k >= K with zeros, and does so
+//    identically for every configuration, since BK = 64 is fixed), issued in order on one
+//    accumulator (wgmma on the same registers completes in issue order);
+//  - the MMA computes each output element from its own row of A, column of B and accumulator only;
+//    M and the tile choose which rows share an instruction and how many columns it spans (n32..n256),
+//    never the arithmetic of an element. That the n width leaves an element's bits alone is a property
+//    of the hardware we rely on and pin with a test: every configuration is compared bit for bit;
+//  - no split-K, no atomics, no reduction across threads: one thread writes each element, once.
+// Rows past M and columns past N read TMA's zero fill and are never stored.
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/det_gemm_cuda_internal.h"
+#include "kernels/cuda/dtype_cuda.cuh"
+#include "kernels/cuda/wgmma_ops.cuh"
+
+namespace cubesim::cuda::detail {
+
+int num_sms() {
+  // Cached per device: this runs on every tensor-core call, some of which take microseconds.
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  int n = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+namespace {
+
+constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every configuration
+
+template <int NC_, int BN_, int STAGES_>
+struct Cfg {
+  static constexpr int NC = NC_;  // consumer warpgroups, 64 rows each
+  static constexpr int BM = 64 * NC_;
+  static constexpr int BN = BN_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int A_BYTES = BM * BK * 2;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int THREADS = 128 * (NC_ + 1);
+  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + alignment
+  static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
+};
+
+using CfgL = Cfg<2, 256, 4>;   // m128n256
+using CfgM = Cfg<2, 128, 6>;   // m128n128
+using CfgS = Cfg<1, 32, 16>;   // m64n32
+
+struct Epi {
+  void* c;
+  std::int64_t c_rs, c_cs;
+  const void* bias;
+  std::int64_t bias_stride;
+  int M, N, K;
+  DType c_dtype, bias_dtype;
+  int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
+};
+
+// ---- PTX wrappers --------------------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  std::uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Matrix descriptor of a k-major operand tile in shared memory, 128-byte swizzle: rows of 128 bytes,
+// 8-row swizzle atoms 1024 bytes apart (the stride byte offset); the leading byte offset is unused
+// for swizzled k-major layouts. Moving along k inside the 128-byte row moves the start address.
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>(1) << 16) |
+         (static_cast<std::uint64_t>(1024 >> 4) << 32) | (static_cast<std::uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+#endif
+}
+
+// ---- epilogue ------------------------------------------------------------------------------------
+
+template <DType TC>
+__device__ __forceinline__ void store_pair(const Epi& e, int m, int n, float v0, float v1) {
+  if (e.bias) {
+    v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
+    if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
+  }
+  const std::int64_t off = static_cast<std::int64_t>(m) * e.c_rs + static_cast<std::int64_t>(n) * e.c_cs;
+  using T = typename Storage<TC>::type;
+  T* p = static_cast<T*>(e.c) + off;
+  const bool pair = e.c_cs == 1 && n + 1 < e.N && (reinterpret_cast<std::uintptr_t>(p) % (2 * sizeof(T))) == 0;
+  if constexpr (TC == DType::f32) {
+    if (pair) { *reinterpret_cast<float2*>(p) = make_float2(v0, v1); return; }
+    p[0] = v0;
+    if (n + 1 < e.N) p[e.c_cs] = v1;
+  } else if constexpr (TC == DType::bf16) {
+    if (pair) { *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1); return; }
+    p[0] = __float2bfloat16_rn(v0);
+    if (n + 1 < e.N) p[e.c_cs] = __float2bfloat16_rn(v1);
+  } else {
+    if (pair) { *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1); return; }
+    p[0] = __float2half_rn(v0);
+    if (n + 1 < e.N) p[e.c_cs] = __float2half_rn(v1);
+  }
+}
+
+template <DType TC, int BN>
+__device__ __forceinline__ void epilogue(const Epi& e, const float (&acc)[BN / 2], int row0, int col0) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = row0 + warp * 16 + lane / 4 + 8 * h;
+      const int n = col0 + 8 * j + 2 * (lane % 4);
+      if (m < e.M && n < e.N) store_pair<TC>(e, m, n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------
+
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+    tc_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                   const Epi e) {
+  extern __shared__ std::uint8_t smem_raw[];
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t base = (raw + 1023u) & ~1023u;  // the swizzle atom needs 1024-byte alignment
+  const std::uint32_t sa = base, sb = base + C::STAGES * C::A_BYTES;
+  const std::uint32_t bars = sb + C::STAGES * C::B_BYTES;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (C::STAGES + s); };
+
+  // Tile raster: groups of group_m m-tiles walk the n-tiles together, so a wave of CTAs shares A and
+  // B panels in L2.
+  const int m_tiles = (e.M + C::BM - 1) / C::BM, n_tiles = (e.N + C::BN - 1) / C::BN;
+  const int tile = blockIdx.x;
+  const int per_group = e.group_m * n_tiles;
+  const int g = tile / per_group, first_m = g * e.group_m;
+  const int gsize = min(m_tiles - first_m, e.group_m);
+  const int m_tile = first_m + (tile % per_group) % gsize;
+  const int n_tile = (tile % per_group) / gsize;
+  const int ktiles = (e.K + BK - 1) / BK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::STAGES; ++s) {
+      mbar_init(full(s), 1);           // the producer's arrive.expect_tx; TMA completes the bytes
+      mbar_init(empty(s), C::NC * 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    if constexpr (C::NC >= 2) setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
+      for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt % C::STAGES;
+        if (kt >= C::STAGES) mbar_wait(empty(s), ((kt / C::STAGES) + 1) & 1);
+        mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes: TMA counts its zero fill too
+        tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
+        tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+      }
+    }
+  } else {
+    if constexpr (C::NC >= 2) setmaxnreg_inc<232>();
+    const int cw = wg - 1;  // this consumer's 64 rows of the tile
+    const int lane = threadIdx.x % 32;
+    float acc[C::BN / 2];
+#pragma unroll
+    for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.0f;
+
+    for (int kt = 0; kt < ktiles; ++kt) {
+      const int s = kt % C::STAGES;
+      mbar_wait(full(s), (kt / C::STAGES) & 1);
+      const std::uint32_t a_tile = sa + s * C::A_BYTES + cw * 64 * 128;
+      const std::uint32_t b_tile = sb + s * C::B_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        Wgmma<C::BN>::mma(acc, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32));
+      }
+      wgmma_commit();
+      // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
+      wgmma_wait<1>();
+      if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % C::STAGES));
+    }
+    wgmma_wait<0>();
+
+    const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
+    switch (e.c_dtype) {
+      case DType::f32: epilogue<DType::f32, C::BN>(e, acc, row0, col0); break;
+      case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
+      case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
+    }
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------------------
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_fn() {
+  static EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUBESIM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || p == nullptr)
+      throw CudaError(cudaErrorSymbolNotFound, "cuTensorMapEncodeTiled: driver entry point not found");
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// rows x k bf16, k contiguous, row stride ld elements; boxes of box_rows x 64.
+CUtensorMap make_map(const void* ptr, std::int64_t rows, std::int64_t k, std::int64_t ld, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {BK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides,
+                                 box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                                               ") for a " + std::to_string(rows) + " x " + std::to_string(k) +
+                                               " bf16 operand with row stride " + std::to_string(ld));
+  return map;
+}
+
+
+template <class C>
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
+  // Raise the dynamic shared-memory limit once per device and configuration.
+  static std::once_flag once[64];
+  int dev = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  std::call_once(once[dev % 64], [] {
+    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+  });
+  const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
+  const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::BN);
+  Epi e;
+  e.c = c.data;
+  e.c_rs = c.row_stride;
+  e.c_cs = c.col_stride;
+  e.bias = bias.data;
+  e.bias_dtype = bias.dtype;
+  e.bias_stride = bias.stride;
+  e.c_dtype = c.dtype;
+  e.M = o.M;
+  e.N = o.N;
+  e.K = o.K;
+  e.group_m = 16;
+  const long long tiles = static_cast<long long>((o.M + C::BM - 1) / C::BM) * ((o.N + C::BN - 1) / C::BN);
+  if (tiles > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
+  tc_gemm_kernel<C><<<static_cast<unsigned>(tiles), C::THREADS, C::SMEM, stream>>>(ma, mb, e);
+  CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
+}
+
+}  // namespace
+
+}  // namespace cubesim::cuda::detail
+
+namespace cubesim::cuda {
+
+TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
+  if (requested != TcConfig::automatic) return requested;
+  if (M <= 64) return TcConfig::m64n32;
+  const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
+  return big >= detail::num_sms() ? TcConfig::m128n256 : TcConfig::m128n128;
+}
+
+}  // namespace cubesim::cuda
+
+namespace cubesim::cuda::detail {
+
+void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
+                    cudaStream_t stream) {
+  switch (resolve_tc_config(cfg, ops.M, ops.N)) {
+    case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream);
+    case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream);
+    case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream);
+    case TcConfig::automatic: break;
+  }
+  throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");
+}
+
+}  // namespace cubesim::cuda::detail

@@ -1,0 +1,368 @@
+// test_det_gemm_cuda — det_gemm on the GPU against the contract, on random data, outputs poisoned.
+//
+//   exact mode:        bitwise equal to the scalar reference of the contract over a table of shapes
+//                      (M, N, K in {1, 7, 16, 129, 1000}), dtypes, layouts, bias on/off, backward;
+//   tensor_core mode:  bitwise batch invariance (M, chunks, zero padding, row position, other rows,
+//                      every tile configuration), determinism, and accuracy against f64.
+//
+// Without a CUDA device (CI, the build machine) every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "kernels/cuda/det_gemm_cuda.h"
+
+using namespace cubesim;
+using namespace cubesim::cuda;
+using namespace cubesim::cuda::test;
+
+namespace {
+
+std::uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+class CudaGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+    RecordProperty("seed", std::to_string(seed_));
+  }
+  std::uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+class CudaGemmTc : public CudaGemm {
+ protected:
+  void SetUp() override {
+    CudaGemm::SetUp();
+    if (IsSkipped()) return;
+    if (!tensor_core_mode_supported()) GTEST_SKIP() << "tensor_core mode needs an sm_90 GPU (H100/H200)";
+  }
+};
+
+std::string dn(DType t) { return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "f16"; }
+
+}  // namespace
+
+// ---- exact mode ------------------------------------------------------------------------------------
+
+struct ExactCase {
+  DType ta, tb, tc;
+  Layout la, lb, lc;
+  bool bias;
+  DType tbias;
+};
+
+TEST_F(CudaGemm, ExactBitwiseEqualsReferenceOverShapeTable) {
+  const std::vector<std::int64_t> sizes = {1, 7, 16, 129, 1000};
+  const std::vector<ExactCase> cases = {
+      {DType::f32, DType::f32, DType::f32, Layout::row_major, Layout::row_major, Layout::row_major, false, DType::f32},
+      {DType::bf16, DType::bf16, DType::f32, Layout::row_major, Layout::col_major, Layout::row_major, true, DType::f32},
+      {DType::bf16, DType::bf16, DType::bf16, Layout::padded_rows, Layout::row_major, Layout::padded_rows, true, DType::bf16},
+      {DType::f16, DType::f16, DType::f16, Layout::col_major, Layout::row_major, Layout::col_major, true, DType::f16},
+      {DType::f32, DType::bf16, DType::bf16, Layout::row_major, Layout::padded_rows, Layout::row_major, true, DType::f32},
+      {DType::bf16, DType::f16, DType::f32, Layout::col_major, Layout::col_major, Layout::row_major, false, DType::f32},
+  };
+  std::size_t checked = 0;
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const ExactCase& cs = cases[ci];
+    for (auto M : sizes)
+      for (auto N : sizes)
+        for (auto K : sizes) {
+          // Every case at the small sizes; the 1000-cubed corner once per dtype case.
+          if (M * N * K > 22'000'000 && !(M == 1000 && N == 1000 && K == 1000)) continue;
+          SCOPED_TRACE("case " + std::to_string(ci) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                       " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
+          Operand a = Operand::random(rng_, cs.ta, M, K, cs.la);
+          Operand b = Operand::random(rng_, cs.tb, K, N, cs.lb);
+          Operand bias = Operand::random(rng_, cs.tbias, 1, N, Layout::row_major);
+          Operand c = Operand::output(cs.tc, M, N, cs.lc), ref = Operand::output(cs.tc, M, N, cs.lc);
+          const VectorView bv = bias.dev_vec(), bh = bias.host_vec();
+          c.poison();
+          det_gemm_cuda(a.dev(), b.dev(), cs.bias ? &bv : nullptr, c.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+          c.download();
+          reference_gemm(a.host(), b.host(), cs.bias ? &bh : nullptr, ref.host_mut());
+          const std::int64_t bad = count_bit_mismatches(c, 0, ref, 0, M);
+          ASSERT_EQ(bad, 0) << "exact mode differs from the contract's reference in " << bad << " of " << M * N
+                            << " elements; first: got " << c.at(0, 0) << " want " << ref.at(0, 0);
+          ++checked;
+        }
+  }
+  std::printf("exact mode: %zu shape/dtype/layout cases bitwise equal to the reference\n", checked);
+}
+
+TEST_F(CudaGemm, ExactKZeroWritesBiasOnly) {
+  Operand a = Operand::random(rng_, DType::f32, 5, 1, Layout::row_major);
+  Operand b = Operand::random(rng_, DType::f32, 1, 9, Layout::row_major);
+  Operand bias = Operand::random(rng_, DType::f32, 1, 9, Layout::row_major);
+  Operand c = Operand::output(DType::f32, 5, 9, Layout::row_major), ref = Operand::output(DType::f32, 5, 9, Layout::row_major);
+  const VectorView bv = bias.dev_vec(), bh = bias.host_vec();
+  MatrixView a0 = a.dev(), b0 = b.dev();
+  a0.cols = 0;
+  b0.rows = 0;
+  c.poison();
+  det_gemm_cuda(a0, b0, &bv, c.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+  c.download();
+  MatrixView ah = a.host(), bhv = b.host();
+  ah.cols = 0;
+  bhv.rows = 0;
+  reference_gemm(ah, bhv, &bh, ref.host_mut());
+  EXPECT_EQ(count_bit_mismatches(c, 0, ref, 0, 5), 0);
+}
+
+TEST_F(CudaGemm, ExactBackwardBitwiseEqualsReference) {
+  // C = A·B with A [M,K], B [K,N]; dA = dC·Bᵀ (ascending n), dB = Aᵀ·dC (ascending m).
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{129, 7, 1000}, {1000, 129, 16}, {7, 1000, 129}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                 " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);  // B = Wᵀ with W [N,K] row-major
+    Operand dc = Operand::random(rng_, DType::f32, M, N, Layout::row_major);
+    Operand da = Operand::output(DType::f32, M, K, Layout::row_major), da_ref = Operand::output(DType::f32, M, K, Layout::row_major);
+    Operand db = Operand::output(DType::bf16, K, N, Layout::col_major), db_ref = Operand::output(DType::bf16, K, N, Layout::col_major);
+    da.poison();
+    db.poison();
+    det_gemm_cuda_backward_input(dc.dev(), b.dev(), da.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+    det_gemm_cuda_backward_weight(a.dev(), dc.dev(), db.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+    da.download();
+    db.download();
+    reference_gemm(dc.host(), b.host().transposed(), nullptr, da_ref.host_mut());
+    reference_gemm(a.host().transposed(), dc.host(), nullptr, db_ref.host_mut());
+    EXPECT_EQ(count_bit_mismatches(da, 0, da_ref, 0, M), 0) << "dA";
+    EXPECT_EQ(count_bit_mismatches(db, 0, db_ref, 0, K), 0) << "dB";
+  }
+}
+
+TEST_F(CudaGemm, ExactBatchInvariantAndDeterministic) {
+  const std::int64_t N = 300, K = 777, Mbig = 1000;
+  Operand a = Operand::random(rng_, DType::bf16, Mbig, K, Layout::row_major);
+  Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::row_major);
+  Operand full = Operand::output(DType::f32, Mbig, N, Layout::row_major), again = Operand::output(DType::f32, Mbig, N, Layout::row_major);
+  full.poison();
+  det_gemm_cuda(a.dev(), b.dev(), nullptr, full.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+  full.download();
+  again.poison();
+  det_gemm_cuda(a.dev(), b.dev(), nullptr, again.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+  again.download();
+  EXPECT_EQ(count_bit_mismatches(full, 0, again, 0, Mbig), 0) << "two runs differ";
+  for (std::int64_t r0 : {0, 1, 333}) {
+    for (std::int64_t m : {1, 3, 130}) {
+      Operand part = Operand::output(DType::f32, m, N, Layout::row_major);
+      part.poison();
+      det_gemm_cuda(a.dev().row_block(r0, m), b.dev(), nullptr, part.dev_mut(), {.mode = GemmMode::exact}, nullptr);
+      part.download();
+      EXPECT_EQ(count_bit_mismatches(part, 0, full, r0, m), 0) << "rows " << r0 << ".." << r0 + m;
+    }
+  }
+}
+
+// ---- tensor-core mode ------------------------------------------------------------------------------
+
+namespace {
+
+GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
+  GemmOptions o;
+  o.mode = GemmMode::tensor_core;
+  o.tc_config = cfg;
+  return o;
+}
+
+const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n128, TcConfig::m64n32};
+
+}  // namespace
+
+TEST_F(CudaGemmTc, AccuracyAgainstF64) {
+  struct Case {
+    std::int64_t M, N, K;
+    DType ta, tc;
+    Layout la, lb;
+    bool bias;
+    double tol;
+  };
+  // bf16 operands, f32 output: only the accumulation differs from f64 (bound 1e-3, far above f32
+  // rounding, far below any indexing error). Other dtypes are rounded to
+  // bf16 (the mode's definition) and compared with f64 of the unrounded inputs: bf16 tolerance.
+  const Case cases[] = {
+      {1000, 1000, 1000, DType::bf16, DType::f32, Layout::row_major, Layout::col_major, false, 1e-3},
+      {257, 129, 1000, DType::bf16, DType::f32, Layout::row_major, Layout::row_major, true, 1e-3},
+      {64, 1000, 77, DType::bf16, DType::bf16, Layout::padded_rows, Layout::col_major, true, 8e-3},
+      {7, 16, 7, DType::f32, DType::f32, Layout::col_major, Layout::row_major, true, 1e-2},
+      {1, 1000, 129, DType::f16, DType::f16, Layout::row_major, Layout::col_major, false, 1e-2},
+      {2048, 512, 4096, DType::bf16, DType::bf16, Layout::row_major, Layout::col_major, false, 8e-3},
+  };
+  for (const Case& cs : cases) {
+    for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n128, TcConfig::m64n32}) {
+      SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
+                   " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
+      Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
+      Operand b = Operand::random(rng_, cs.ta, cs.K, cs.N, cs.lb);
+      Operand bias = Operand::random(rng_, DType::f32, 1, cs.N, Layout::row_major);
+      Operand c = Operand::output(cs.tc, cs.M, cs.N, Layout::row_major);
+      const VectorView bv = bias.dev_vec(), bh = bias.host_vec();
+      c.poison();
+      det_gemm_cuda(a.dev(), b.dev(), cs.bias ? &bv : nullptr, c.dev_mut(), tc(cfg), nullptr);
+      c.download();
+      const ErrorStats e = tc_error(a.host(), b.host(), cs.bias ? &bh : nullptr, c, false);
+      std::printf("tc accuracy M=%lld N=%lld K=%lld %s->%s %s: rel_fro=%.3e\n", (long long)cs.M, (long long)cs.N,
+                  (long long)cs.K, dn(cs.ta).c_str(), dn(cs.tc).c_str(), tc_config_name(cfg), e.rel_fro);
+      EXPECT_EQ(e.unwritten, 0) << "elements left unwritten (poison visible)";
+      EXPECT_LE(e.rel_fro, cs.tol);
+      if (cs.M * cs.N * cs.K > 100'000'000) break;  // the big cases once (automatic) plus below
+    }
+  }
+}
+
+TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
+  // The per-M tile choice must not change an element: the configurations are compared bit for bit
+  // on shapes whose edges cut every tile (N, K not multiples of 256, 128, 32 or 64).
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {64, 4096, 4096}, {1000, 520, 77}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand first = Operand::output(DType::f32, M, N, Layout::row_major);
+    first.poison();
+    det_gemm_cuda(a.dev(), b.dev(), nullptr, first.dev_mut(), tc(kAllConfigs[0]), nullptr);
+    first.download();
+    for (TcConfig cfg : kAllConfigs) {
+      Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
+      c.poison();
+      det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), tc(cfg), nullptr);
+      c.download();
+      EXPECT_EQ(count_bit_mismatches(c, 0, first, 0, M), 0) << tc_config_name(cfg) << " vs " << tc_config_name(kAllConfigs[0]);
+    }
+  }
+}
+
+TEST_F(CudaGemmTc, BatchInvariantBitwise) {
+  // One big batch is the reference; sub-batches, chunks, padded and shuffled batches must reproduce
+  // its rows bit for bit. K is not a multiple of the 64-wide k-tile, N not a multiple of any tile.
+  for (auto [N, K, out] : {std::tuple<std::int64_t, std::int64_t, DType>{1000, 1000, DType::f32}, {4096, 4096, DType::bf16}, {520, 77, DType::f32}}) {
+    const std::int64_t Mbig = 2048 + 57;
+    SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " out=" + dn(out) + " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, Mbig, K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
+    const VectorView bv = bias.dev_vec();
+    Operand full = Operand::output(out, Mbig, N, Layout::row_major);
+    full.poison();
+    det_gemm_cuda(a.dev(), b.dev(), &bv, full.dev_mut(), tc(), nullptr);
+    full.download();
+    // Determinism: the same call again.
+    {
+      Operand again = Operand::output(out, Mbig, N, Layout::row_major);
+      again.poison();
+      det_gemm_cuda(a.dev(), b.dev(), &bv, again.dev_mut(), tc(), nullptr);
+      again.download();
+      EXPECT_EQ(count_bit_mismatches(again, 0, full, 0, Mbig), 0) << "two identical calls differ";
+    }
+    // Prefixes: M = 1, 2, 3, 64, 257, 2048.
+    for (std::int64_t m : {1, 2, 3, 64, 257, 2048}) {
+      Operand part = Operand::output(out, m, N, Layout::row_major);
+      part.poison();
+      det_gemm_cuda(a.dev().row_block(0, m), b.dev(), &bv, part.dev_mut(), tc(), nullptr);
+      part.download();
+      EXPECT_EQ(count_bit_mismatches(part, 0, full, 0, m), 0) << "prefix M=" << m;
+    }
+    // Uneven chunks at uneven offsets (some rows then are not 16-byte aligned: the repack path).
+    {
+      const std::int64_t cuts[] = {0, 1, 6, 70, 71, 700, 1300, Mbig};
+      for (std::size_t i = 0; i + 1 < std::size(cuts); ++i) {
+        const std::int64_t r0 = cuts[i], m = cuts[i + 1] - cuts[i];
+        Operand part = Operand::output(out, m, N, Layout::row_major);
+        part.poison();
+        det_gemm_cuda(a.dev().row_block(r0, m), b.dev(), &bv, part.dev_mut(), tc(), nullptr);
+        part.download();
+        EXPECT_EQ(count_bit_mismatches(part, 0, full, r0, m), 0) << "chunk " << r0 << "+" << m;
+      }
+    }
+    // A row at any position among other random rows, and padded with zero rows.
+    {
+      std::uniform_int_distribution<std::int64_t> pick(0, Mbig - 1);
+      for (std::int64_t msz : {5, 64, 200}) {
+        const std::int64_t src = pick(rng_), pos = pick(rng_) % msz;
+        Operand mix = Operand::random(rng_, DType::bf16, msz, K, Layout::row_major);
+        mix.set_row(pos, a, src);
+        mix.upload();
+        Operand out_mix = Operand::output(out, msz, N, Layout::row_major);
+        out_mix.poison();
+        det_gemm_cuda(mix.dev(), b.dev(), &bv, out_mix.dev_mut(), tc(), nullptr);
+        out_mix.download();
+        EXPECT_EQ(count_bit_mismatches(out_mix, pos, full, src, 1), 0) << "row " << src << " at " << pos << " of " << msz;
+
+        Operand pad = Operand::zeros(DType::bf16, msz, K, Layout::row_major);  // zero rows are the point here
+        pad.set_row(pos, a, src);
+        pad.upload();
+        Operand out_pad = Operand::output(out, msz, N, Layout::row_major);
+        out_pad.poison();
+        det_gemm_cuda(pad.dev(), b.dev(), &bv, out_pad.dev_mut(), tc(), nullptr);
+        out_pad.download();
+        EXPECT_EQ(count_bit_mismatches(out_pad, pos, full, src, 1), 0) << "row " << src << " padded at " << pos;
+      }
+    }
+  }
+}
+
+TEST_F(CudaGemmTc, RepackedOperandsGiveTheSameBits) {
+  // bf16 operands in any layout are repacked to k-contiguous bf16, which changes no value: the bits
+  // equal those of the in-place layout.
+  const std::int64_t M = 300, N = 264, K = 1000;
+  Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+  Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+  Operand a_cm = Operand::zeros(DType::bf16, M, K, Layout::col_major);
+  Operand b_rm = Operand::zeros(DType::bf16, K, N, Layout::row_major);
+  for (std::int64_t r = 0; r < M; ++r) a_cm.set_row(r, a, r);
+  for (std::int64_t r = 0; r < K; ++r) b_rm.set_row(r, b, r);
+  a_cm.upload();
+  b_rm.upload();
+  Operand c1 = Operand::output(DType::f32, M, N, Layout::row_major), c2 = Operand::output(DType::f32, M, N, Layout::padded_rows);
+  c1.poison();
+  c2.poison();
+  det_gemm_cuda(a.dev(), b.dev(), nullptr, c1.dev_mut(), tc(), nullptr);
+  det_gemm_cuda(a_cm.dev(), b_rm.dev(), nullptr, c2.dev_mut(), tc(), nullptr);
+  c1.download();
+  c2.download();
+  EXPECT_EQ(count_bit_mismatches(c1, 0, c2, 0, M), 0);
+}
+
+TEST_F(CudaGemmTc, BackwardAccuracy) {
+  const std::int64_t M = 512, N = 384, K = 256;
+  Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+  Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+  Operand dc = Operand::random(rng_, DType::bf16, M, N, Layout::row_major);
+  Operand da = Operand::output(DType::f32, M, K, Layout::row_major);
+  Operand db = Operand::output(DType::f32, K, N, Layout::row_major);
+  da.poison();
+  db.poison();
+  det_gemm_cuda_backward_input(dc.dev(), b.dev(), da.dev_mut(), tc(), nullptr);
+  det_gemm_cuda_backward_weight(a.dev(), dc.dev(), db.dev_mut(), tc(), nullptr);
+  da.download();
+  db.download();
+  const ErrorStats ea = tc_error(dc.host(), b.host().transposed(), nullptr, da, false);
+  const ErrorStats eb = tc_error(a.host().transposed(), dc.host(), nullptr, db, false);
+  std::printf("tc backward: dA rel_fro=%.3e dB rel_fro=%.3e\n", ea.rel_fro, eb.rel_fro);
+  EXPECT_EQ(ea.unwritten + eb.unwritten, 0);
+  EXPECT_LE(ea.rel_fro, 1e-3);
+  EXPECT_LE(eb.rel_fro, 1e-3);
+}
+
+TEST(CudaGemmArgs, ErrorsNameTheOperand) {
+  // Shape errors are checked before any CUDA call, so this runs without a GPU too.
+  float x = 0;
+  MatrixView a{&x, DType::f32, 2, 3, 3, 1}, b{&x, DType::f32, 4, 5, 5, 1};
+  MutableMatrixView c{&x, DType::f32, 2, 5, 5, 1};
+  try {
+    det_gemm_cuda(a, b, nullptr, c, {}, nullptr);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("A [M,K], B [K,N]"), std::string::npos) << e.what();
+  }
+}
