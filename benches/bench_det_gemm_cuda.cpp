@@ -1,6 +1,8 @@
 // bench_det_gemm_cuda — det_gemm on the GPU in both numerics modes against cuBLAS, measured in the
 // same run (the peer), on random bf16 data.
 //
+//   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc]
+//
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
 //
 //   cublas_tflops   cublasGemmEx, bf16 in/out, CUBLAS_COMPUTE_32F, default math mode (no TF32)
@@ -103,7 +105,8 @@ int main(int argc, char** argv) try {
   CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
   CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
   const double ffma_peak = static_cast<double>(sms) * 128 * 2 * clock_khz * 1e3;  // FLOP/s
-  const bool tc_ok = tensor_core_mode_supported();
+  const bool tc_ok = tensor_core_mode_supported() &&
+                     std::find(args.rest.begin(), args.rest.end(), "--no-tc") == args.rest.end();
   const std::string date = utc_now();
   fmt::print("{} (sm_{}{}), {} SMs, clock {} MHz, f32 FFMA peak {:.1f} TFLOP/s, {}\n", prop.name, cc_major, cc_minor,
              sms, clock_khz / 1000, ffma_peak / 1e12, date);
