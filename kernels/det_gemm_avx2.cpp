@@ -45,16 +45,9 @@ void microkernel_6x16_avx2(std::int64_t kc, const float* a, const float* b, floa
     c50 = _mm256_fmadd_ps(av, b0, c50);                     \
     c51 = _mm256_fmadd_ps(av, b1, c51);                     \
   } while (0)
-  std::int64_t k = 0;
-  for (; k + 4 <= kc; k += 4) {
-    CUBESIM_STEP(0);
-    CUBESIM_STEP(1);
-    CUBESIM_STEP(2);
-    CUBESIM_STEP(3);
-    a += 4 * 6;
-    b += 4 * 16;
-  }
-  for (; k < kc; ++k) {
+  // Not unrolled: with an unrolled body GCC 12 hoists the next step's B loads and runs out of
+  // registers (spills in the loop, ~10% slower); this loop is 12 FMAs, 8 loads and 3 adds.
+  for (std::int64_t k = 0; k < kc; ++k) {
     CUBESIM_STEP(0);
     a += 6;
     b += 16;
@@ -66,6 +59,84 @@ void microkernel_6x16_avx2(std::int64_t kc, const float* a, const float* b, floa
   _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
   _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
   _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+namespace {
+
+// bf16 -> f32 for 8 values: a shift, and a quieted signalling NaN, exactly as bf16_to_f32.
+inline __m256 widen_bf16(__m128i h) {
+  __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));
+  v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
+  return _mm256_castsi256_ps(v);
+}
+
+// Rows r[0..7] (8 columns of B, 8 k each) become dst rows k..k+7 at columns c0..c0+7.
+inline void transpose8_store(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 r4, __m256 r5, __m256 r6,
+                             __m256 r7, float* dst) {
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  _mm256_storeu_ps(dst + 0 * 16, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * 16, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * 16, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * 16, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * 16, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * 16, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * 16, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * 16, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+inline float widen_bf16_scalar(std::uint16_t h) {
+  std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
+  if ((x & 0x7fffffffu) > 0x7f800000u) x |= 0x00400000u;
+  float f;
+  __builtin_memcpy(&f, &x, 4);
+  return f;
+}
+
+}  // namespace
+
+void pack_b_kmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst) {
+  std::int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    for (int c0 = 0; c0 < 16; c0 += 8) {
+      const float* s = src + c0 * ld + k;
+      transpose8_store(_mm256_loadu_ps(s), _mm256_loadu_ps(s + ld), _mm256_loadu_ps(s + 2 * ld),
+                       _mm256_loadu_ps(s + 3 * ld), _mm256_loadu_ps(s + 4 * ld), _mm256_loadu_ps(s + 5 * ld),
+                       _mm256_loadu_ps(s + 6 * ld), _mm256_loadu_ps(s + 7 * ld), dst + k * 16 + c0);
+    }
+  }
+  for (; k < kc; ++k)
+    for (int c = 0; c < 16; ++c) dst[k * 16 + c] = src[c * ld + k];
+}
+
+void pack_b_kmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst) {
+  auto load = [](const std::uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  std::int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    for (int c0 = 0; c0 < 16; c0 += 8) {
+      const std::uint16_t* s = src + c0 * ld + k;
+      transpose8_store(load(s), load(s + ld), load(s + 2 * ld), load(s + 3 * ld), load(s + 4 * ld),
+                       load(s + 5 * ld), load(s + 6 * ld), load(s + 7 * ld), dst + k * 16 + c0);
+    }
+  }
+  for (; k < kc; ++k)
+    for (int c = 0; c < 16; ++c) dst[k * 16 + c] = widen_bf16_scalar(src[c * ld + k]);
+}
+
+void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst) {
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const std::uint16_t* s = src + k * ld;
+    _mm256_storeu_ps(dst + k * 16, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
+    _mm256_storeu_ps(dst + k * 16 + 8, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8))));
+  }
 }
 
 }  // namespace cubesim::kernels::detail

@@ -11,6 +11,8 @@
 // whatever mc/nc/kc, the region or the ISA: the same bits as det_gemm_reference. Threads split the
 // output into disjoint regions (M and N only), so the thread count changes nothing either.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -119,9 +121,30 @@ Workspace& thread_workspace() {
 
 // ---- thread pool -------------------------------------------------------------------------------
 
-// A few persistent threads. run(n, fn) calls fn(0..n-1), fn(0) on the caller. If another caller
-// holds the pool, the tasks run one after another on the calling thread: they are independent, so
-// the result is the same.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins on `done` for up to ~200 us before the caller falls back to blocking: waking a sleeping
+// thread costs tens of microseconds (more in a VM), as much as a whole 256^3 product.
+template <class Done>
+bool spin_until(Done&& done) {
+  using clock = std::chrono::steady_clock;
+  const auto until = clock::now() + std::chrono::microseconds(200);
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && clock::now() > until) return false;
+  }
+}
+
+// A few persistent threads. run(n, fn) calls fn(0..n-1), fn(0) on the caller. Workers spin a
+// little after each job, then sleep. If another caller holds the pool, the tasks run one after
+// another on the calling thread: they are independent, so the result is the same.
 class ThreadPool {
  public:
   static ThreadPool& instance() {
@@ -131,7 +154,7 @@ class ThreadPool {
   ~ThreadPool() {
     {
       std::lock_guard l(m_);
-      stop_ = true;
+      stop_.store(true);
     }
     wake_.notify_all();
     for (auto& t : threads_) t.join();
@@ -151,9 +174,9 @@ class ThreadPool {
       }
       job_ = &fn;
       jobs_ = n;
-      pending_ = n - 1;
       error_ = nullptr;
-      ++generation_;
+      pending_.store(n - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     std::exception_ptr mine;
@@ -162,8 +185,11 @@ class ThreadPool {
     } catch (...) {
       mine = std::current_exception();
     }
-    std::unique_lock l(m_);
-    done_.wait(l, [&] { return pending_ == 0; });
+    auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(finished)) {
+      std::unique_lock l(m_);
+      done_.wait(l, finished);
+    }
     job_ = nullptr;
     if (mine) std::rethrow_exception(mine);
     if (error_) std::rethrow_exception(error_);
@@ -174,23 +200,24 @@ class ThreadPool {
   void worker(int id) {
     std::uint64_t seen = 0;
     for (;;) {
-      const std::function<void(int)>* job = nullptr;
-      {
+      auto woken = [&] { return stop_.load() || generation_.load(std::memory_order_acquire) != seen; };
+      if (!spin_until(woken)) {
         std::unique_lock l(m_);
-        wake_.wait(l, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        if (id >= jobs_) continue;
-        job = job_;
+        wake_.wait(l, woken);
       }
+      if (stop_.load()) return;
+      seen = generation_.load(std::memory_order_acquire);
+      if (id >= jobs_) continue;
       try {
-        (*job)(id);
+        (*job_)(id);
       } catch (...) {
         std::lock_guard l(m_);
         if (!error_) error_ = std::current_exception();
       }
-      std::lock_guard l(m_);
-      if (--pending_ == 0) done_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard l(m_);  // the caller may be between its check and its wait
+        done_.notify_one();
+      }
     }
   }
 
@@ -198,11 +225,13 @@ class ThreadPool {
   std::mutex m_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;
+  // Written by the caller before generation_ is bumped (release), read by workers after (acquire).
   const std::function<void(int)>* job_ = nullptr;
-  int jobs_ = 0, pending_ = 0;
-  std::uint64_t generation_ = 0;
-  bool stop_ = false;
+  int jobs_ = 0;
   std::exception_ptr error_;
+  std::atomic<int> pending_{0};
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 // ---- packing: any dtype and strides in, dense f32 slivers out -----------------------------------
@@ -246,14 +275,31 @@ void pack_a(const MatrixView& A, std::int64_t i0, std::int64_t mc, std::int64_t 
 }
 
 // dst holds ceil(nc/16) slivers of kc x 16: dst[s*kc*16 + k*16 + c] = B(p0 + k, j0 + 16s + c);
-// columns past nc are zero.
-template <DType D>
+// columns past nc are zero. With Simd, full slivers of f32/bf16 go through the AVX2 packers (the
+// same values; a transposed weight is the common case and the scalar gather is slow).
+template <DType D, bool Simd>
 void pack_b(const MatrixView& B, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc, float* dst) {
   const std::int64_t rs = B.row_stride, cs = B.col_stride;
   for (std::int64_t s = 0; s < nc; s += kNR) {
     const std::int64_t cols = std::min<std::int64_t>(kNR, nc - s);
     float* d = dst + s * kc;
     const std::int64_t base = p0 * rs + (j0 + s) * cs;
+    if constexpr (Simd && D == DType::f32) {
+      if (rs == 1 && cols == kNR) {
+        detail::pack_b_kmajor_f32_avx2(static_cast<const float*>(B.data) + base, cs, kc, d);
+        continue;
+      }
+    }
+    if constexpr (Simd && D == DType::bf16) {
+      if (rs == 1 && cols == kNR) {
+        detail::pack_b_kmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, cs, kc, d);
+        continue;
+      }
+      if (cs == 1 && cols == kNR) {
+        detail::pack_b_nmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, rs, kc, d);
+        continue;
+      }
+    }
     if (cs == 1 && cols == kNR) {  // row-major B, full sliver: 16 contiguous elements per k
       for (std::int64_t k = 0; k < kc; ++k) {
         const std::int64_t row = base + k * rs;
@@ -298,7 +344,15 @@ struct PackAFor {
 };
 template <DType D>
 struct PackBFor {
-  static constexpr PackB fn = &pack_b<D>;
+  static constexpr PackB fn = &pack_b<D, false>;
+};
+template <DType D>
+struct PackBSimdFor {
+#if defined(CUBESIM_KERNELS_AVX2)
+  static constexpr PackB fn = &pack_b<D, true>;
+#else
+  static constexpr PackB fn = &pack_b<D, false>;
+#endif
 };
 
 // ---- the engine --------------------------------------------------------------------------------
@@ -491,7 +545,8 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
                                               fn, static_cast<int>(o.isa)));
   }
   E.pack_a = by_dtype<PackAFor>(A.dtype);
-  E.pack_b = by_dtype<PackBFor>(B.dtype);
+  // The AVX2 packers only where the AVX2 micro-kernel runs: `portable` stays free of AVX2 entirely.
+  E.pack_b = E.uk == &detail::microkernel_6x16_avx2 ? by_dtype<PackBSimdFor>(B.dtype) : by_dtype<PackBFor>(B.dtype);
   return E;
 }
 

@@ -25,4 +25,12 @@ void microkernel_6x16_avx2(std::int64_t kc, const float* a, const float* b, floa
 void microkernel_6x16_portable(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
                                bool load);
 
+// Packing a full 16-column sliver of B with AVX2 (the same values the scalar packer writes):
+// dst[k*16 + c] = B(k, c) for k < kc, c < 16. `src` points at B(0, 0) of the sliver.
+// k-major: B's columns are contiguous along k (B = Wᵀ of a row-major W), column c at src + c*ld.
+void pack_b_kmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
+void pack_b_kmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
+// n-major: B's rows are contiguous (row-major B), row k at src + k*ld.
+void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
+
 }  // namespace cubesim::kernels::detail
