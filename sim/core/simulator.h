@@ -59,6 +59,9 @@ class Process {
   const std::string& name() const { return name_; }
   std::uint64_t id() const { return id_; }
   Simulator& simulator() const { return *sim_; }
+  // One pointer for the layer above (the runtime keeps the calling rank here).
+  void* user() const { return user_; }
+  void set_user(void* u) { user_ = u; }
 
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
@@ -84,6 +87,7 @@ class Process {
   // What it waits on (for deadlock reports): a wait group, or a sleep when null.
   const WaitGroup* wait_group_ = nullptr;
   Time blocked_since_ = 0;
+  void* user_ = nullptr;
   State state_ = State::kCreated;
   bool cancel_ = false;
 #ifdef CUBESIM_ASAN

@@ -1,0 +1,44 @@
+// collective_types.h — the vocabulary of collectives: reduce ops, algorithms, per-call options,
+// and the async handle.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string_view>
+
+namespace cubesim::sim {
+class Event;
+}
+
+namespace cubesim::rt {
+
+enum class ReduceOp { sum, max };
+std::string_view reduce_op_name(ReduceOp op);
+
+// How a collective moves and combines data. Each has a header in runtime/algorithms/ documenting
+// its chunking and reduction order; the simulated data path follows it exactly, so a host run of
+// the same algorithm gives the same bits.
+enum class Algorithm { ring, direct, tree, halving_doubling, hierarchical };
+std::string_view algorithm_name(Algorithm a);
+Algorithm parse_algorithm(std::string_view s);  // throws RuntimeError listing the valid names
+
+struct CollectiveOptions {
+  std::optional<Algorithm> algorithm;      // default: the group's, else the context's
+  std::optional<bool> accumulate_f32;      // carry bf16/f16 partial sums in f32 (one rounding at the end)
+  int hierarchy = 0;                       // hierarchical: ranks per inner group (0: context default)
+  bool async_op = false;                   // return at once; Work::wait() blocks until done
+};
+
+// The handle of a collective. A synchronous call returns a completed one.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<sim::Event> done) : done_(std::move(done)) {}
+  void wait();                 // blocks the calling process until the collective finished
+  bool is_completed() const;
+
+ private:
+  std::shared_ptr<sim::Event> done_;
+};
+
+}  // namespace cubesim::rt

@@ -1,0 +1,316 @@
+#include "runtime/collectives.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runtime/algorithms/direct.h"
+#include "runtime/algorithms/halving_doubling.h"
+#include "runtime/algorithms/hierarchical.h"
+#include "runtime/algorithms/ring.h"
+#include "runtime/algorithms/tree.h"
+#include "runtime/comm.h"
+#include "runtime/errors.h"
+#include "sim/core/event.h"
+
+namespace cubesim::rt {
+
+std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
+
+std::string_view algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::ring: return "ring";
+    case Algorithm::direct: return "direct";
+    case Algorithm::tree: return "tree";
+    case Algorithm::halving_doubling: return "halving_doubling";
+    case Algorithm::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+Algorithm parse_algorithm(std::string_view s) {
+  for (Algorithm a : {Algorithm::ring, Algorithm::direct, Algorithm::tree, Algorithm::halving_doubling,
+                      Algorithm::hierarchical}) {
+    if (s == algorithm_name(a)) return a;
+  }
+  throw RuntimeError(fmt::format("unknown collective algorithm '{}': valid are ring, direct, tree, halving_doubling, "
+                                 "hierarchical",
+                                 s));
+}
+
+std::vector<Algorithm> supported_algorithms(std::string_view coll) {
+  using A = Algorithm;
+  if (coll == "all_reduce") return {A::ring, A::direct, A::tree, A::halving_doubling, A::hierarchical};
+  if (coll == "reduce_scatter" || coll == "all_gather") return {A::ring, A::direct, A::halving_doubling};
+  if (coll == "broadcast") return {A::ring, A::direct, A::tree};
+  return {};
+}
+
+void Work::wait() {
+  if (done_) done_->wait();
+}
+bool Work::is_completed() const { return !done_ || done_->triggered(); }
+
+namespace {
+
+struct Call {
+  Context& ctx;
+  ProcessGroup& group;
+  int rank;
+  Algorithm algorithm;
+  bool acc_f32;
+  int hierarchy;
+};
+
+Call prologue(const char* coll, const std::vector<const Tensor*>& tensors, ProcessGroup* group,
+              const CollectiveOptions& o) {
+  Context& ctx = Context::current(coll);
+  const int rank = Context::current_rank(coll);
+  ProcessGroup& g = group ? *group : ctx.world();
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) throw RuntimeError(fmt::format("{}: an undefined tensor", coll));
+    if (t->device() != rank) {
+      throw RuntimeError(fmt::format("{} on rank {}: tensor {} lives on rank {}; pass a tensor of the calling rank", coll,
+                                     rank, t->describe(), t->device()));
+    }
+    if (!t->is_contiguous()) {
+      throw RuntimeError(fmt::format("{}: tensor {} is a strided view; collectives need contiguous tensors", coll,
+                                     t->describe()));
+    }
+  }
+  Algorithm a = o.algorithm ? *o.algorithm : (g.default_algorithm ? *g.default_algorithm : ctx.options().algorithm);
+  const auto ok = supported_algorithms(coll);
+  if (std::find(ok.begin(), ok.end(), a) == ok.end()) {
+    std::vector<std::string_view> names;
+    for (Algorithm x : ok) names.push_back(algorithm_name(x));
+    throw RuntimeError(fmt::format("{}: algorithm '{}' is not available; valid: {}", coll, algorithm_name(a),
+                                   fmt::join(names, ", ")));
+  }
+  return Call{ctx, g, rank, a, o.accumulate_f32.value_or(ctx.options().accumulate_f32),
+              o.hierarchy ? o.hierarchy : ctx.options().hierarchy};
+}
+
+// Runs body(comm) now (sync) or in a helper process of the rank (async). The Comm is created here,
+// in program order, so sequence numbers follow each rank's order of calls.
+template <class Body>
+Work launch(const Call& call, const char* coll, std::string signature, bool async, Body body) {
+  auto comm = std::make_shared<Comm>(call.ctx, call.group, coll, signature);
+  auto done = std::make_shared<sim::Event>(comm->name());
+  Context& ctx = call.ctx;
+  const int rank = call.rank;
+  auto run = [comm, done, body, &ctx, rank] {
+    const sim::Time t0 = ctx.simulator().now();
+    body(*comm);
+    const sim::Time t1 = ctx.simulator().now();
+    ctx.add_comm(rank, t1 - t0);
+    auto& tr = ctx.trace();
+    tr.span(ctx.comm_track(rank), comm->name(), t0, t1);
+    done->trigger();
+  };
+  if (async) {
+    ctx.spawn_for_rank(rank, fmt::format("rank{}/{}", rank, comm->name()), run);
+  } else {
+    run();
+  }
+  return Work(done);
+}
+
+// The buffer the algorithm works on: the tensor itself, or an f32 copy when partial sums are to be
+// carried in f32 (then rounded back once at the end).
+struct Working {
+  Tensor buf;
+  bool converted = false;
+};
+
+Working working_copy(Comm& comm, const Tensor& t, bool acc_f32) {
+  if (!acc_f32 || t.dtype() == DType::f32) return {t.flatten(), false};
+  Tensor w = comm.scratch(t.numel(), DType::f32);
+  Context& ctx = comm.context();
+  if (!ctx.backend().timing_only()) {
+    const auto v = t.to_host_f32();
+    w.copy_from_host_f32(v.data(), static_cast<std::int64_t>(v.size()));
+  }
+  OpCost c{OpCost::Kind::elementwise, "widen to f32", 0, 0, 0, t.dtype(), t.nbytes(), w.nbytes(), 0};
+  ctx.backend().charge(comm.rank(), c);
+  return {w, true};
+}
+
+void finish_working(Comm& comm, const Working& w, const Tensor& t) {
+  if (!w.converted) return;
+  Context& ctx = comm.context();
+  if (!ctx.backend().timing_only()) {
+    const auto v = w.buf.to_host_f32();
+    Tensor flat = t.flatten();
+    flat.copy_from_host_f32(v.data(), static_cast<std::int64_t>(v.size()));
+  }
+  OpCost c{OpCost::Kind::elementwise, "round from f32", 0, 0, 0, t.dtype(), w.buf.nbytes(), t.nbytes(), 0};
+  ctx.backend().charge(comm.rank(), c);
+}
+
+std::string sig(const char* what, const Tensor& t, const Call& c, std::string extra = {}) {
+  return fmt::format("({}{}[{}], {}{})", extra, dtype_name(t.dtype()), t.numel(), algorithm_name(c.algorithm),
+                     c.acc_f32 ? ", f32 accumulation" : "");
+}
+
+void all_reduce_body(Comm& comm, const Tensor& buf, ReduceOp op, Algorithm a, int hierarchy) {
+  const auto m = algo::Members::whole(comm);
+  switch (a) {
+    case Algorithm::ring: algo::ring_all_reduce(comm, m, buf, op); break;
+    case Algorithm::direct: algo::direct_all_reduce(comm, m, buf, op); break;
+    case Algorithm::tree: algo::tree_all_reduce(comm, m, buf, op); break;
+    case Algorithm::halving_doubling: algo::hd_all_reduce(comm, m, buf, op); break;
+    case Algorithm::hierarchical: algo::hierarchical_all_reduce(comm, m, buf, op, hierarchy); break;
+  }
+}
+
+}  // namespace
+
+Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
+  const Call c = prologue("all_reduce", {&t}, group, o);
+  const std::string s = sig("all_reduce", t, c, fmt::format("{}, ", reduce_op_name(op)));
+  return launch(c, "all_reduce", s, o.async_op, [t, op, c](Comm& comm) {
+    Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
+    all_reduce_body(comm, w.buf, op, c.algorithm, c.hierarchy);
+    finish_working(comm, w, t);
+  });
+}
+
+Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
+  const Call c = prologue("reduce_scatter", {&out, &in}, group, o);
+  const int p = c.group.size();
+  if (in.numel() != out.numel() * p || in.dtype() != out.dtype()) {
+    throw RuntimeError(fmt::format("reduce_scatter on group '{}' ({} ranks): input {} must have {} x {} = {} elements "
+                                   "of the output's dtype; output is {}",
+                                   c.group.name(), p, in.describe(), p, out.numel(), out.numel() * p, out.describe()));
+  }
+  const std::string s = sig("reduce_scatter", in, c, fmt::format("{}, ", reduce_op_name(op)));
+  return launch(c, "reduce_scatter", s, o.async_op, [in, out, op, c](Comm& comm) {
+    // Works on a copy of the input (the input is left as it was, as torch does).
+    Tensor buf = comm.scratch(in.numel(), in.dtype());
+    comm.copy_local(buf, in.flatten());
+    Working w = working_copy(comm, buf, c.acc_f32 && op == ReduceOp::sum);
+    const auto m = algo::Members::whole(comm);
+    switch (c.algorithm) {
+      case Algorithm::ring: algo::ring_reduce_scatter(comm, m, w.buf, op); break;
+      case Algorithm::direct: algo::direct_reduce_scatter(comm, m, w.buf, op); break;
+      default: algo::hd_reduce_scatter(comm, m, w.buf, op); break;
+    }
+    finish_working(comm, w, buf);
+    comm.copy_local(out.flatten(), algo::region(buf, chunk_range(buf.numel(), comm.size(), comm.me())));
+  });
+}
+
+Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, CollectiveOptions o) {
+  const Call c = prologue("all_gather", {&out, &in}, group, o);
+  const int p = c.group.size();
+  if (out.numel() != in.numel() * p || in.dtype() != out.dtype()) {
+    throw RuntimeError(fmt::format("all_gather on group '{}' ({} ranks): output {} must have {} x {} = {} elements of "
+                                   "the input's dtype; input is {}",
+                                   c.group.name(), p, out.describe(), p, in.numel(), in.numel() * p, in.describe()));
+  }
+  const std::string s = sig("all_gather", in, c);
+  return launch(c, "all_gather", s, o.async_op, [in, out, c](Comm& comm) {
+    const Tensor flat = out.flatten();
+    comm.copy_local(algo::region(flat, chunk_range(flat.numel(), comm.size(), comm.me())), in.flatten());
+    const auto m = algo::Members::whole(comm);
+    switch (c.algorithm) {
+      case Algorithm::ring: algo::ring_all_gather(comm, m, flat); break;
+      case Algorithm::direct: algo::direct_all_gather(comm, m, flat); break;
+      default: algo::hd_all_gather(comm, m, flat); break;
+    }
+  });
+}
+
+Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions o) {
+  const Call c = prologue("broadcast", {&t}, group, o);
+  const int ri = c.group.index_of(root);
+  if (ri < 0) {
+    throw RuntimeError(fmt::format("broadcast: root rank {} is not in group '{}' (members: {})", root, c.group.name(),
+                                   fmt::join(c.group.ranks(), ", ")));
+  }
+  const std::string s = sig("broadcast", t, c, fmt::format("root {}, ", root));
+  return launch(c, "broadcast", s, o.async_op, [t, ri, c](Comm& comm) {
+    algo::Members m;
+    const int p = comm.size();
+    for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
+    m.pos = (comm.me() - ri + p) % p;
+    const Tensor flat = t.flatten();
+    switch (c.algorithm) {
+      case Algorithm::ring: algo::ring_broadcast(comm, m, flat); break;
+      case Algorithm::direct: algo::direct_broadcast(comm, m, flat); break;
+      default: algo::tree_broadcast(comm, m, flat); break;
+    }
+  });
+}
+
+void barrier(ProcessGroup* group) {
+  // Dissemination barrier: round k sends to index + 2^k and receives from index - 2^k, so after
+  // ceil(log2 p) rounds everyone has heard from everyone.
+  Context& ctx = Context::current("barrier");
+  const int rank = Context::current_rank("barrier");
+  ProcessGroup& g = group ? *group : ctx.world();
+  Comm comm(ctx, g, "barrier", "()");
+  const sim::Time t0 = ctx.simulator().now();
+  const int p = comm.size();
+  Tensor token = comm.scratch(1, DType::f32);
+  Tensor in = comm.scratch(1, DType::f32);
+  int round = 0;
+  for (int d = 1; d < p; d *= 2, ++round) {
+    comm.isend((comm.me() + d) % p, token, algo::tag(7, round));
+    comm.recv((comm.me() - d + p) % p, in, algo::tag(7, round));
+  }
+  comm.wait_all();
+  ctx.add_comm(rank, ctx.simulator().now() - t0);
+}
+
+namespace {
+void check_p2p(const char* what, Context& ctx, ProcessGroup& g, int peer, const Tensor& t, int rank) {
+  if (!g.contains(peer) || peer == rank) {
+    throw RuntimeError(fmt::format("{} on rank {}: peer rank {} must be another member of group '{}' (members: {})", what,
+                                   rank, peer, g.name(), fmt::join(g.ranks(), ", ")));
+  }
+  if (t.device() != rank || !t.is_contiguous()) {
+    throw RuntimeError(fmt::format("{} on rank {}: tensor {} must be a contiguous tensor of the calling rank", what, rank,
+                                   t.describe()));
+  }
+}
+}  // namespace
+
+void send(const Tensor& t, int dst, int tag, ProcessGroup* group) {
+  Context& ctx = Context::current("send");
+  const int rank = Context::current_rank("send");
+  ProcessGroup& g = group ? *group : ctx.world();
+  check_p2p("send", ctx, g, dst, t, rank);
+  const int src_i = g.index_of(rank), dst_i = g.index_of(dst);
+  const std::uint64_t k = ctx.next_p2p(true, g.id(), src_i, dst_i, tag);
+  const sim::Time t0 = ctx.simulator().now();
+  Context::Mailbox& mb = ctx.mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
+  mb.posted.wait();
+  if (mb.dst.nbytes() != t.nbytes()) {
+    throw CollectiveError(fmt::format("send from rank {} to rank {} (tag {}, message #{}): {} bytes sent, but the "
+                                      "receiver's tensor holds {}",
+                                      rank, dst, tag, k, t.nbytes(), mb.dst.nbytes()));
+  }
+  mb.t_start = ctx.simulator().now();
+  ctx.backend().copy(t.storage(), t.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), t.nbytes());
+  mb.t_end = ctx.simulator().now();
+  mb.delivered.trigger();
+  ctx.add_comm(rank, ctx.simulator().now() - t0);
+}
+
+void recv(const Tensor& t, int src, int tag, ProcessGroup* group) {
+  Context& ctx = Context::current("recv");
+  const int rank = Context::current_rank("recv");
+  ProcessGroup& g = group ? *group : ctx.world();
+  check_p2p("recv", ctx, g, src, t, rank);
+  const int src_i = g.index_of(src), dst_i = g.index_of(rank);
+  const std::uint64_t k = ctx.next_p2p(false, g.id(), src_i, dst_i, tag);
+  const sim::Time t0 = ctx.simulator().now();
+  Context::Mailbox& mb = ctx.mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
+  mb.dst = t;
+  mb.posted.trigger();
+  mb.delivered.wait();
+  ctx.drop_mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
+  ctx.add_comm(rank, ctx.simulator().now() - t0);
+}
+
+}  // namespace cubesim::rt

@@ -1,0 +1,173 @@
+#include "runtime/comm.h"
+
+#include <cmath>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "runtime/errors.h"
+
+namespace cubesim::rt {
+
+Range chunk_range(std::int64_t n, int parts, int i) {
+  const std::int64_t base = n / parts, rem = n % parts;
+  const std::int64_t begin = i * base + std::min<std::int64_t>(i, rem);
+  return Range{begin, base + (i < rem ? 1 : 0)};
+}
+
+namespace {
+template <class Load, class Store>
+void reduce_loop(void* dst, const void* src, std::int64_t count, ReduceOp op, Load load, Store store) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float a = load(dst, i), b = load(src, i);
+    float r;
+    if (op == ReduceOp::sum) {
+      r = a + b;
+    } else {
+      r = (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<float>::quiet_NaN() : (a < b ? b : a);
+    }
+    store(dst, i, r);
+  }
+}
+}  // namespace
+
+void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
+  switch (dtype) {
+    case DType::f32:
+      reduce_loop(dst, src, count, op, [](const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; },
+                  [](void* p, std::int64_t i, float v) { static_cast<float*>(p)[i] = v; });
+      break;
+    case DType::bf16:
+      reduce_loop(
+          dst, src, count, op, [](const void* p, std::int64_t i) { return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
+          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v); });
+      break;
+    case DType::f16:
+      reduce_loop(
+          dst, src, count, op, [](const void* p, std::int64_t i) { return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
+          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v); });
+      break;
+  }
+}
+
+Comm::Comm(Context& ctx, ProcessGroup& g, const std::string& name, const std::string& signature)
+    : ctx_(ctx), group_(g) {
+  rank_ = Context::current_rank(name.c_str());
+  me_ = g.index_of(rank_);
+  if (me_ < 0) {
+    throw RuntimeError(fmt::format("{}: rank {} is not a member of group '{}' (members: {})", name, rank_, g.name(),
+                                   fmt::join(g.ranks(), ", ")));
+  }
+  seq_ = g.next_sequence(me_);
+  name_ = fmt::format("{} #{} on group '{}'", name, seq_, g.name());
+  Context::Pending& p = ctx.pending(g.id(), seq_);
+  const std::string mine = fmt::format("{} {}", name, signature);
+  if (p.first_index < 0) {
+    p.collective = name_;
+    p.signature = mine;
+    p.first_index = me_;
+  } else if (p.signature != mine) {
+    throw CollectiveError(fmt::format(
+        "mismatched collectives: call #{} on group '{}': rank {} called {} but rank {} called {} (every rank of a group "
+        "must issue the same collectives, with the same sizes, dtypes, ops and algorithms, in the same order)",
+        seq_, g.name(), rank_, mine, g.rank_at(p.first_index), p.signature));
+  }
+  p.arrived[static_cast<std::size_t>(me_)] = true;
+}
+
+Comm::~Comm() {
+  if (std::uncaught_exceptions() == 0) ctx_.finish_pending(group_.id(), seq_, me_);
+}
+
+Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) {
+  auto done = std::make_shared<sim::Event>(fmt::format("{}: send to rank {}", name_, rank_of(to)));
+  const int gid = group_.id();
+  const std::uint64_t seq = seq_;
+  const int me = me_;
+  Context* ctx = &ctx_;
+  const std::string name = name_;
+  const int to_rank = rank_of(to);
+  ctx_.spawn_for_rank(rank_, fmt::format("rank{}/send->{}", rank_, to_rank), [=] {
+    Context::Mailbox& mb = ctx->mailbox(gid, seq, me, to, tag);
+    mb.posted.wait();
+    if (mb.dst.nbytes() != region.nbytes()) {
+      throw CollectiveError(fmt::format("{}: rank {} sends {} bytes to rank {}, which expects {} (tensor sizes differ "
+                                        "between ranks)",
+                                        name, Context::current_rank("send"), region.nbytes(), to_rank, mb.dst.nbytes()));
+    }
+    mb.t_start = ctx->simulator().now();
+    ctx->backend().copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), region.nbytes());
+    mb.t_end = ctx->simulator().now();
+    mb.delivered.trigger();
+    done->trigger();
+  });
+  sends_.push_back(Send{done});
+  return sends_.back();
+}
+
+void Comm::wait(Send& s) { s.done->wait(); }
+
+void Comm::wait_all() {
+  // By index, holding each handle: another process of this rank (a second tree) may add sends
+  // while this one waits.
+  for (std::size_t i = 0; i < sends_.size(); ++i) {
+    std::shared_ptr<sim::Event> e = sends_[i].done;
+    e->wait();
+  }
+  sends_.clear();
+}
+
+void Comm::recv(int from, const Tensor& dst, std::uint64_t tag) {
+  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
+  mb.dst = dst;
+  mb.posted.trigger();
+  mb.delivered.wait();
+  ctx_.drop_mailbox(group_.id(), seq_, from, me_, tag);
+}
+
+void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
+  Tensor staged = scratch(dst.numel(), dst.dtype());
+  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
+  mb.dst = staged;
+  mb.posted.trigger();
+  mb.delivered.wait();
+  const sim::Duration streamed = mb.t_end - mb.t_start;
+  ctx_.drop_mailbox(group_.id(), seq_, from, me_, tag);
+  reduce_local(dst, staged, op, streamed);
+}
+
+void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped) {
+  Backend& be = ctx_.backend();
+  const std::int64_t n = dst.numel();
+  const std::uint64_t bytes = dst.nbytes();
+  if (!be.timing_only() && n > 0) {
+    void* d = dst.storage().host_ptr();
+    void* s = src.storage().host_ptr();
+    if (d && s) {
+      reduce_values(static_cast<std::uint8_t*>(d) + dst.byte_offset(), static_cast<std::uint8_t*>(s) + src.byte_offset(),
+                    dst.dtype(), n, op);
+    } else {
+      std::vector<std::uint8_t> a(bytes), b(bytes);
+      dst.storage().read(dst.byte_offset(), a.data(), bytes);
+      src.storage().read(src.byte_offset(), b.data(), bytes);
+      reduce_values(a.data(), b.data(), dst.dtype(), n, op);
+      dst.storage().write(dst.byte_offset(), a.data(), bytes);
+    }
+  }
+  OpCost c;
+  c.kind = OpCost::Kind::reduce;
+  c.name = "reduce";
+  c.dtype = dst.dtype();
+  c.bytes_read = 2 * bytes;
+  c.bytes_written = bytes;
+  c.flops = static_cast<double>(n);
+  be.charge(rank_, c, overlapped);
+}
+
+void Comm::copy_local(const Tensor& dst, const Tensor& src) {
+  ctx_.backend().copy(src.storage(), src.byte_offset(), dst.storage(), dst.byte_offset(), src.nbytes());
+}
+
+Tensor Comm::scratch(std::int64_t numel, DType dtype) { return ctx_.empty(rank_, {numel}, dtype, "collective staging"); }
+
+}  // namespace cubesim::rt

@@ -1,0 +1,94 @@
+// comm.h — point-to-point messaging between the members of a group, for collective algorithms
+// (internal to the runtime).
+//
+// A Comm is one rank's view of one collective call. Algorithms are written as per-rank code over
+// it: isend() a contiguous region to a member, recv() straight into a region, or recv_reduce()
+// into a staging buffer that is then combined into a region (dst = op(dst, staged), one rounding
+// per step in the region's dtype). The receiver posts where the bytes go; the sender's transfer
+// (a helper process, so isend returns at once) writes there and signals delivery. Because the
+// same per-rank code runs on every backend, a host run replays a simulated run's order exactly.
+//
+// A reduction is modelled as streaming with the receive that delivers its data (as NCCL reduces
+// in registers while data arrives): only the time by which it exceeds the transfer is charged.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/context.h"
+#include "sim/core/event.h"
+
+namespace cubesim::rt {
+
+struct Context::Pending {
+  std::string collective;      // "all_reduce #3 on group 'world'"
+  std::string signature;       // what the first arriving rank asked for
+  int first_index = -1;
+  std::vector<bool> arrived;
+  std::vector<bool> finished;
+  int finished_count = 0;
+};
+
+struct Context::Mailbox {
+  sim::Event posted{"recv posted"};
+  sim::Event delivered{"data delivered"};
+  Tensor dst;
+  sim::Time t_start = 0, t_end = 0;
+};
+
+class Comm {
+ public:
+  // Registers this rank's arrival at the group's next collective and checks that its signature
+  // matches the other ranks' (CollectiveError naming both otherwise).
+  Comm(Context& ctx, ProcessGroup& g, const std::string& name, const std::string& signature);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int size() const { return group_.size(); }
+  int me() const { return me_; }
+  int rank() const { return rank_; }
+  int rank_of(int index) const { return group_.rank_at(index); }
+  Context& context() { return ctx_; }
+  const std::string& name() const { return name_; }
+
+  struct Send {
+    std::shared_ptr<sim::Event> done;
+  };
+  Send isend(int to, const Tensor& region, std::uint64_t tag);
+  void wait(Send& s);
+  void wait_all();  // every isend of this Comm so far
+
+  void recv(int from, const Tensor& dst, std::uint64_t tag);
+  void recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag);
+
+  // Local, on this rank: dst = op(dst, src); dst = src (timed device copy).
+  void reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped = 0);
+  void copy_local(const Tensor& dst, const Tensor& src);
+  Tensor scratch(std::int64_t numel, DType dtype);
+
+ private:
+  Context& ctx_;
+  ProcessGroup& group_;
+  std::string name_;
+  int me_;
+  int rank_;
+  std::uint64_t seq_;
+  std::vector<Send> sends_;
+};
+
+// [begin, begin + count) of chunk i when n elements are cut into `parts` chunks: the first n % parts
+// chunks hold one element more. Every algorithm that chunks uses this.
+struct Range {
+  std::int64_t begin;
+  std::int64_t count;
+};
+Range chunk_range(std::int64_t n, int parts, int i);
+
+// Elementwise dst = op(dst, src) on host values, rounding once to dst's dtype (the reduction
+// arithmetic every backend that computes on the host shares).
+void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
+
+}  // namespace cubesim::rt

@@ -1,0 +1,267 @@
+#include "runtime/context.h"
+
+#include <chrono>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runtime/comm.h"
+#include "runtime/errors.h"
+#include "runtime/host_backend.h"
+
+namespace cubesim::rt {
+
+struct RankSlotAccess {
+  static int rank_of(const sim::Process* p) { return static_cast<Context::RankSlot*>(p->user())->rank; }
+  static Context& ctx_of(const sim::Process* p) { return *static_cast<Context::RankSlot*>(p->user())->ctx; }
+};
+
+namespace {
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::unique_ptr<Backend> host_backend_for(const ContextOptions& o) {
+  if (o.backend != BackendKind::host) {
+    throw RuntimeError(fmt::format("Context(options) builds the host backend only; for '{}' use make_sim_context() "
+                                   "or make_cuda_context()",
+                                   backend_name(o.backend)));
+  }
+  if (o.world_size <= 0) {
+    throw RuntimeError(fmt::format("a host context needs world_size >= 1 (got {})", o.world_size));
+  }
+  return std::make_unique<HostBackend>(o.world_size);
+}
+}  // namespace
+
+Context::Context(ContextOptions opts) : Context(opts, host_backend_for(opts)) {}
+
+Context::Context(ContextOptions opts, std::unique_ptr<Backend> backend) : opts_(opts), backend_(std::move(backend)) {
+  world_size_ = opts_.world_size > 0 ? opts_.world_size : backend_->ranks();
+  if (world_size_ > backend_->ranks()) {
+    throw RuntimeError(fmt::format("world_size {} exceeds the {} devices of {}", world_size_, backend_->ranks(),
+                                   backend_->describe()));
+  }
+  sim::SimulatorOptions so;
+  so.stack_size = opts_.stack_size;
+  so.trace = opts_.trace;
+  sim_ = std::make_unique<sim::Simulator>(so);
+  std::vector<int> all(static_cast<std::size_t>(world_size_));
+  for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
+  groups_.push_back(std::make_unique<ProcessGroup>(0, all, "world"));
+  timelines_.resize(static_cast<std::size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) slots_.push_back(std::make_unique<RankSlot>(RankSlot{this, r}));
+}
+
+Context::~Context() {
+  sim_.reset();  // unwinds any process still alive before tensors and groups go away
+}
+
+ProcessGroup& Context::new_group(std::vector<int> ranks) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= world_size_) {
+      throw RuntimeError(fmt::format("new_group({}): rank {} is outside the world of {} ranks (0 to {})",
+                                     fmt::join(ranks, ", "), r, world_size_, world_size_ - 1));
+    }
+    if (!seen.insert(r).second) {
+      throw RuntimeError(fmt::format("new_group({}): rank {} appears twice", fmt::join(ranks, ", "), r));
+    }
+  }
+  if (ranks.empty()) throw RuntimeError("new_group: a group needs at least one rank");
+  for (auto& g : groups_) {
+    if (g->ranks() == ranks) return *g;
+  }
+  const int id = static_cast<int>(groups_.size());
+  groups_.push_back(std::make_unique<ProcessGroup>(id, ranks, fmt::format("group{}[{}]", id, fmt::join(ranks, ","))));
+  return *groups_.back();
+}
+
+int Context::current_rank(const char* what) {
+  sim::Simulator* s = sim::Simulator::active();
+  const sim::Process* p = s ? s->current() : nullptr;
+  if (p == nullptr || p->user() == nullptr) {
+    throw RuntimeError(fmt::format("{} must be called from a rank's function inside Context::spawn()", what));
+  }
+  return RankSlotAccess::rank_of(p);
+}
+
+Context& Context::current(const char* what) {
+  current_rank(what);
+  return RankSlotAccess::ctx_of(sim::Simulator::active()->current());
+}
+
+void Context::add_compute(int rank, sim::Duration d) { timelines_.at(static_cast<std::size_t>(rank)).compute += d; }
+void Context::add_comm(int rank, sim::Duration d) { timelines_.at(static_cast<std::size_t>(rank)).comm += d; }
+
+sim::Trace::TrackId Context::compute_track(int rank) {
+  return trace().track("compute", fmt::format("rank{}", rank));
+}
+sim::Trace::TrackId Context::comm_track(int rank) { return trace().track("comm", fmt::format("rank{}", rank)); }
+
+void Context::spawn_for_rank(int rank, std::string name, std::function<void()> fn) {
+  const std::uint64_t id = sim_->spawn(std::move(name), [this, rank, fn = std::move(fn)] {
+    sim_->current()->set_user(slots_[static_cast<std::size_t>(rank)].get());
+    fn();
+  });
+  process_rank_[id] = rank;
+}
+
+RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
+  if (nprocs < 1 || nprocs > world_size_) {
+    throw RuntimeError(fmt::format("spawn({}): the context has {} ranks; spawn between 1 and {}", nprocs, world_size_,
+                                   world_size_));
+  }
+  if (sim::Simulator::active() != nullptr) throw RuntimeError("spawn() called from inside a running simulation");
+  for (auto& t : timelines_) t = RankTimeline{};
+  for (int r = 0; r < world_size_; ++r) timelines_[static_cast<std::size_t>(r)].rank = r;
+  pending_.clear();
+  mail_.clear();
+  p2p_count_.clear();
+  process_rank_.clear();
+  const sim::Time start = sim_->now();
+  const std::uint64_t events0 = sim_->events_executed();
+  for (int r = 0; r < nprocs; ++r) {
+    spawn_for_rank(r, fmt::format("rank{}", r), [this, r, &fn] {
+      fn(r);
+      timelines_[static_cast<std::size_t>(r)].finish = sim_->now() - 0;
+    });
+  }
+  const double w0 = wall_now();
+  try {
+    sim_->run();
+  } catch (const sim::ProcessError& e) {
+    rethrow_as_rank_error(e, false);
+  } catch (const sim::DeadlockError& e) {
+    rethrow_as_rank_error(e, true);
+  }
+  RunReport rep;
+  rep.wall_s = wall_now() - w0;
+  rep.sim_time = sim_->now() - start;
+  rep.events = sim_->events_executed() - events0;
+  rep.ranks.assign(timelines_.begin(), timelines_.begin() + nprocs);
+  for (auto& t : rep.ranks) t.finish -= start;
+  return rep;
+}
+
+std::string Context::describe_pending() const {
+  std::string s;
+  for (const auto& [key, p] : pending_) {
+    std::vector<int> in, out;
+    const ProcessGroup& g = *groups_[static_cast<std::size_t>(key.first)];
+    for (int i = 0; i < g.size(); ++i) (p->arrived[static_cast<std::size_t>(i)] ? in : out).push_back(g.rank_at(i));
+    if (out.empty()) continue;
+    s += fmt::format("\n  {} ({}): rank{} {} arrived; rank{} {} did not", p->collective, p->signature,
+                     in.size() == 1 ? "" : "s", fmt::join(in, ", "), out.size() == 1 ? "" : "s", fmt::join(out, ", "));
+  }
+  return s;
+}
+
+void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
+  std::vector<RankFailure> failures;
+  std::string msg;
+  if (!deadlock) {
+    const auto& pe = static_cast<const sim::ProcessError&>(e);
+    std::set<int> ranks;
+    for (const auto& f : pe.failures()) {
+      auto it = process_rank_.find(f.process_id);
+      const int r = it == process_rank_.end() ? -1 : it->second;
+      ranks.insert(r);
+      failures.push_back(RankFailure{r, f.message, f.error});
+    }
+    msg = fmt::format("spawn: rank{} {} failed at {}; the other ranks were stopped:", ranks.size() == 1 ? "" : "s",
+                      fmt::join(ranks, ", "), sim::format_time(pe.failures().front().time));
+    for (const auto& f : failures) msg += fmt::format("\n  rank {}: {}", f.rank, f.message);
+  } else {
+    const auto& de = static_cast<const sim::DeadlockError&>(e);
+    msg = fmt::format("spawn: the ranks deadlocked at {}", sim::format_time(de.time()));
+    const std::string pend = describe_pending();
+    if (!pend.empty()) msg += ": a collective was not called by every rank of its group:" + pend;
+    msg += "\n  blocked processes:";
+    for (const auto& b : de.blocked()) msg += fmt::format("\n    '{}' waits on {}", b.process, b.waits_on);
+    for (const auto& b : de.blocked()) {
+      auto it = process_rank_.find(b.process_id);
+      failures.push_back(RankFailure{it == process_rank_.end() ? -1 : it->second, "blocked: " + b.waits_on, nullptr});
+    }
+  }
+  pending_.clear();
+  mail_.clear();
+  throw RankError(msg, std::move(failures));
+}
+
+Tensor Context::empty(int rank, Shape shape, DType dtype, std::string_view what) {
+  if (rank < 0 || rank >= world_size_) {
+    throw RuntimeError(fmt::format("{} {}: rank {} does not exist; valid ranks are 0 to {}", what, shape_str(shape), rank,
+                                   world_size_ - 1));
+  }
+  std::int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0) throw RuntimeError(fmt::format("{}: shape {} has a negative dimension", what, shape_str(shape)));
+    n *= d;
+  }
+  auto st = backend_->allocate(rank, static_cast<std::uint64_t>(n) * dtype_size(dtype), what);
+  return Tensor(std::move(st), std::move(shape), dtype);
+}
+
+Tensor Context::zeros(int rank, Shape shape, DType dtype, std::string_view what) {
+  Tensor t = empty(rank, std::move(shape), dtype, what);
+  if (!backend_->timing_only()) {
+    std::vector<std::uint8_t> z(t.nbytes(), 0);
+    t.copy_from_host_bytes(z.data(), z.size());
+  }
+  return t;
+}
+
+Tensor Context::from_host_f32(int rank, Shape shape, DType dtype, const std::vector<float>& values) {
+  Tensor t = empty(rank, std::move(shape), dtype, "from_host");
+  if (static_cast<std::int64_t>(values.size()) != t.numel()) {
+    throw RuntimeError(fmt::format("from_host: {} values for a tensor of shape {} ({} elements)", values.size(),
+                                   shape_str(t.shape()), t.numel()));
+  }
+  if (!backend_->timing_only()) t.copy_from_host_f32(values.data(), t.numel());
+  return t;
+}
+
+Tensor Context::from_host_bytes(int rank, Shape shape, DType dtype, const void* bytes, std::uint64_t n) {
+  Tensor t = empty(rank, std::move(shape), dtype, "from_host");
+  if (!backend_->timing_only()) t.copy_from_host_bytes(bytes, n);
+  return t;
+}
+
+Context::Pending& Context::pending(int group_id, std::uint64_t seq) {
+  auto& p = pending_[{group_id, seq}];
+  if (!p) {
+    p = std::make_unique<Pending>();
+    const auto n = static_cast<std::size_t>(groups_[static_cast<std::size_t>(group_id)]->size());
+    p->arrived.assign(n, false);
+    p->finished.assign(n, false);
+  }
+  return *p;
+}
+
+void Context::finish_pending(int group_id, std::uint64_t seq, int index) {
+  auto it = pending_.find({group_id, seq});
+  if (it == pending_.end()) return;
+  Pending& p = *it->second;
+  if (!p.finished[static_cast<std::size_t>(index)]) {
+    p.finished[static_cast<std::size_t>(index)] = true;
+    if (++p.finished_count == static_cast<int>(p.finished.size())) pending_.erase(it);
+  }
+}
+
+Context::Mailbox& Context::mailbox(int group_id, std::uint64_t seq, int src, int dst, std::uint64_t tag) {
+  auto& m = mail_[{group_id, seq, src, dst, tag}];
+  if (!m) m = std::make_unique<Mailbox>();
+  return *m;
+}
+
+std::uint64_t Context::next_p2p(bool sending, int group_id, int src, int dst, int tag) {
+  return p2p_count_[{sending, group_id, src, dst, tag}]++;
+}
+
+void Context::drop_mailbox(int group_id, std::uint64_t seq, int src, int dst, std::uint64_t tag) {
+  mail_.erase({group_id, seq, src, dst, tag});
+}
+
+}  // namespace cubesim::rt

@@ -1,0 +1,131 @@
+// context.h — a backend plus the ranks that run on it: the runtime's entry point.
+//
+// A Context owns the scheduler (every backend runs ranks as processes), the backend, the process
+// groups and the bookkeeping of collectives in flight. spawn() runs a function on each rank with
+// torch.multiprocessing.spawn semantics: blocking calls yield to the scheduler; an exception in any
+// rank stops its siblings and spawn() throws one RankError naming every failing rank and its cause.
+//
+//   Context ctx(ContextOptions{.backend = BackendKind::host, .world_size = 4});
+//   auto report = ctx.spawn(4, [&](int rank) {
+//     Tensor t = ctx.from_host_f32(rank, {1024}, DType::bf16, values[rank]);
+//     all_reduce(t);                       // sum over the world group, ring by default
+//   });
+//   fmt::print("{}\n", sim::format_time(report.sim_time));
+//
+// Simulated contexts are made by make_sim_context() (runtime/sim_backend.h) from a topology.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/collective_types.h"
+#include "runtime/process_group.h"
+#include "runtime/tensor.h"
+#include "sim/core/simulator.h"
+
+namespace cubesim::rt {
+
+struct ContextOptions {
+  BackendKind backend = BackendKind::host;
+  int world_size = 0;          // 0: every device the backend has (required > 0 for host)
+  bool trace = false;          // record trace spans (per-rank compute/communication, links, PEs)
+  Algorithm algorithm = Algorithm::ring;  // default collective algorithm
+  bool accumulate_f32 = false;            // default for CollectiveOptions::accumulate_f32
+  int hierarchy = 0;                      // default inner-group size for hierarchical (0: auto)
+  std::size_t stack_size = 256 * 1024;    // per rank process
+};
+
+// Simulated time a rank spent, split by what it was doing.
+struct RankTimeline {
+  int rank = 0;
+  sim::Duration compute = 0;  // charged compute (GEMMs, elementwise)
+  sim::Duration comm = 0;     // inside collectives and send/recv (waiting included)
+  sim::Time finish = 0;       // when the rank's function returned
+};
+
+struct RunReport {
+  sim::Time sim_time = 0;      // simulated time when the last rank finished
+  double wall_s = 0;           // host seconds spent in spawn()
+  std::uint64_t events = 0;
+  std::vector<RankTimeline> ranks;
+};
+
+class Context {
+ public:
+  Context(ContextOptions opts, std::unique_ptr<Backend> backend);
+  explicit Context(ContextOptions opts);  // host backend
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const ContextOptions& options() const { return opts_; }
+  int world_size() const { return world_size_; }
+  Backend& backend() { return *backend_; }
+  sim::Simulator& simulator() { return *sim_; }
+  sim::Trace& trace() { return sim_->trace(); }
+
+  // Runs fn(rank) for rank in [0, nprocs) and waits for all. nprocs must not exceed world_size().
+  RunReport spawn(int nprocs, const std::function<void(int)>& fn);
+
+  // Tensors on a rank. Inside spawn(), `rank` is normally the calling rank.
+  Tensor empty(int rank, Shape shape, DType dtype, std::string_view what = "tensor");
+  Tensor zeros(int rank, Shape shape, DType dtype, std::string_view what = "tensor");
+  Tensor from_host_f32(int rank, Shape shape, DType dtype, const std::vector<float>& values);
+  Tensor from_host_bytes(int rank, Shape shape, DType dtype, const void* bytes, std::uint64_t n);
+
+  ProcessGroup& world() { return *groups_.front(); }
+  ProcessGroup& new_group(std::vector<int> ranks);
+
+  // The global rank of the calling process; RuntimeError outside spawn().
+  static int current_rank(const char* what);
+  static Context& current(const char* what);
+
+  // Timelines (for the runtime's own layers).
+  void add_compute(int rank, sim::Duration d);
+  void add_comm(int rank, sim::Duration d);
+  // Trace tracks of a rank ("rank3" group: "compute", "comm").
+  sim::Trace::TrackId compute_track(int rank);
+  sim::Trace::TrackId comm_track(int rank);
+
+  // Spawns a helper process acting for `rank` (async collectives, sends in flight).
+  void spawn_for_rank(int rank, std::string name, std::function<void()> fn);
+
+  // Collective bookkeeping (collectives.cpp).
+  struct Pending;
+  Pending& pending(int group_id, std::uint64_t seq);
+  void finish_pending(int group_id, std::uint64_t seq, int index);
+  struct Mailbox;
+  Mailbox& mailbox(int group_id, std::uint64_t seq, int src_index, int dst_index, std::uint64_t tag);
+  void drop_mailbox(int group_id, std::uint64_t seq, int src_index, int dst_index, std::uint64_t tag);
+  // Point to point: the k-th send from src to dst with a tag pairs with the k-th recv (mailboxes of
+  // group id -(g+1), sequence k).
+  std::uint64_t next_p2p(bool sending, int group_id, int src_index, int dst_index, int tag);
+
+ private:
+  [[noreturn]] void rethrow_as_rank_error(const std::exception& e, bool deadlock);
+  std::string describe_pending() const;
+
+  ContextOptions opts_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<sim::Simulator> sim_;
+  int world_size_;
+  std::vector<std::unique_ptr<ProcessGroup>> groups_;
+  std::vector<RankTimeline> timelines_;
+  std::vector<std::pair<sim::Trace::TrackId, sim::Trace::TrackId>> tracks_;
+  std::map<std::uint64_t, int> process_rank_;  // helper process id -> rank (for error reports)
+  std::map<std::pair<int, std::uint64_t>, std::unique_ptr<Pending>> pending_;
+  std::map<std::tuple<int, std::uint64_t, int, int, std::uint64_t>, std::unique_ptr<Mailbox>> mail_;
+  std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
+  struct RankSlot {
+    Context* ctx;
+    int rank;
+  };
+  std::vector<std::unique_ptr<RankSlot>> slots_;
+  friend struct RankSlotAccess;
+};
+
+}  // namespace cubesim::rt

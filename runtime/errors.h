@@ -1,0 +1,42 @@
+// errors.h — the runtime's user-facing errors. Each message names the input (tensor shape, rank,
+// collective, group) and what would be valid.
+//
+//   RuntimeError      wrong shape, dtype or device; bad group; unsupported algorithm
+//   CollectiveError   ranks called mismatched collectives, or some never arrived
+//   RankError         spawn(): one or more ranks failed; names each rank and its cause
+#pragma once
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cubesim::rt {
+
+class RuntimeError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct RankFailure {
+  int rank = -1;
+  std::string message;
+  std::exception_ptr error;
+};
+
+class RankError : public std::runtime_error {
+ public:
+  RankError(std::string what, std::vector<RankFailure> failures)
+      : std::runtime_error(std::move(what)), failures_(std::move(failures)) {}
+  const std::vector<RankFailure>& failures() const { return failures_; }
+
+ private:
+  std::vector<RankFailure> failures_;
+};
+
+}  // namespace cubesim::rt

@@ -1,0 +1,53 @@
+#include "runtime/host_backend.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/errors.h"
+
+namespace cubesim::rt {
+
+std::string_view backend_name(BackendKind k) {
+  switch (k) {
+    case BackendKind::sim: return "sim";
+    case BackendKind::host: return "host";
+    case BackendKind::cuda: return "cuda";
+  }
+  return "?";
+}
+
+BackendKind parse_backend(std::string_view s) {
+  if (s == "sim") return BackendKind::sim;
+  if (s == "host") return BackendKind::host;
+  if (s == "cuda") return BackendKind::cuda;
+  throw RuntimeError(fmt::format("unknown backend '{}': valid backends are sim, host, cuda", s));
+}
+
+HostStorage::HostStorage(int rank, std::uint64_t bytes)
+    : Storage(rank, bytes), data_(new std::uint8_t[bytes ? bytes : 1]) {}
+
+void HostStorage::read(std::uint64_t offset, void* dst, std::uint64_t n) const {
+  std::memcpy(dst, data_.get() + offset, n);
+}
+void HostStorage::write(std::uint64_t offset, const void* src, std::uint64_t n) {
+  std::memcpy(data_.get() + offset, src, n);
+}
+std::string HostStorage::where() const { return fmt::format("host memory of rank {}", rank()); }
+
+std::string HostBackend::describe() const { return fmt::format("host reference backend, {} ranks", ranks_); }
+
+std::shared_ptr<Storage> HostBackend::allocate(int rank, std::uint64_t bytes, std::string_view what) {
+  if (rank < 0 || rank >= ranks_) {
+    throw RuntimeError(fmt::format("allocation '{}' on rank {}: valid ranks are 0 to {}", what, rank, ranks_ - 1));
+  }
+  return std::make_shared<HostStorage>(rank, bytes);
+}
+
+void HostBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) {
+  if (n == 0) return;
+  auto& s = const_cast<Storage&>(src);
+  std::memmove(static_cast<std::uint8_t*>(dst.host_ptr()) + dst_off, static_cast<std::uint8_t*>(s.host_ptr()) + src_off, n);
+}
+
+}  // namespace cubesim::rt
