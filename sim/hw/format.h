@@ -1,0 +1,29 @@
+// format.h — sizes and rates as people read them, for error messages and bench tables.
+//
+//   format_bytes(3 << 20)          -> "3.00 MiB"
+//   format_bytes(100)              -> "100 B"
+//   format_bandwidth(128e9)        -> "128.0 GB/s"
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace cubesim::hw {
+
+inline std::string format_bytes(std::uint64_t b) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (b < 1024) return fmt::format("{} B", b);
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+
+inline std::string format_bandwidth(double bytes_per_s) { return fmt::format("{:.1f} GB/s", bytes_per_s / 1e9); }
+
+}  // namespace cubesim::hw

@@ -1,0 +1,128 @@
+// memory.h — a simulated memory (a cube's HBM, a PE's TCM, the host's DRAM): real bytes at
+// addresses, an allocator, and the channel servers that time accesses.
+//
+// Functional access (read/write/fill) takes no simulated time: it is how a PE computes on its TCM
+// and how the runtime initializes tensors. Time is spent by System::transfer (moving bytes between
+// memories) and Pe::compute. Every access is checked: bounds, never-written bytes (when
+// SystemOptions::check_uninitialized), and hazards against transfers in flight (hazard.h).
+// In timing-only mode (SystemOptions::functional = false) nothing is stored and reads give zeros.
+//
+//   Memory& hbm = sys.hbm(0);
+//   std::uint64_t a = hbm.allocate(n * 4, 256, "x");
+//   hbm.write_as<float>(a, values);              // std::span<const float>
+//   sys.transfer(hbm.at(a), sys.hbm(1).at(b), n * 4);
+//   auto back = sys.hbm(1).read_as<float>(b, n); // std::vector<float>
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sim/core/time.h"
+#include "sim/hw/allocator.h"
+#include "sim/hw/region.h"
+#include "sim/hw/server.h"
+#include "sim/hw/sparse_store.h"
+
+namespace cubesim::hw {
+
+class System;
+class Memory;
+struct TransferRecord;
+
+enum class MemoryKind : std::uint8_t { kHbm, kTcm, kHost };
+
+// An address in a memory: what transfer() takes.
+struct MemRef {
+  Memory* memory = nullptr;
+  std::uint64_t addr = 0;
+  MemRef operator+(std::uint64_t off) const { return MemRef{memory, addr + off}; }
+};
+
+class Memory {
+ public:
+  Memory(System& sys, MemoryKind kind, int id, int cube, int pe, std::string name, std::uint64_t capacity,
+         sim::Bandwidth bandwidth, sim::Duration latency, std::uint32_t channels, std::uint64_t interleave);
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+
+  MemRef at(std::uint64_t addr) { return MemRef{this, addr}; }
+
+  int id() const { return id_; }
+  MemoryKind kind() const { return kind_; }
+  int cube() const { return cube_; }  // -1 for the host
+  int pe() const { return pe_; }      // -1 unless a TCM
+  const std::string& name() const { return name_; }  // "cube3.hbm", "cube3.pe5.tcm", "host"
+  std::uint64_t capacity() const { return capacity_; }
+  sim::Bandwidth bandwidth() const { return bandwidth_; }
+  sim::Duration latency() const { return latency_; }
+  std::uint32_t channels() const { return static_cast<std::uint32_t>(channels_.size()); }
+  std::uint64_t interleave_bytes() const { return interleave_; }
+  System& system() const { return *sys_; }
+
+  // ---- functional access (zero simulated time; checked) ----
+  void write(std::uint64_t addr, std::span<const std::byte> data);
+  void read(std::uint64_t addr, std::span<std::byte> out);
+  void fill(std::uint64_t addr, std::uint64_t len, std::byte value);
+  template <class T>
+  void write_as(std::uint64_t addr, std::span<const T> values) {
+    write(addr, std::as_bytes(values));
+  }
+  template <class T>
+  void read_as(std::uint64_t addr, std::span<T> out) {
+    read(addr, std::as_writable_bytes(out));
+  }
+  template <class T>
+  std::vector<T> read_as(std::uint64_t addr, std::size_t count) {
+    std::vector<T> v(count);
+    read_as<T>(addr, std::span<T>(v));
+    return v;
+  }
+  // The first never-written byte in [addr, addr + len), if any (nullopt in timing-only mode).
+  std::optional<std::uint64_t> first_unwritten(std::uint64_t addr, std::uint64_t len) const;
+
+  // ---- allocation ----
+  std::uint64_t allocate(std::uint64_t bytes, std::uint64_t align = 256, std::string_view what = {}) {
+    return allocator_.allocate(bytes, align, what);
+  }
+  void free(std::uint64_t addr) { allocator_.free(addr); }
+  Allocator& allocator() { return allocator_; }
+  const Allocator& allocator() const { return allocator_; }
+
+  // ---- footprint and timing state ----
+  const SparseStore& store() const { return store_; }
+  std::uint64_t resident_bytes() const { return store_.resident_bytes(); }
+  std::span<Server> channel_servers() { return channels_; }
+  std::span<const Server> channel_servers() const { return channels_; }
+
+  // Throws MemoryError unless [addr, addr + len) lies inside the memory. `what` says who asked.
+  void check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const;
+  void check_region(const Region& r, std::string_view what) const;
+
+ private:
+  friend class System;
+  System* sys_;
+  MemoryKind kind_;
+  int id_, cube_, pe_;
+  std::string name_;
+  std::uint64_t capacity_;
+  sim::Bandwidth bandwidth_;
+  sim::Duration latency_;
+  std::uint64_t interleave_;
+  std::vector<Server> channels_;
+  SparseStore store_;
+  Allocator allocator_;
+  // Transfers reading from / writing to this memory right now (for the hazard checker).
+  struct InFlight {
+    TransferRecord* rec;
+    Region region;
+    bool write;
+  };
+  std::vector<InFlight> in_flight_;
+};
+
+}  // namespace cubesim::hw

@@ -1,0 +1,149 @@
+// system.h — a simulated system built from a Topology: cubes, PEs, memories, links, the host,
+// and the transfer engine that moves real bytes between memories at simulated times.
+//
+//   sim::Simulator sim;
+//   System sys(sim, load_topology("mesh4x4"));
+//   sim.spawn("rank0", [&] {
+//     Memory& a = sys.hbm(0);
+//     std::uint64_t x = a.allocate(1 << 20, 256, "x");
+//     a.fill(x, 1 << 20, std::byte{1});
+//     sys.transfer(a.at(x), sys.hbm(5).at(0), 1 << 20);   // blocks until the bytes have landed
+//   });
+//   sim.run();
+//
+// Timing (transfer.h has the model): every link direction, DMA channel and memory channel is a
+// FIFO server computed arithmetically; a chunk costs one simulator event per link it crosses (one
+// per chunk for a transfer inside a cube), and a transfer one more when it lands. No process per
+// link, no event per byte. The System must outlive the simulation that uses it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sim/core/event.h"
+#include "sim/core/simulator.h"
+#include "sim/hw/cube.h"
+#include "sim/hw/hazard.h"
+#include "sim/hw/link.h"
+#include "sim/hw/memory.h"
+#include "sim/hw/pe.h"
+#include "sim/hw/routing.h"
+#include "sim/hw/topology.h"
+#include "sim/hw/transfer.h"
+
+namespace cubesim::hw {
+
+struct SystemOptions {
+  // false: timing-only. Memories keep no values (reads give zeros, transfers copy nothing); every
+  // simulated time is identical to a functional run.
+  bool functional = true;
+  // Reading bytes nothing ever wrote (Memory::read, or a transfer's source) throws
+  // UninitializedReadError. Off: they read as zero.
+  bool check_uninitialized = true;
+  HazardMode hazards = HazardMode::kThrow;
+};
+
+// The transfer engine's internals, visible so the chunk events can be small structs.
+struct Stage;
+struct Path;
+struct TransferRecord;
+
+class System {
+ public:
+  System(sim::Simulator& sim, Topology topology, SystemOptions options = {});
+  ~System();
+  System(const System&) = delete;
+  System& operator=(const System&) = delete;
+
+  sim::Simulator& simulator() { return *sim_; }
+  const Topology& topology() const { return topo_; }
+  const SystemOptions& options() const { return opts_; }
+
+  // ---- the hardware ----
+  int num_cubes() const { return static_cast<int>(cubes_.size()); }
+  Cube& cube(int id);
+  Memory& hbm(int cube) { return this->cube(cube).hbm(); }
+  Pe& pe(int cube, int pe) { return this->cube(cube).pe(pe); }
+  Memory& tcm(int cube, int pe) { return this->pe(cube, pe).tcm(); }
+  bool has_host() const { return host_ != nullptr; }
+  Memory& host_memory();  // throws TopologyError when the topology has no "host"
+  int num_memories() const { return static_cast<int>(memories_.size()); }
+  Memory& memory(int id) { return *memories_.at(static_cast<std::size_t>(id)); }
+  int num_links() const { return static_cast<int>(links_.size()); }
+  Link& link(int id) { return *links_.at(static_cast<std::size_t>(id)); }
+
+  // ---- routes and figures ----
+  // Link ids from cube src to cube dst (deterministic; see routing.h).
+  const std::vector<int>& route(int src_cube, int dst_cube) { return router_.route(src_cube, dst_cube); }
+  int hops(int src_cube, int dst_cube) { return router_.hops(src_cube, dst_cube); }
+  // The alpha-beta figures of the path between two memories and its exact uncontended time.
+  PathFigures path_figures(Memory& src, Memory& dst);
+
+  // ---- transfers ----
+  // Blocks the calling process until `bytes` from src have landed at dst.
+  void transfer(MemRef src, MemRef dst, std::uint64_t bytes) { start_transfer(src, dst, bytes).wait(); }
+  // Starts a transfer and returns at once (from a process or a callback).
+  TransferHandle start_transfer(MemRef src, MemRef dst, std::uint64_t bytes);
+  // Strided: src_region and dst_region hold the same number of bytes, in any row shapes (a tile
+  // gathered from a matrix into a contiguous TCM buffer, and back).
+  TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region);
+  void transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region) {
+    start_transfer(src, src_region, dst, dst_region).wait();
+  }
+
+  // ---- checks and statistics ----
+  // Reports recorded under HazardMode::kRecord, in the order they happened.
+  const std::vector<HazardReport>& hazards() const { return hazards_; }
+  void clear_hazards() { hazards_.clear(); }
+  std::uint64_t transfers_started() const { return started_; }
+  std::uint64_t transfers_completed() const { return completed_; }
+  std::uint64_t bytes_transferred() const { return bytes_moved_; }
+  std::uint64_t transfers_in_flight() const { return started_ - completed_; }
+  // Host memory held by all simulated memories' pages.
+  std::uint64_t resident_bytes() const;
+
+  // ---- for Memory and Pe (not for users) ----
+  // Who is acting now, for reports: "'rank3'" in a process, "a callback" otherwise.
+  std::string actor() const;
+  // Checks an access against the transfers in flight on m (write: also against reads). `self` is
+  // the transfer making the access, or null for a process's read/write.
+  void check_hazards(Memory& m, const Region& r, bool write, const TransferRecord* self);
+
+ private:
+  friend struct TransferRecord;
+  friend struct ChunkStep;
+  friend struct ChunkInject;
+  friend struct TransferLanded;
+
+  const Path& path(Memory& src, Memory& dst);
+  std::unique_ptr<Path> build_path(Memory& src, Memory& dst);
+  TransferRecord* alloc_record();
+  void advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, sim::Time head, sim::Time tail);
+  void inject(TransferRecord* r, std::uint64_t chunk);
+  void land(TransferRecord* r);
+  std::pair<sim::Time, sim::Time> serve(Stage& st, const TransferRecord& r, std::uint64_t offset, std::uint64_t bytes,
+                                        std::uint64_t chunk, sim::Time head, sim::Time tail);
+  void trace_stage(Stage& st, Server& s, std::uint32_t channel, const TransferRecord& r, std::uint64_t chunk,
+                   sim::Time start, sim::Time end, std::uint64_t bytes);
+
+  sim::Simulator* sim_;
+  Topology topo_;
+  SystemOptions opts_;
+  Router router_;
+  std::vector<std::unique_ptr<Memory>> memories_;
+  std::vector<std::unique_ptr<Cube>> cubes_;
+  std::vector<std::unique_ptr<Link>> links_;
+  Memory* host_ = nullptr;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Path>> paths_;
+  std::vector<std::unique_ptr<TransferRecord>> records_;
+  TransferRecord* free_records_ = nullptr;
+  std::uint64_t next_transfer_id_ = 1;
+  std::uint64_t started_ = 0, completed_ = 0, bytes_moved_ = 0;
+  std::vector<HazardReport> hazards_;
+};
+
+}  // namespace cubesim::hw

@@ -1,0 +1,1059 @@
+// The topology loader: files -> resolved JSON (extends, set) -> validated Topology.
+//
+// Validation reads every object through a reader that remembers which keys it asked for; whatever
+// is left over is an unknown key, so a typo is never silently ignored. Every message names the
+// dotted path and what would be valid.
+#include "sim/hw/topology.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "sim/hw/errors.h"
+#include "sim/hw/format.h"
+
+#ifndef CUBESIM_TOPOLOGY_DIR
+#define CUBESIM_TOPOLOGY_DIR "topologies"
+#endif
+
+namespace cubesim::hw {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string_view network_kind_name(NetworkKind k) {
+  switch (k) {
+    case NetworkKind::kNone: return "none";
+    case NetworkKind::kRing: return "ring";
+    case NetworkKind::kMesh: return "mesh";
+    case NetworkKind::kTorus: return "torus";
+    case NetworkKind::kFull: return "full";
+    case NetworkKind::kSwitch: return "switch";
+    case NetworkKind::kExplicit: return "explicit";
+  }
+  return "?";
+}
+
+int Topology::find_link(int from, int to) const {
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    if (links[i].from == from && links[i].to == to) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- small helpers
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (same ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// " (did you mean 'x'?)" when one candidate is close, else "".
+std::string did_you_mean(std::string_view s, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const std::string& c : candidates) {
+    const std::size_t d = edit_distance(s, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best.empty() || best_d > std::max<std::size_t>(2, s.size() / 3)) return "";
+  return fmt::format(" (did you mean '{}'?)", best);
+}
+
+std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += sep;
+    s += v[i];
+  }
+  return s;
+}
+
+std::string child(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+}
+std::string child(const std::string& path, std::size_t index) { return child(path, std::to_string(index)); }
+
+std::string short_dump(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string type_name(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_null()) return "null";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+std::string node_name(int node) {
+  if (node == kSwitchNode) return "sw";
+  if (node == kHostNode) return "host";
+  return fmt::format("c{}", node);
+}
+
+// ---------------------------------------------------------------- validation context and reader
+
+struct Ctx {
+  std::string name;
+  std::string origin;
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
+    throw TopologyError(fmt::format("topology '{}' ({}): {}{}{}", name, origin, path, path.empty() ? "" : ": ", msg));
+  }
+};
+
+// Reads one JSON object; finish() rejects the keys nobody asked for.
+class Obj {
+ public:
+  Obj(const Ctx& ctx, const json& j, std::string path) : ctx_(ctx), j_(j), path_(std::move(path)) {
+    if (!j.is_object()) ctx.fail(path_, fmt::format("expected an object, got {} ({})", type_name(j), short_dump(j)));
+  }
+  const std::string& path() const { return path_; }
+  const Ctx& ctx() const { return ctx_; }
+  std::string at(std::string_view key) const { return child(path_, key); }
+  [[noreturn]] void fail(std::string_view key, const std::string& msg) const { ctx_.fail(at(key), msg); }
+
+  bool has(std::string_view key) {
+    known_.emplace(key);
+    return j_.contains(key);
+  }
+  // The value at key, or nullptr when absent. Marks the key as known.
+  const json* get(std::string_view key) {
+    known_.emplace(key);
+    auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  const json& need(std::string_view key, std::string_view what) {
+    const json* v = get(key);
+    if (!v) ctx_.fail(path_, fmt::format("missing required field '{}' ({})", key, what));
+    return *v;
+  }
+
+  double number(std::string_view key, std::string_view what) { return as_number(key, need(key, what)); }
+  std::optional<double> opt_number(std::string_view key) {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    return as_number(key, *v);
+  }
+  double as_number(std::string_view key, const json& v) const {
+    if (!v.is_number()) fail(key, fmt::format("expected a number, got {} ({})", type_name(v), short_dump(v)));
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) fail(key, fmt::format("{} is not a finite number", short_dump(v)));
+    return d;
+  }
+  std::uint64_t positive_int(std::string_view key, std::string_view what, std::uint64_t max = 1ull << 48) {
+    return as_positive_int(key, need(key, what), what, max);
+  }
+  std::uint64_t as_positive_int(std::string_view key, const json& v, std::string_view what, std::uint64_t max) const {
+    bool ok = v.is_number_integer() && (v.is_number_unsigned() || v.get<std::int64_t>() >= 1);
+    if (ok) ok = v.get<std::uint64_t>() >= 1 && v.get<std::uint64_t>() <= max;
+    if (!ok) {
+      fail(key, fmt::format("{} is not valid; give an integer from 1 to {} ({})", short_dump(v), max, what));
+    }
+    return v.get<std::uint64_t>();
+  }
+  sim::Bandwidth bandwidth(std::string_view key, std::string_view what) {
+    return as_bandwidth(key, need(key, fmt::format("{}, GB/s", what)));
+  }
+  sim::Bandwidth as_bandwidth(std::string_view key, const json& v) const {
+    const double d = as_number(key, v);
+    if (!(d > 0) || d > 1e9) {
+      fail(key, fmt::format("{} is not valid; give a bandwidth > 0 in GB/s (1 GB/s = 1e9 bytes/s)", short_dump(v)));
+    }
+    return sim::Bandwidth::GBps(d);
+  }
+  Duration duration_ns(std::string_view key, std::string_view what) {
+    return as_duration(key, need(key, fmt::format("{}, ns", what)));
+  }
+  Duration as_duration(std::string_view key, const json& v) const {
+    const double d = as_number(key, v);
+    if (!(d >= 0) || d > 1e12) fail(key, fmt::format("{} is not valid; give a time >= 0 in ns", short_dump(v)));
+    return sim::from_ns(d);
+  }
+  std::uint64_t clock_hz(std::string_view key, std::string_view what) {
+    const json& v = need(key, fmt::format("{}, GHz", what));
+    return as_clock(key, v);
+  }
+  std::uint64_t as_clock(std::string_view key, const json& v) const {
+    const double d = as_number(key, v);
+    if (!(d > 0) || d > 1e3) fail(key, fmt::format("{} is not valid; give a clock > 0 in GHz", short_dump(v)));
+    return static_cast<std::uint64_t>(std::llround(d * 1e9));
+  }
+  // Exactly one of capacity_bytes, capacity_KiB, capacity_MiB, capacity_GiB, capacity_TiB, capacity_GB.
+  std::uint64_t capacity(std::string_view what) {
+    static const std::vector<std::pair<std::string, double>> kUnits = {
+        {"capacity_bytes", 1.0},          {"capacity_KiB", 1024.0},
+        {"capacity_MiB", 1048576.0},      {"capacity_GiB", 1073741824.0},
+        {"capacity_TiB", 1099511627776.0}, {"capacity_GB", 1e9}};
+    std::vector<std::string> found, names;
+    std::uint64_t bytes = 0;
+    for (const auto& [key, unit] : kUnits) {
+      names.push_back(key);
+      if (const json* v = get(key)) {
+        found.push_back(key);
+        const double d = as_number(key, *v);
+        const double b = std::round(d * unit);
+        if (!(d > 0) || b < 1 || b > 9.2e18) {
+          fail(key, fmt::format("{} is not valid; give a capacity > 0 ({})", short_dump(*v), what));
+        }
+        bytes = static_cast<std::uint64_t>(b);
+      }
+    }
+    if (found.empty()) {
+      ctx_.fail(path_, fmt::format("missing required field: the {} capacity; give one of {}", what, join(names)));
+    }
+    if (found.size() > 1) {
+      ctx_.fail(path_, fmt::format("give exactly one capacity field, found {}", join(found)));
+    }
+    return bytes;
+  }
+  std::string string(std::string_view key, std::string_view what) {
+    const json& v = need(key, what);
+    if (!v.is_string()) fail(key, fmt::format("expected a string ({}), got {} ({})", what, type_name(v), short_dump(v)));
+    return v.get<std::string>();
+  }
+  bool opt_bool(std::string_view key, bool dflt) {
+    const json* v = get(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) fail(key, fmt::format("expected true or false, got {}", short_dump(*v)));
+    return v->get<bool>();
+  }
+  // Every key present must have been asked for ("_comment" is always allowed).
+  void finish() const {
+    std::vector<std::string> valid(known_.begin(), known_.end());
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (it.key() == "_comment" || known_.count(it.key())) continue;
+      ctx_.fail(path_, fmt::format("unknown key '{}'{}; valid keys here: {}", it.key(), did_you_mean(it.key(), valid),
+                                   join(valid)));
+    }
+  }
+  // A key that this object may not have in this configuration.
+  void forbid(std::string_view key, const std::string& why) {
+    if (j_.contains(key)) fail(key, why);
+    known_.emplace(key);
+  }
+
+ private:
+  const Ctx& ctx_;
+  const json& j_;
+  std::string path_;
+  std::set<std::string, std::less<>> known_;
+};
+
+// ---------------------------------------------------------------- cubes
+
+RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::uint64_t default_clock) {
+  RateSpec r;
+  r.clock_hz = default_clock;
+  if (const json* c = o.get("clock_GHz")) r.clock_hz = o.as_clock("clock_GHz", *c);
+  Obj t(o.ctx(), o.need(table, fmt::format("{} per dtype, e.g. {{\"bf16\": 1024}}", unit)), o.at(table));
+  bool any = false;
+  for (Dtype d : kAllDtypes) {
+    const std::string key(dtype_name(d));
+    if (const json* v = t.get(key)) {
+      const double x = t.as_number(key, *v);
+      if (!(x > 0)) t.fail(key, fmt::format("{} is not valid; give {} > 0 (leave the dtype out if unsupported)", short_dump(*v), unit));
+      r.per_cycle[static_cast<std::size_t>(d)] = x;
+      any = true;
+    }
+  }
+  t.finish();
+  if (!any) o.fail(table, "needs at least one dtype: f32, bf16 or f16");
+  o.finish();
+  return r;
+}
+
+PeSpec read_pe(Obj o) {
+  PeSpec pe;
+  pe.clock_hz = o.clock_hz("clock_GHz", "PE clock");
+  {
+    Obj t(o.ctx(), o.need("tcm", "the PE's tightly coupled memory"), o.at("tcm"));
+    pe.tcm.capacity_bytes = t.capacity("TCM");
+    pe.tcm.bandwidth = t.bandwidth("bandwidth_GBps", "TCM bandwidth");
+    pe.tcm.latency = t.duration_ns("latency_ns", "TCM access latency");
+    t.finish();
+  }
+  {
+    Obj d(o.ctx(), o.need("dma", "the PE's DMA engine"), o.at("dma"));
+    pe.dma.read = d.bandwidth("read_GBps", "DMA read channel (into the TCM)");
+    pe.dma.write = d.bandwidth("write_GBps", "DMA write channel (out of the TCM)");
+    pe.dma.chunk_bytes = d.positive_int("chunk_bytes", "DMA chunk size in bytes", 1ull << 40);
+    pe.dma.overhead = d.duration_ns("overhead_ns", "DMA per-request overhead");
+    d.finish();
+  }
+  pe.mac = read_rates(Obj(o.ctx(), o.need("mac", "the MAC array"), o.at("mac")), "macs_per_cycle", "MACs per cycle",
+                      pe.clock_hz);
+  pe.vector = read_rates(Obj(o.ctx(), o.need("vector", "the vector unit"), o.at("vector")), "ops_per_cycle",
+                         "ops per cycle", pe.clock_hz);
+  {
+    Obj t(o.ctx(), o.need("tile", "the GEMM tile {m, n, k} the PE runs"), o.at("tile"));
+    pe.tile.m = static_cast<std::uint32_t>(t.positive_int("m", "tile rows", 1u << 20));
+    pe.tile.n = static_cast<std::uint32_t>(t.positive_int("n", "tile columns", 1u << 20));
+    pe.tile.k = static_cast<std::uint32_t>(t.positive_int("k", "tile depth", 1u << 20));
+    t.finish();
+  }
+  o.finish();
+  // The smallest tile the PE can run: A and B double-buffered in its narrowest input dtype, C in f32.
+  std::uint32_t in_bytes = 4;
+  std::string in_name = "f32";
+  for (Dtype d : kAllDtypes) {
+    if (pe.mac.rate(d) > 0 && dtype_bytes(d) < in_bytes) {
+      in_bytes = dtype_bytes(d);
+      in_name = std::string(dtype_name(d));
+    }
+  }
+  const std::uint64_t m = pe.tile.m, n = pe.tile.n, k = pe.tile.k;
+  const std::uint64_t need = 2 * (m * k + k * n) * in_bytes + m * n * 4;
+  if (pe.tcm.capacity_bytes < need) {
+    o.ctx().fail(child(o.path(), "tcm"),
+                 fmt::format("TCM of {} is smaller than the smallest tile: double-buffered A ({}x{}) and B ({}x{}) "
+                             "tiles in {} plus the f32 C tile ({}x{}) need {} ({} bytes); give a capacity of at least "
+                             "that or a smaller {}",
+                             format_bytes(pe.tcm.capacity_bytes), m, k, k, n, in_name, m, n, format_bytes(need), need,
+                             child(o.path(), "tile")));
+  }
+  return pe;
+}
+
+CubeSpec read_cube(Obj o, bool allow_id) {
+  CubeSpec c;
+  if (allow_id) o.get("id");
+  c.pes = static_cast<int>(o.positive_int("pes", "number of PEs", 1u << 16));
+  if (const json* s = o.get("clock_scale")) {
+    c.clock_scale = o.as_number("clock_scale", *s);
+    if (!(c.clock_scale > 0) || c.clock_scale > 100) {
+      o.fail("clock_scale", fmt::format("{} is not valid; give a factor > 0 (0.8 = a cube at 80% clock)", short_dump(*s)));
+    }
+  }
+  {
+    Obj h(o.ctx(), o.need("hbm", "the cube's HBM"), o.at("hbm"));
+    c.hbm.capacity_bytes = h.capacity("HBM");
+    c.hbm.bandwidth = h.bandwidth("bandwidth_GBps", "HBM bandwidth, all channels together");
+    c.hbm.latency = h.duration_ns("latency_ns", "HBM read latency");
+    c.hbm.channels = static_cast<std::uint32_t>(h.positive_int("channels", "independent HBM channels", 4096));
+    c.hbm.interleave_bytes = h.positive_int("interleave_bytes", "bytes per channel before the next", 1ull << 40);
+    h.finish();
+  }
+  c.pe = read_pe(Obj(o.ctx(), o.need("pe", "the description shared by the cube's PEs"), o.at("pe")));
+  o.finish();
+  if (c.clock_scale != 1.0) {
+    auto scale = [&](std::uint64_t hz) { return static_cast<std::uint64_t>(std::llround(static_cast<double>(hz) * c.clock_scale)); };
+    c.pe.clock_hz = scale(c.pe.clock_hz);
+    c.pe.mac.clock_hz = scale(c.pe.mac.clock_hz);
+    c.pe.vector.clock_hz = scale(c.pe.vector.clock_hz);
+  }
+  return c;
+}
+
+LinkFigures read_link_figures(Obj& o, const LinkFigures* dflt) {
+  LinkFigures f;
+  auto bw = o.get("bandwidth_GBps");
+  auto lat = o.get("latency_ns");
+  auto ovh = o.get("overhead_ns");
+  if (!dflt) {
+    if (!bw) o.ctx().fail(o.path(), "missing required field 'bandwidth_GBps' (per direction, GB/s)");
+    if (!lat) o.ctx().fail(o.path(), "missing required field 'latency_ns' (wire latency per hop, ns)");
+    if (!ovh) o.ctx().fail(o.path(), "missing required field 'overhead_ns' (port overhead per hop, ns)");
+  } else {
+    f = *dflt;
+  }
+  if (bw) f.bandwidth = o.as_bandwidth("bandwidth_GBps", *bw);
+  if (lat) f.latency = o.as_duration("latency_ns", *lat);
+  if (ovh) f.overhead = o.as_duration("overhead_ns", *ovh);
+  return f;
+}
+
+// A cube id or "switch"/"host" in link lists.
+int read_node(const Obj& o, std::string_view key, const json& v, int cubes, bool allow_special) {
+  if (v.is_string() && allow_special) {
+    if (v == "switch") return kSwitchNode;
+    if (v == "host") return kHostNode;
+  }
+  if (!v.is_number_integer()) {
+    o.fail(key, fmt::format("expected a cube id{}, got {}", allow_special ? " (or \"host\", \"switch\")" : "", short_dump(v)));
+  }
+  const std::int64_t id = v.get<std::int64_t>();
+  if (id < 0 || id >= cubes) {
+    o.fail(key, fmt::format("cube {} does not exist; cube ids are 0..{}", id, cubes - 1));
+  }
+  return static_cast<int>(id);
+}
+
+// ---------------------------------------------------------------- network
+
+void add_link(Topology& t, int from, int to, const LinkFigures& f) {
+  t.links.push_back(LinkSpec{from, to, f, fmt::format("{}->{}", node_name(from), node_name(to))});
+}
+
+void generate_grid(Topology& t, bool wrap) {
+  const int n = static_cast<int>(t.cubes.size());
+  std::vector<int> stride(t.dims.size(), 1);
+  for (std::size_t d = 1; d < t.dims.size(); ++d) stride[d] = stride[d - 1] * t.dims[d - 1];
+  std::vector<std::pair<int, int>> pairs;
+  for (int c = 0; c < n; ++c) {
+    for (std::size_t d = 0; d < t.dims.size(); ++d) {
+      const int size = t.dims[d];
+      const int x = (c / stride[d]) % size;
+      for (int step : {+1, -1}) {
+        int y = x + step;
+        if (y < 0 || y >= size) {
+          if (!wrap || size < 3) continue;  // size 2: the wrap is the direct link again
+          y = (y + size) % size;
+        }
+        pairs.emplace_back(c, c + (y - x) * stride[d]);
+      }
+    }
+  }
+  for (auto [a, b] : pairs) t.links.push_back(LinkSpec{a, b, {}, fmt::format("c{}->c{}", a, b)});
+}
+
+void read_network(const Ctx& ctx, const json& doc, Topology& t) {
+  Obj o(ctx, doc.at("network"), "network");
+  const std::string kind = o.string("kind", "none, ring, mesh, torus, full, switch or explicit");
+  static const std::map<std::string, NetworkKind> kKinds = {
+      {"none", NetworkKind::kNone},   {"ring", NetworkKind::kRing},     {"mesh", NetworkKind::kMesh},
+      {"torus", NetworkKind::kTorus}, {"full", NetworkKind::kFull},     {"switch", NetworkKind::kSwitch},
+      {"explicit", NetworkKind::kExplicit}};
+  auto k = kKinds.find(kind);
+  if (k == kKinds.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, v] : kKinds) names.push_back(n);
+    o.fail("kind", fmt::format("'{}' is not a network kind{}; valid kinds: {}", kind, did_you_mean(kind, names), join(names)));
+  }
+  t.network = k->second;
+  t.chunk_bytes = o.positive_int("chunk_bytes", "messages are cut into chunks of this many bytes", 1ull << 40);
+  const bool grid = t.network == NetworkKind::kMesh || t.network == NetworkKind::kTorus;
+  if (grid) {
+    const json& d = o.need("dims", "size of each dimension, e.g. [4, 4]");
+    if (!d.is_array() || d.empty() || d.size() > 8) o.fail("dims", fmt::format("expected 1 to 8 dimension sizes, got {}", short_dump(d)));
+    std::uint64_t total = 1;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      const std::uint64_t s = Obj(ctx, json::object(), o.at("dims")).as_positive_int(std::to_string(i), d[i], "cubes along this dimension", 1u << 16);
+      t.dims.push_back(static_cast<int>(s));
+      total *= s;
+      if (total > (1u << 20)) o.fail("dims", fmt::format("{} gives more than 2^20 cubes", short_dump(d)));
+    }
+  } else {
+    o.forbid("dims", fmt::format("only mesh and torus networks have dims; this network is '{}'", kind));
+  }
+  const int n = static_cast<int>(t.cubes.size());
+  if (grid) {
+    std::uint64_t total = 1;
+    for (int s : t.dims) total *= static_cast<std::uint64_t>(s);
+    if (total != static_cast<std::uint64_t>(n)) {
+      ctx.fail("cubes", fmt::format("{} cubes do not match network.dims {} ({} cubes); leave 'cubes' out of a mesh or "
+                                    "torus to take the count from dims",
+                                    n, short_dump(doc["network"]["dims"]), total));
+    }
+  }
+
+  std::optional<LinkFigures> link;
+  const bool needs_link = t.network != NetworkKind::kNone && t.network != NetworkKind::kExplicit;
+  if (const json* l = o.get("link")) {
+    if (t.network == NetworkKind::kNone) o.fail("link", "a network of kind 'none' has no links; remove it or pick a kind");
+    Obj lo(ctx, *l, o.at("link"));
+    link = read_link_figures(lo, nullptr);
+    lo.finish();
+  } else if (needs_link) {
+    ctx.fail("network", fmt::format("missing required field 'link' (bandwidth_GBps, latency_ns, overhead_ns of every "
+                                    "link of the {} network)", kind));
+  }
+  if (t.network == NetworkKind::kSwitch) {
+    Obj s(ctx, o.need("switch", "the switch: {\"latency_ns\": ...}"), o.at("switch"));
+    t.switch_latency = s.duration_ns("latency_ns", "latency through the switch");
+    s.finish();
+  } else {
+    o.forbid("switch", fmt::format("only a network of kind 'switch' has a switch; this one is '{}'", kind));
+  }
+  if (t.network == NetworkKind::kExplicit) {
+    o.get("links");
+  } else {
+    o.forbid("links", fmt::format("a list of links is for kind 'explicit'; a '{}' network generates its links "
+                                  "(change one with link_overrides)", kind));
+  }
+  o.finish();
+
+  switch (t.network) {
+    case NetworkKind::kNone:
+      if (n > 1) {
+        ctx.fail("network.kind", fmt::format("'none' connects nothing but there are {} cubes: the system is disconnected; "
+                                             "use ring, mesh, torus, full, switch or explicit links", n));
+      }
+      break;
+    case NetworkKind::kRing:
+      if (n < 2) ctx.fail("cubes", fmt::format("a ring needs at least 2 cubes, got {}", n));
+      t.dims = {n};
+      generate_grid(t, true);
+      break;
+    case NetworkKind::kMesh: generate_grid(t, false); break;
+    case NetworkKind::kTorus: generate_grid(t, true); break;
+    case NetworkKind::kFull:
+      if (n < 2) ctx.fail("cubes", fmt::format("a full (all-to-all) network needs at least 2 cubes, got {}", n));
+      for (int a = 0; a < n; ++a) {
+        for (int b = 0; b < n; ++b) {
+          if (a != b) add_link(t, a, b, {});
+        }
+      }
+      break;
+    case NetworkKind::kSwitch:
+      for (int a = 0; a < n; ++a) {
+        add_link(t, a, kSwitchNode, {});
+        add_link(t, kSwitchNode, a, {});
+      }
+      break;
+    case NetworkKind::kExplicit: {
+      const json& ls = doc["network"].contains("links") ? doc["network"]["links"] : json();
+      if (!ls.is_array() || ls.empty()) {
+        ctx.fail("network.links", fmt::format("an explicit network needs a non-empty list of links "
+                                              "[{{\"from\": 0, \"to\": 1}}, ...], got {}", short_dump(ls)));
+      }
+      std::map<std::pair<int, int>, std::size_t> seen;
+      for (std::size_t i = 0; i < ls.size(); ++i) {
+        Obj e(ctx, ls[i], child("network.links", i));
+        const int from = read_node(e, "from", e.need("from", "cube id"), n, false);
+        const int to = read_node(e, "to", e.need("to", "cube id"), n, false);
+        if (from == to) ctx.fail(e.path(), fmt::format("a link from cube {} to itself is not valid", from));
+        const bool both = e.opt_bool("bidirectional", true);
+        const LinkFigures f = read_link_figures(e, link ? &*link : nullptr);
+        e.finish();
+        for (auto [a, b] : both ? std::vector<std::pair<int, int>>{{from, to}, {to, from}}
+                                : std::vector<std::pair<int, int>>{{from, to}}) {
+          auto [it, inserted] = seen.emplace(std::make_pair(a, b), i);
+          if (!inserted) {
+            ctx.fail(e.path(), fmt::format("duplicate link c{}->c{} (network.links.{} already has it); each direction "
+                                           "of a pair of cubes may be given once", a, b, it->second));
+          }
+          add_link(t, a, b, f);
+        }
+      }
+      break;
+    }
+  }
+  if (link && t.network != NetworkKind::kExplicit) {
+    for (LinkSpec& l : t.links) l.figures = *link;
+  }
+}
+
+// Every cube must reach every other (through the switch where there is one).
+void check_connected(const Ctx& ctx, const Topology& t) {
+  const int n = static_cast<int>(t.cubes.size());
+  if (n <= 1) return;
+  auto index = [&](int node) { return node == kSwitchNode ? n : node; };
+  std::vector<std::vector<int>> fwd(n + 1), rev(n + 1);
+  for (const LinkSpec& l : t.links) {
+    if (l.from == kHostNode || l.to == kHostNode) continue;
+    fwd[index(l.from)].push_back(index(l.to));
+    rev[index(l.to)].push_back(index(l.from));
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& g = pass == 0 ? fwd : rev;
+    std::vector<char> seen(n + 1, 0);
+    std::vector<int> stack{0};
+    seen[0] = 1;
+    while (!stack.empty()) {
+      const int v = stack.back();
+      stack.pop_back();
+      for (int w : g[v]) {
+        if (!seen[w]) {
+          seen[w] = 1;
+          stack.push_back(w);
+        }
+      }
+    }
+    for (int c = 0; c < n; ++c) {
+      if (!seen[c]) {
+        ctx.fail("network", fmt::format("the system is disconnected: {} (no path of links); every cube must reach every "
+                                        "other: add links",
+                                        pass == 0 ? fmt::format("cube 0 cannot reach cube {}", c)
+                                                  : fmt::format("cube {} cannot reach cube 0", c)));
+      }
+    }
+  }
+}
+
+void read_host(const Ctx& ctx, const json& doc, Topology& t) {
+  auto it = doc.find("host");
+  if (it == doc.end()) return;
+  Obj o(ctx, *it, "host");
+  t.host.present = true;
+  {
+    Obj m(ctx, o.need("memory", "host memory"), o.at("memory"));
+    t.host.capacity_bytes = m.capacity("host memory");
+    t.host.bandwidth = m.bandwidth("bandwidth_GBps", "host memory bandwidth");
+    t.host.latency = m.duration_ns("latency_ns", "host memory read latency");
+    m.finish();
+  }
+  {
+    Obj l(ctx, o.need("link", "each cube's host link (PCIe-like)"), o.at("link"));
+    t.host.link = read_link_figures(l, nullptr);
+    l.finish();
+  }
+  o.finish();
+  for (int c = 0; c < static_cast<int>(t.cubes.size()); ++c) {
+    add_link(t, kHostNode, c, t.host.link);
+    add_link(t, c, kHostNode, t.host.link);
+  }
+}
+
+void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
+  auto it = doc.find("link_overrides");
+  if (it == doc.end()) return;
+  if (!it->is_array()) ctx.fail("link_overrides", fmt::format("expected a list of {{\"from\", \"to\", ...}}, got {}", short_dump(*it)));
+  const int n = static_cast<int>(t.cubes.size());
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    Obj e(ctx, (*it)[i], child("link_overrides", i));
+    const int from = read_node(e, "from", e.need("from", "cube id, \"host\" or \"switch\""), n, true);
+    const int to = read_node(e, "to", e.need("to", "cube id, \"host\" or \"switch\""), n, true);
+    const bool both = e.opt_bool("both_directions", false);
+    const json* bw = e.get("bandwidth_GBps");
+    const json* lat = e.get("latency_ns");
+    const json* ovh = e.get("overhead_ns");
+    const json* scale = e.get("bandwidth_scale");
+    if (!bw && !lat && !ovh && !scale) {
+      ctx.fail(e.path(), "changes nothing; give bandwidth_GBps, latency_ns, overhead_ns or bandwidth_scale");
+    }
+    if (bw && scale) ctx.fail(e.path(), "give bandwidth_GBps or bandwidth_scale, not both");
+    double factor = 1.0;
+    if (scale) {
+      factor = e.as_number("bandwidth_scale", *scale);
+      if (!(factor > 0) || factor > 1e3) e.fail("bandwidth_scale", fmt::format("{} is not valid; give a factor > 0 (0.5 = half bandwidth)", short_dump(*scale)));
+    }
+    for (auto [a, b] : both ? std::vector<std::pair<int, int>>{{from, to}, {to, from}}
+                            : std::vector<std::pair<int, int>>{{from, to}}) {
+      const int li = t.find_link(a, b);
+      if (li < 0) {
+        std::vector<std::string> out;
+        for (const LinkSpec& l : t.links) {
+          if (l.from == a) out.push_back(l.name);
+        }
+        ctx.fail(e.path(), fmt::format("there is no link {}->{} in this {} network; links from {}: {}", node_name(a),
+                                       node_name(b), network_kind_name(t.network), node_name(a),
+                                       out.empty() ? "none" : join(out)));
+      }
+      LinkFigures& f = t.links[static_cast<std::size_t>(li)].figures;
+      if (bw) f.bandwidth = e.as_bandwidth("bandwidth_GBps", *bw);
+      if (scale) f.bandwidth = f.bandwidth.scaled(factor);
+      if (lat) f.latency = e.as_duration("latency_ns", *lat);
+      if (ovh) f.overhead = e.as_duration("overhead_ns", *ovh);
+    }
+    e.finish();
+  }
+}
+
+// ---------------------------------------------------------------- files
+
+std::string env_or(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : std::string(dflt);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Parses strict JSON, rejecting duplicate keys (with nlohmann the later one would silently win).
+json parse_json(const std::string& text, const std::string& origin) {
+  struct Frame {
+    bool array;
+    std::set<std::string> keys;
+    std::string key;
+    std::size_t index = 0;
+  };
+  std::vector<Frame> stack;
+  std::string dup;
+  auto path = [&] {
+    std::string p;
+    for (const Frame& f : stack) {
+      const std::string part = f.array ? std::to_string(f.index) : f.key;
+      if (!part.empty()) p = child(p, part);
+    }
+    return p;
+  };
+  auto element_done = [&] {
+    if (!stack.empty() && stack.back().array) ++stack.back().index;
+  };
+  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start: stack.push_back({false, {}, {}, 0}); break;
+      case json::parse_event_t::array_start: stack.push_back({true, {}, {}, 0}); break;
+      case json::parse_event_t::key: {
+        Frame& f = stack.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second && dup.empty()) dup = path();
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        stack.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value: element_done(); break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, cb);
+  } catch (const json::parse_error& e) {
+    std::size_t line = 1, col = 1;
+    for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    throw TopologyError(fmt::format("topology file '{}': invalid JSON at line {}, column {}: {} (JSON has no comments: "
+                                    "put notes in \"_comment\", \"description\" or \"sources\")",
+                                    origin, line, col, e.what()));
+  }
+  if (!dup.empty()) {
+    throw TopologyError(fmt::format("topology file '{}': {}: duplicate key (the later value would silently win); give "
+                                    "each key once", origin, dup));
+  }
+  if (!j.is_object()) {
+    throw TopologyError(fmt::format("topology file '{}': expected a JSON object at the top, got {}", origin, type_name(j)));
+  }
+  return j;
+}
+
+fs::path resolve_name(const std::string& name_or_path, const fs::path& relative_to) {
+  const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
+                               (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
+  if (looks_like_path) {
+    fs::path p(name_or_path);
+    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
+    if (!fs::exists(p)) throw TopologyError(fmt::format("topology file '{}' does not exist", p.string()));
+    return p;
+  }
+  const fs::path p = fs::path(topology_dir()) / (name_or_path + ".json");
+  if (!fs::exists(p)) {
+    const std::vector<std::string> names = list_topologies();
+    throw TopologyError(fmt::format("unknown topology '{}'{}: there is no {} (set CUBESIM_TOPOLOGY_DIR to use another "
+                                    "directory, or give a path to a .json file); shipped topologies: {}",
+                                    name_or_path, did_you_mean(name_or_path, names), p.string(),
+                                    names.empty() ? "none" : join(names)));
+  }
+  return p;
+}
+
+void resolve_into(json& doc, const fs::path& dir, std::vector<std::string>& chain, const std::string& origin);
+
+// Loads a file with its "extends" merged in and its "set" applied.
+json load_resolved(const fs::path& p, std::vector<std::string>& chain) {
+  const std::string key = fs::weakly_canonical(p).string();
+  if (std::find(chain.begin(), chain.end(), key) != chain.end()) {
+    chain.push_back(key);
+    throw TopologyError(fmt::format("topology file '{}': 'extends' forms a cycle: {}", p.string(), join(chain, " -> ")));
+  }
+  chain.push_back(key);
+  json doc = parse_json(read_file(p), p.string());
+  if (!doc.contains("name")) doc["name"] = p.stem().string();
+  resolve_into(doc, p.parent_path(), chain, p.string());
+  chain.pop_back();
+  return doc;
+}
+
+void resolve_into(json& doc, const fs::path& dir, std::vector<std::string>& chain, const std::string& origin) {
+  if (auto e = doc.find("extends"); e != doc.end()) {
+    if (!e->is_string()) {
+      throw TopologyError(fmt::format("topology '{}': extends: expected a topology name or path, got {}", origin, short_dump(*e)));
+    }
+    const std::string base_name = e->get<std::string>();
+    json base = load_resolved(resolve_name(base_name, dir), chain);
+    json mine = doc;
+    mine.erase("extends");
+    mine.erase("set");
+    base.merge_patch(mine);  // RFC 7396: objects merge, null deletes, anything else replaces
+    json set = doc.contains("set") ? doc["set"] : json();
+    doc = std::move(base);
+    if (!set.is_null()) doc["set"] = set;
+  }
+  if (auto s = doc.find("set"); s != doc.end()) {
+    const json set = *s;
+    doc.erase("set");
+    if (!set.is_object()) {
+      throw TopologyError(fmt::format("topology '{}': set: expected an object {{\"dotted.path\": value}}, got {}", origin,
+                                      short_dump(set)));
+    }
+    for (auto it = set.begin(); it != set.end(); ++it) {
+      try {
+        apply_override(doc, it.key(), it.value());
+      } catch (const TopologyError& err) {
+        throw TopologyError(fmt::format("topology '{}': set: {}", origin, err.what()));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- override paths
+
+// The schema's paths, for apply_override: "*" matches an index or (under "cubes") a cube's fields.
+const std::set<std::string>& schema_paths() {
+  static const std::set<std::string> paths = [] {
+    std::set<std::string> s = {"name", "description", "sources", "sources.*", "cube", "cubes", "network", "host",
+                               "link_overrides"};
+    const std::vector<std::string> caps = {"capacity_bytes", "capacity_KiB", "capacity_MiB", "capacity_GiB", "capacity_TiB", "capacity_GB"};
+    std::vector<std::string> cube = {"pes", "clock_scale", "hbm", "hbm.bandwidth_GBps", "hbm.latency_ns", "hbm.channels",
+                                     "hbm.interleave_bytes", "pe", "pe.clock_GHz", "pe.tcm", "pe.tcm.bandwidth_GBps",
+                                     "pe.tcm.latency_ns", "pe.dma", "pe.dma.read_GBps", "pe.dma.write_GBps",
+                                     "pe.dma.chunk_bytes", "pe.dma.overhead_ns", "pe.mac", "pe.mac.clock_GHz",
+                                     "pe.mac.macs_per_cycle", "pe.vector", "pe.vector.clock_GHz", "pe.vector.ops_per_cycle",
+                                     "pe.tile", "pe.tile.m", "pe.tile.n", "pe.tile.k"};
+    for (const std::string& c : caps) {
+      cube.push_back("hbm." + c);
+      cube.push_back("pe.tcm." + c);
+      s.insert("host.memory." + c);
+    }
+    for (Dtype d : kAllDtypes) {
+      cube.push_back(fmt::format("pe.mac.macs_per_cycle.{}", dtype_name(d)));
+      cube.push_back(fmt::format("pe.vector.ops_per_cycle.{}", dtype_name(d)));
+    }
+    for (const std::string& c : cube) {
+      s.insert("cube." + c);
+      s.insert("cubes.*." + c);
+    }
+    s.insert("cubes.*");
+    s.insert("cubes.*.id");
+    for (const char* p : {"network.kind", "network.dims", "network.dims.*", "network.chunk_bytes", "network.link",
+                          "network.link.bandwidth_GBps", "network.link.latency_ns", "network.link.overhead_ns",
+                          "network.switch", "network.switch.latency_ns", "network.links", "network.links.*",
+                          "network.links.*.from", "network.links.*.to", "network.links.*.bidirectional",
+                          "network.links.*.bandwidth_GBps", "network.links.*.latency_ns", "network.links.*.overhead_ns",
+                          "host.memory", "host.memory.bandwidth_GBps", "host.memory.latency_ns", "host.link",
+                          "host.link.bandwidth_GBps", "host.link.latency_ns", "host.link.overhead_ns",
+                          "link_overrides.*", "link_overrides.*.from", "link_overrides.*.to",
+                          "link_overrides.*.both_directions", "link_overrides.*.bandwidth_GBps",
+                          "link_overrides.*.latency_ns", "link_overrides.*.overhead_ns",
+                          "link_overrides.*.bandwidth_scale"}) {
+      s.insert(p);
+    }
+    return s;
+  }();
+  return paths;
+}
+
+bool is_index(std::string_view s) {
+  return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+std::string topology_dir() { return env_or("CUBESIM_TOPOLOGY_DIR", CUBESIM_TOPOLOGY_DIR); }
+
+std::vector<std::string> list_topologies() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(topology_dir(), ec)) {
+    if (e.is_regular_file() && e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+json load_topology_json(const std::string& name_or_path) {
+  std::vector<std::string> chain;
+  return load_resolved(resolve_name(name_or_path, {}), chain);
+}
+
+Topology load_topology(const std::string& name_or_path) {
+  const fs::path p = resolve_name(name_or_path, {});
+  std::vector<std::string> chain;
+  return topology_from_json(load_resolved(p, chain), p.string());
+}
+
+void apply_override(json& doc, std::string_view dotted_path, const json& value) {
+  std::vector<std::string> seg;
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = dotted_path.find('.', start);
+    seg.emplace_back(dotted_path.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  const std::string full(dotted_path);
+  for (const std::string& s : seg) {
+    if (s.empty()) throw TopologyError(fmt::format("override path '{}': empty component; write fields as a.b.c", full));
+  }
+  if (!doc.is_object()) throw TopologyError(fmt::format("override path '{}': the document is not an object", full));
+  // The schema path of the prefix walked so far (indexes become "*").
+  std::string schema;
+  json* cur = &doc;
+  std::string walked;
+  for (std::size_t i = 0; i < seg.size(); ++i) {
+    const std::string& s = seg[i];
+    const bool last = i + 1 == seg.size();
+    // "cubes": 16 with a per-cube path: turn the count into per-cube override objects.
+    if (schema == "cubes" && cur->is_number_integer() && is_index(s)) {
+      const std::int64_t n = cur->get<std::int64_t>();
+      json arr = json::array();
+      for (std::int64_t c = 0; c < n; ++c) arr.push_back(json{{"id", c}});
+      *cur = std::move(arr);
+    }
+    const std::string next_schema = child(schema, cur->is_array() && is_index(s) ? std::string("*") : s);
+    if (cur->is_array()) {
+      if (!is_index(s)) {
+        throw TopologyError(fmt::format("override path '{}': {} is a list; '{}' is not an index (0..{})", full, walked, s,
+                                        cur->size() == 0 ? 0 : cur->size() - 1));
+      }
+      const std::size_t idx = std::stoul(s);
+      if (idx >= cur->size()) {
+        throw TopologyError(fmt::format("override path '{}': index {} is out of range: {} has {} entries", full, idx,
+                                        walked, cur->size()));
+      }
+      cur = &(*cur)[idx];
+    } else if (cur->is_object()) {
+      if (!cur->contains(s)) {
+        if (!schema_paths().count(next_schema)) {
+          std::vector<std::string> keys;
+          for (auto it = cur->begin(); it != cur->end(); ++it) keys.push_back(it.key());
+          for (const std::string& p : schema_paths()) {
+            const std::string prefix = schema.empty() ? "" : schema + ".";
+            if (p.rfind(prefix, 0) == 0 && p.find('.', prefix.size()) == std::string::npos && p.size() > prefix.size()) {
+              const std::string k = p.substr(prefix.size());
+              if (k != "*" && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+            }
+          }
+          std::sort(keys.begin(), keys.end());
+          throw TopologyError(fmt::format("override path '{}': {} has no field '{}'{}; fields there: {}", full,
+                                          walked.empty() ? "the document" : walked, s, did_you_mean(s, keys),
+                                          keys.empty() ? "none" : join(keys)));
+        }
+        (*cur)[s] = last ? json() : json::object();
+      }
+      cur = &(*cur)[s];
+    } else {
+      throw TopologyError(fmt::format("override path '{}': {} is {} ({}), it has no field '{}'", full, walked,
+                                      type_name(*cur), short_dump(*cur), s));
+    }
+    schema = next_schema;
+    walked = child(walked, s);
+  }
+  *cur = value;
+}
+
+Topology topology_from_json(const json& input, const std::string& origin) {
+  json doc = input;
+  if (doc.is_object() && (doc.contains("extends") || doc.contains("set"))) {
+    std::vector<std::string> chain;
+    resolve_into(doc, fs::path(topology_dir()), chain, origin);
+  }
+  Ctx ctx{"?", origin};
+  if (!doc.is_object()) ctx.fail("", fmt::format("expected a JSON object, got {}", type_name(doc)));
+  Topology t;
+  t.origin = origin;
+  Obj top(ctx, doc, "");
+  t.name = top.has("name") ? top.string("name", "the topology's name") : std::string("unnamed");
+  ctx.name = t.name;
+  if (top.has("description")) t.description = top.string("description", "what this system is");
+  if (const json* s = top.get("sources")) {
+    if (!s->is_array()) top.fail("sources", fmt::format("expected a list of strings (where each figure comes from), got {}", short_dump(*s)));
+    for (std::size_t i = 0; i < s->size(); ++i) {
+      if (!(*s)[i].is_string()) ctx.fail(child("sources", i), fmt::format("expected a string, got {}", short_dump((*s)[i])));
+      t.sources.push_back((*s)[i].get<std::string>());
+    }
+  }
+
+  // Cubes: a template ("cube") and a count, or a list of cubes (each merged over the template).
+  const json* tmpl = top.get("cube");
+  const json* cubes = top.get("cubes");
+  const json* net = top.get("network");
+  if (!net) ctx.fail("", "missing required field 'network' ({\"kind\": \"none\", \"chunk_bytes\": ...} for one cube)");
+  const bool grid = net->is_object() && net->contains("kind") &&
+                    ((*net)["kind"] == "mesh" || (*net)["kind"] == "torus");
+  if (cubes && cubes->is_array()) {
+    if (cubes->empty()) ctx.fail("cubes", "an empty list; give at least one cube");
+    if (tmpl && !tmpl->is_object()) ctx.fail("cube", fmt::format("expected an object, got {}", short_dump(*tmpl)));
+    std::vector<std::string> where(cubes->size());
+    t.cubes.resize(cubes->size());
+    for (std::size_t i = 0; i < cubes->size(); ++i) {
+      const std::string path = child("cubes", i);
+      const json& e = (*cubes)[i];
+      if (!e.is_object()) ctx.fail(path, fmt::format("expected an object (a cube, or the fields where it differs from 'cube'), got {}", short_dump(e)));
+      std::size_t id = i;
+      if (auto it = e.find("id"); it != e.end()) {
+        if (!it->is_number_integer() || it->get<std::int64_t>() < 0 ||
+            it->get<std::int64_t>() >= static_cast<std::int64_t>(cubes->size())) {
+          ctx.fail(child(path, "id"), fmt::format("{} is not valid; ids are 0..{} (one per cube)", short_dump(*it), cubes->size() - 1));
+        }
+        id = it->get<std::size_t>();
+      }
+      if (!where[id].empty()) {
+        ctx.fail(child(path, "id"), fmt::format("duplicate id {} ({} has it too); each cube needs its own id 0..{}", id,
+                                                where[id], cubes->size() - 1));
+      }
+      where[id] = path;
+      json merged = tmpl ? *tmpl : json::object();
+      merged.merge_patch(e);
+      CubeSpec c = read_cube(Obj(ctx, merged, path), true);
+      c.id = static_cast<int>(id);
+      t.cubes[id] = c;
+    }
+  } else {
+    if (!tmpl) ctx.fail("", "missing required field 'cube' (the description every cube shares)");
+    std::uint64_t n = 1;
+    if (cubes) {
+      n = Obj(ctx, doc, "").as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
+    } else if (grid) {
+      n = 0;  // from dims, below
+    } else if (!(net->is_object() && net->contains("kind") && (*net)["kind"] == "none")) {
+      ctx.fail("", "missing required field 'cubes' (how many cubes share the 'cube' template)");
+    }
+    const CubeSpec c = read_cube(Obj(ctx, *tmpl, "cube"), false);
+    if (n == 0) {
+      std::uint64_t prod = 1;
+      if (net->contains("dims") && (*net)["dims"].is_array()) {
+        for (const json& d : (*net)["dims"]) prod *= d.is_number_unsigned() ? std::max<std::uint64_t>(d.get<std::uint64_t>(), 1) : 1;
+      }
+      n = std::min<std::uint64_t>(prod, 1u << 20);
+    }
+    t.cubes.assign(n, c);
+    for (std::size_t i = 0; i < t.cubes.size(); ++i) t.cubes[i].id = static_cast<int>(i);
+  }
+  top.get("link_overrides");
+  top.get("host");
+  top.finish();
+
+  read_network(ctx, doc, t);
+  read_host(ctx, doc, t);
+  read_link_overrides(ctx, doc, t);
+  check_connected(ctx, t);
+  t.doc = std::move(doc);
+  return t;
+}
+
+}  // namespace cubesim::hw

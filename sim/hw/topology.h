@@ -1,0 +1,149 @@
+// topology.h — a system description: cubes, their PEs and memories, links, switch, host; and the
+// loader that reads it from JSON under topologies/ and validates every field.
+//
+// A Topology is plain data (figures in exact units: bytes, bytes/s, picoseconds, Hz); System builds
+// the simulated hardware from it. Files may `extend` another file and `set` fields by dotted path;
+// see topologies/README.md for the schema.
+//
+//   Topology t = load_topology("mesh4x4");                // a shipped name, or a path to a .json
+//   nlohmann::json doc = load_topology_json("mesh4x4");   // the resolved document, for sweeps:
+//   apply_override(doc, "cube.hbm.bandwidth_GBps", 4096);
+//   apply_override(doc, "cubes.3.clock_scale", 0.8);     // one straggler cube
+//   Topology t2 = topology_from_json(doc, "mesh4x4 (HBM 4 TB/s, cube 3 at 0.8x clock)");
+//
+// Every error is a TopologyError naming the file, the JSON path and what would be valid.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/core/time.h"
+#include "sim/hw/dtype.h"
+
+namespace cubesim::hw {
+
+using sim::Bandwidth;
+using sim::Duration;
+
+struct HbmSpec {
+  std::uint64_t capacity_bytes = 0;
+  Bandwidth bandwidth;                 // total, over all channels
+  Duration latency = 0;                // paid by reads
+  std::uint32_t channels = 1;          // independent servers of bandwidth / channels each
+  std::uint64_t interleave_bytes = 0;  // consecutive blocks of this size go to consecutive channels
+};
+
+struct TcmSpec {
+  std::uint64_t capacity_bytes = 0;
+  Bandwidth bandwidth;
+  Duration latency = 0;
+};
+
+struct DmaSpec {
+  Bandwidth read;                  // into the TCM (the PE reads from outside)
+  Bandwidth write;                 // out of the TCM
+  std::uint64_t chunk_bytes = 0;   // DMA transfers are cut into chunks of this size
+  Duration overhead = 0;           // per request, before its first byte moves
+};
+
+// A rate per dtype and a clock: the MAC array (MACs per cycle) or the vector unit (ops per cycle).
+struct RateSpec {
+  std::uint64_t clock_hz = 0;
+  std::array<double, kNumDtypes> per_cycle{};  // 0: the unit does not support that dtype
+  double rate(Dtype d) const { return per_cycle[static_cast<std::size_t>(d)]; }
+};
+
+struct TileSpec {
+  std::uint32_t m = 0, n = 0, k = 0;
+};
+
+struct PeSpec {
+  std::uint64_t clock_hz = 0;
+  TcmSpec tcm;
+  DmaSpec dma;
+  RateSpec mac;     // macs per cycle
+  RateSpec vector;  // element ops per cycle
+  TileSpec tile;    // the GEMM tile a PE runs (double-buffered A and B, one C)
+};
+
+struct CubeSpec {
+  int id = 0;
+  int pes = 0;
+  HbmSpec hbm;
+  PeSpec pe;
+  double clock_scale = 1.0;  // already applied to pe.clock_hz, pe.mac and pe.vector clocks
+};
+
+// Endpoints of a link that are not cubes.
+inline constexpr int kSwitchNode = -1;
+inline constexpr int kHostNode = -2;
+
+struct LinkFigures {
+  Bandwidth bandwidth;   // per direction
+  Duration latency = 0;  // wire/flight time, after a chunk leaves the port
+  Duration overhead = 0; // per hop, before a chunk enters the link (port/router processing)
+};
+
+// One direction of a link.
+struct LinkSpec {
+  int from = 0;  // cube id, kSwitchNode or kHostNode
+  int to = 0;
+  LinkFigures figures;
+  std::string name;  // "c0->c1", "c3->sw", "host->c0"
+};
+
+enum class NetworkKind { kNone, kRing, kMesh, kTorus, kFull, kSwitch, kExplicit };
+std::string_view network_kind_name(NetworkKind k);
+
+struct HostSpec {
+  bool present = false;
+  std::uint64_t capacity_bytes = 0;
+  Bandwidth bandwidth;
+  Duration latency = 0;
+  LinkFigures link;  // each cube's host link, per direction (PCIe-like)
+};
+
+struct Topology {
+  std::string name;
+  std::string description;
+  std::vector<std::string> sources;
+  std::string origin;    // the file it came from, or what the caller called it
+  nlohmann::json doc;    // the resolved document: extends merged, "set" applied
+
+  std::vector<CubeSpec> cubes;  // cubes[i].id == i
+  NetworkKind network = NetworkKind::kNone;
+  std::vector<int> dims;        // mesh/torus: size of each dimension, dimension 0 varies fastest
+  std::uint64_t chunk_bytes = 0;
+  Duration switch_latency = 0;  // kSwitch: added to every pass through the switch
+  std::vector<LinkSpec> links;  // directed; both directions of a cable are two entries
+  HostSpec host;
+
+  // Index into links of the link from -> to, or -1.
+  int find_link(int from, int to) const;
+};
+
+// The directory shipped names resolve in: $CUBESIM_TOPOLOGY_DIR if set, else the source tree's
+// topologies/ (a compile-time path).
+std::string topology_dir();
+// Names of the shipped topologies (the .json files in topology_dir()), sorted.
+std::vector<std::string> list_topologies();
+
+// Loads, resolves and validates. `name_or_path` is a shipped name ("mesh4x4") or a path to a file.
+Topology load_topology(const std::string& name_or_path);
+// Loads and resolves ("extends" merged, "set" applied) without validating the figures.
+nlohmann::json load_topology_json(const std::string& name_or_path);
+// Validates a resolved document and builds the topology. `origin` names it in messages.
+Topology topology_from_json(const nlohmann::json& doc, const std::string& origin = "<json>");
+
+// Sets the field at a dotted path ("cube.hbm.bandwidth_GBps", "network.dims.0", "cubes.3.clock_scale").
+// The path must name a field the schema has; a typo is an error naming the path and the keys that
+// exist there. "cubes.<i>.<field>" on a document whose "cubes" is a count turns it into a list of
+// per-cube overrides first, so one cube can differ from the template.
+void apply_override(nlohmann::json& doc, std::string_view dotted_path, const nlohmann::json& value);
+
+}  // namespace cubesim::hw

@@ -1,0 +1,66 @@
+// transfer.h — what System::transfer returns and what it promises about time.
+//
+// A transfer moves bytes from one memory to another through stages: the source memory (read),
+// the PE's DMA channel when a TCM is involved, the links of the route, the destination memory
+// (write). The message is cut into chunks; each chunk passes the stages in order, each stage a
+// FIFO server, with virtual cut-through: a chunk starts on the next stage once its head has
+// arrived (after the stage's fixed delay) and cannot finish there before its tail has arrived.
+// The source injects chunks at the pace of the slowest stage, so an uncontended transfer of B
+// bytes takes exactly
+//     alpha + (chunks - 1) * chunk_time + (last chunk at the slowest stage)
+// where alpha is the sum of fixed delays (source read latency, per hop overhead + latency, DMA
+// request overhead). Concurrent transfers interleave chunk by chunk on shared servers. The bytes
+// land at the destination when the last chunk has landed, not before.
+//
+//   TransferHandle h = sys.start_transfer(src, dst, bytes);   // returns at once
+//   ... other work ...
+//   h.wait();                                                 // blocks this process until landed
+//   PathFigures f = sys.path_figures(src.memory, dst.memory); // alpha, bandwidth: alpha-beta model
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sim/core/time.h"
+
+namespace cubesim::hw {
+
+struct TransferRecord;
+
+// The alpha-beta figures of the path between two memories, and its exact uncontended time.
+struct PathFigures {
+  sim::Duration alpha = 0;          // sum of fixed delays
+  sim::Bandwidth bandwidth;         // of the slowest stage
+  std::uint64_t chunk_bytes = 0;
+  sim::Duration chunk_time = 0;     // a full chunk at the slowest stage: the injection pace
+  int hops = 0;                     // links crossed
+  std::vector<int> links;           // their ids, in order
+  std::vector<std::string> stages;  // "cube0.hbm (read)", "link c0->c1", "cube1.hbm (write)"
+  std::vector<sim::Bandwidth> stage_bandwidths;
+
+  // The time a transfer of `bytes` takes on an idle path (0 for 0 bytes).
+  sim::Duration time(std::uint64_t bytes) const;
+};
+
+class TransferHandle {
+ public:
+  TransferHandle() = default;  // an empty transfer: already done
+  // True once the bytes have landed.
+  bool done() const;
+  // Blocks the calling process until the bytes have landed; returns the time they did (now).
+  sim::Time wait();
+  std::uint64_t id() const { return id_; }
+
+ private:
+  friend class System;
+  TransferHandle(TransferRecord* r, std::uint64_t id) : rec_(r), id_(id) {}
+  TransferRecord* rec_ = nullptr;
+  std::uint64_t id_ = 0;
+};
+
+// Blocks until every transfer has landed.
+void wait_all(std::span<TransferHandle> transfers);
+
+}  // namespace cubesim::hw
