@@ -1,7 +1,7 @@
 // bench_det_gemm_cuda — det_gemm on the GPU in both numerics modes against cuBLAS, measured in the
 // same run (the peer), on random bf16 data.
 //
-//   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc]
+//   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc] [--shape MxNxK]...
 //
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
 //
@@ -20,7 +20,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -108,12 +110,26 @@ int main(int argc, char** argv) try {
   const bool tc_ok = tensor_core_mode_supported() &&
                      std::find(args.rest.begin(), args.rest.end(), "--no-tc") == args.rest.end();
   const std::string date = utc_now();
-  fmt::print("{} (sm_{}{}), {} SMs, clock {} MHz, f32 FFMA peak {:.1f} TFLOP/s, {}\n", prop.name, cc_major, cc_minor,
-             sms, clock_khz / 1000, ffma_peak / 1e12, date);
+  const double ffma_measured = gpu::ffma_ceiling_flops();
+  fmt::print("{} (sm_{}{}), {} SMs, clock {} MHz, f32 FFMA peak {:.1f} TFLOP/s (a pure-FFMA kernel measures {:.1f}), {}\n",
+             prop.name, cc_major, cc_minor, sms, clock_khz / 1000, ffma_peak / 1e12, ffma_measured / 1e12, date);
 
   std::vector<Shape> shapes = {{4096, 4096, 4096}, {8192, 8192, 8192}, {8192, 4096, 4096}, {8192, 14336, 4096},
                                {2048, 4096, 4096}, {1, 4096, 4096},    {16, 4096, 4096},   {64, 4096, 4096}};
   if (args.quick) shapes = {{2048, 2048, 2048}, {16, 4096, 4096}};
+  // --shape MxNxK (repeatable) replaces the list: for profiling one case.
+  for (std::size_t i = 0; i + 1 < args.rest.size(); ++i) {
+    if (args.rest[i] != "--shape") continue;
+    if (i == 0 || args.rest[i - 1] != "--shape") {
+      static bool cleared = false;
+      if (!cleared) shapes.clear(), cleared = true;
+    }
+    Shape sh{};
+    if (std::sscanf(args.rest[i + 1].c_str(), "%dx%dx%d", &sh.M, &sh.N, &sh.K) != 3 || sh.M < 1 || sh.N < 1 || sh.K < 1)
+      throw std::invalid_argument("--shape wants MxNxK with positive sizes, e.g. 4096x4096x4096; got '" +
+                                  args.rest[i + 1] + "'");
+    shapes.push_back(sh);
+  }
   const bool run_exact = std::find(args.rest.begin(), args.rest.end(), "--no-exact") == args.rest.end();
 
   cublasHandle_t h;
@@ -246,6 +262,7 @@ int main(int argc, char** argv) try {
                       {"sm_count", sms},
                       {"clock_mhz", clock_khz / 1000.0},
                       {"ffma_peak_tflops", ffma_peak / 1e12},
+                      {"ffma_measured_ceiling_tflops", ffma_measured / 1e12},
                       {"layout", "C[M,N] bf16 = A[M,K] bf16 row-major . W[N,K]^T bf16 row-major"},
                       {"shapes", jshapes},
                       {"targets_met", all_met}};

@@ -57,7 +57,51 @@ __global__ void compare_kernel(const unsigned short* a, std::int64_t lda, const 
   }
 }
 
+constexpr int kChains = 16, kIters = 8192;
+
+__global__ void ffma_kernel(float* out, float a, float b) {
+  float x[kChains];
+#pragma unroll
+  for (int i = 0; i < kChains; ++i) x[i] = threadIdx.x * 1e-3f + i;
+  for (int it = 0; it < kIters; ++it) {
+#pragma unroll
+    for (int i = 0; i < kChains; ++i) x[i] = __fmaf_rn(x[i], a, b);
+  }
+  float s = 0;
+#pragma unroll
+  for (int i = 0; i < kChains; ++i) s += x[i];
+  if (s == 12345.0f) out[0] = s;  // keeps the chains alive
+}
+
 }  // namespace
+
+double ffma_ceiling_flops() {
+  int dev = 0, sms = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  float* out = nullptr;
+  CUBESIM_CUDA_CHECK(cudaMalloc(&out, sizeof(float)));
+  const int blocks = sms * 8, threads = 256;
+  cudaEvent_t e0, e1;
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&e0));
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&e1));
+  ffma_kernel<<<blocks, threads>>>(out, 0.999f, 0.001f);  // warm-up
+  CUBESIM_CUDA_CHECK_LAUNCH("ffma_kernel");
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CUBESIM_CUDA_CHECK(cudaEventRecord(e0));
+    ffma_kernel<<<blocks, threads>>>(out, 0.999f, 0.001f);
+    CUBESIM_CUDA_CHECK(cudaEventRecord(e1));
+    CUBESIM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUBESIM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = ms < best ? ms : best;
+  }
+  CUBESIM_CUDA_CHECK(cudaEventDestroy(e0));
+  CUBESIM_CUDA_CHECK(cudaEventDestroy(e1));
+  CUBESIM_CUDA_CHECK(cudaFree(out));
+  return 2.0 * blocks * threads * static_cast<double>(kChains) * kIters / (best * 1e-3);
+}
 
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed) {
   fill_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);

@@ -17,4 +17,8 @@ struct Comparison {
 Comparison compare_bf16(const void* a, std::int64_t lda, const void* b, std::int64_t ldb, std::int64_t rows,
                         std::int64_t cols);
 
+// FLOP/s of a kernel that does nothing but independent FFMA chains on every SM: the f32 ceiling as
+// this GPU runs it now (clock and power as they are), beside the nominal SMs x 128 x 2 x clock.
+double ffma_ceiling_flops();
+
 }  // namespace cubesim::bench::gpu

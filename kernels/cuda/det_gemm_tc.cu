@@ -20,6 +20,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -197,16 +198,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (C::STAGES + s); };
 
-  // Tile raster: groups of group_m m-tiles walk the n-tiles together, so a wave of CTAs shares A and
-  // B panels in L2.
   const int m_tiles = (e.M + C::BM - 1) / C::BM, n_tiles = (e.N + C::BN - 1) / C::BN;
-  const int tile = blockIdx.x;
-  const int per_group = e.group_m * n_tiles;
-  const int g = tile / per_group, first_m = g * e.group_m;
-  const int gsize = min(m_tiles - first_m, e.group_m);
-  const int m_tile = first_m + (tile % per_group) % gsize;
-  const int n_tile = (tile % per_group) / gsize;
+  const int tiles = m_tiles * n_tiles;
   const int ktiles = (e.K + BK - 1) / BK;
+  // Tile raster: groups of group_m m-tiles walk the n-tiles together, so the CTAs working at the
+  // same time share A and B panels in L2.
+  auto tile_coords = [&](int tile, int& m_tile, int& n_tile) {
+    const int per_group = e.group_m * n_tiles;
+    const int g = tile / per_group, first_m = g * e.group_m;
+    const int gsize = min(m_tiles - first_m, e.group_m);
+    m_tile = first_m + (tile % per_group) % gsize;
+    n_tile = (tile % per_group) / gsize;
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
@@ -218,50 +221,63 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   }
   __syncthreads();
 
+  // Persistent: CTA b takes tiles b, b + gridDim.x, ...; one ring of stages runs across tiles, so
+  // the producer fills the next tile's first stages while the consumers store the last one.
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     if constexpr (C::NC >= 2) setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
-      for (int kt = 0; kt < ktiles; ++kt) {
-        const int s = kt % C::STAGES;
-        if (kt >= C::STAGES) mbar_wait(empty(s), ((kt / C::STAGES) + 1) & 1);
-        mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes: TMA counts its zero fill too
-        tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
-        tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+      int it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int m_tile, n_tile;
+        tile_coords(tile, m_tile, n_tile);
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const int s = it % C::STAGES;
+          if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
+          mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes: TMA counts its zero fill too
+          tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
+          tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+        }
       }
     }
   } else {
     if constexpr (C::NC >= 2) setmaxnreg_inc<232>();
     const int cw = wg - 1;  // this consumer's 64 rows of the tile
     const int lane = threadIdx.x % 32;
-    float acc[C::BN / 2];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      int m_tile, n_tile;
+      tile_coords(tile, m_tile, n_tile);
+      float acc[C::BN / 2];
 #pragma unroll
-    for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.0f;
 
-    for (int kt = 0; kt < ktiles; ++kt) {
-      const int s = kt % C::STAGES;
-      mbar_wait(full(s), (kt / C::STAGES) & 1);
-      const std::uint32_t a_tile = sa + s * C::A_BYTES + cw * 64 * 128;
-      const std::uint32_t b_tile = sb + s * C::B_BYTES;
-      wgmma_fence();
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const int s = it % C::STAGES;
+        mbar_wait(full(s), (it / C::STAGES) & 1);
+        const std::uint32_t a_tile = sa + s * C::A_BYTES + cw * 64 * 128;
+        const std::uint32_t b_tile = sb + s * C::B_BYTES;
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        Wgmma<C::BN>::mma(acc, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32));
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          Wgmma<C::BN>::mma(acc, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32));
+        }
+        wgmma_commit();
+        // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % C::STAGES));
       }
-      wgmma_commit();
-      // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
-      wgmma_wait<1>();
-      if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % C::STAGES));
-    }
-    wgmma_wait<0>();
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(empty((it - 1) % C::STAGES));
 
-    const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
-    switch (e.c_dtype) {
-      case DType::f32: epilogue<DType::f32, C::BN>(e, acc, row0, col0); break;
-      case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
-      case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
+      const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
+      switch (e.c_dtype) {
+        case DType::f32: epilogue<DType::f32, C::BN>(e, acc, row0, col0); break;
+        case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
+        case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
+      }
     }
   }
 }
@@ -327,7 +343,8 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.group_m = 16;
   const long long tiles = static_cast<long long>((o.M + C::BM - 1) / C::BM) * ((o.N + C::BN - 1) / C::BN);
   if (tiles > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
-  tc_gemm_kernel<C><<<static_cast<unsigned>(tiles), C::THREADS, C::SMEM, stream>>>(ma, mb, e);
+  const unsigned grid = static_cast<unsigned>(std::min<long long>(tiles, num_sms()));  // one CTA per SM
+  tc_gemm_kernel<C><<<grid, C::THREADS, C::SMEM, stream>>>(ma, mb, e);
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
 }
 
