@@ -72,7 +72,10 @@ inline __m256 widen_bf16(__m128i h) {
   return _mm256_castsi256_ps(v);
 }
 
-// Rows r[0..7] (8 columns of B, 8 k each) become dst rows k..k+7 at columns c0..c0+7.
+// Rows r[0..7] (8 lines of 8 k each) become dst + j*stride, j = 0..7, each holding element j of
+// every line. The stores go in ascending address order, so with stride < 8 each store's tail is
+// overwritten by the next (the A packer relies on that).
+template <int stride>
 inline void transpose8_store(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 r4, __m256 r5, __m256 r6,
                              __m256 r7, float* dst) {
   const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
@@ -83,14 +86,14 @@ inline void transpose8_store(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 
   const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
   const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
   const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  _mm256_storeu_ps(dst + 0 * 16, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(dst + 1 * 16, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(dst + 2 * 16, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(dst + 3 * 16, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(dst + 4 * 16, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(dst + 5 * 16, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(dst + 6 * 16, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(dst + 7 * 16, _mm256_permute2f128_ps(u3, u7, 0x31));
+  _mm256_storeu_ps(dst + 0 * stride, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * stride, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * stride, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * stride, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * stride, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * stride, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * stride, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * stride, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
 inline float widen_bf16_scalar(std::uint16_t h) {
@@ -108,7 +111,7 @@ void pack_b_kmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, 
   for (; k + 8 <= kc; k += 8) {
     for (int c0 = 0; c0 < 16; c0 += 8) {
       const float* s = src + c0 * ld + k;
-      transpose8_store(_mm256_loadu_ps(s), _mm256_loadu_ps(s + ld), _mm256_loadu_ps(s + 2 * ld),
+      transpose8_store<16>(_mm256_loadu_ps(s), _mm256_loadu_ps(s + ld), _mm256_loadu_ps(s + 2 * ld),
                        _mm256_loadu_ps(s + 3 * ld), _mm256_loadu_ps(s + 4 * ld), _mm256_loadu_ps(s + 5 * ld),
                        _mm256_loadu_ps(s + 6 * ld), _mm256_loadu_ps(s + 7 * ld), dst + k * 16 + c0);
     }
@@ -123,12 +126,38 @@ void pack_b_kmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int
   for (; k + 8 <= kc; k += 8) {
     for (int c0 = 0; c0 < 16; c0 += 8) {
       const std::uint16_t* s = src + c0 * ld + k;
-      transpose8_store(load(s), load(s + ld), load(s + 2 * ld), load(s + 3 * ld), load(s + 4 * ld),
+      transpose8_store<16>(load(s), load(s + ld), load(s + 2 * ld), load(s + 3 * ld), load(s + 4 * ld),
                        load(s + 5 * ld), load(s + 6 * ld), load(s + 7 * ld), dst + k * 16 + c0);
     }
   }
   for (; k < kc; ++k)
     for (int c = 0; c < 16; ++c) dst[k * 16 + c] = widen_bf16_scalar(src[c * ld + k]);
+}
+
+void pack_a_rowmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst) {
+  const __m256 z = _mm256_setzero_ps();
+  std::int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    const float* s = src + k;
+    transpose8_store<6>(_mm256_loadu_ps(s), _mm256_loadu_ps(s + ld), _mm256_loadu_ps(s + 2 * ld),
+                        _mm256_loadu_ps(s + 3 * ld), _mm256_loadu_ps(s + 4 * ld), _mm256_loadu_ps(s + 5 * ld), z, z,
+                        dst + k * 6);
+  }
+  for (; k < kc; ++k)
+    for (int r = 0; r < 6; ++r) dst[k * 6 + r] = src[r * ld + k];
+}
+
+void pack_a_rowmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst) {
+  auto load = [](const std::uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  const __m256 z = _mm256_setzero_ps();
+  std::int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    const std::uint16_t* s = src + k;
+    transpose8_store<6>(load(s), load(s + ld), load(s + 2 * ld), load(s + 3 * ld), load(s + 4 * ld),
+                        load(s + 5 * ld), z, z, dst + k * 6);
+  }
+  for (; k < kc; ++k)
+    for (int r = 0; r < 6; ++r) dst[k * 6 + r] = widen_bf16_scalar(src[r * ld + k]);
 }
 
 void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst) {

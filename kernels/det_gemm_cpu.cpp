@@ -248,14 +248,27 @@ inline float elem(const void* p, std::int64_t i) {
 }
 
 // dst holds ceil(mc/6) slivers of kc x 6: dst[s*kc*6 + k*6 + r] = A(i0 + 6s + r, p0 + k); rows
-// past mc are zero (their results are computed and discarded).
-template <DType D>
+// past mc are zero (their results are computed and discarded). Slivers are packed in ascending
+// order: the AVX2 packer spills 2 floats into the next one (see microkernel.h).
+template <DType D, bool Simd>
 void pack_a(const MatrixView& A, std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc, float* dst) {
   const std::int64_t rs = A.row_stride, cs = A.col_stride;
   for (std::int64_t s = 0; s < mc; s += kMR) {
     const std::int64_t rows = std::min<std::int64_t>(kMR, mc - s);
     float* d = dst + s * kc;
     const std::int64_t base = (i0 + s) * rs + p0 * cs;
+    if constexpr (Simd && D == DType::f32) {
+      if (cs == 1 && rows == kMR) {
+        detail::pack_a_rowmajor_f32_avx2(static_cast<const float*>(A.data) + base, rs, kc, d);
+        continue;
+      }
+    }
+    if constexpr (Simd && D == DType::bf16) {
+      if (cs == 1 && rows == kMR) {
+        detail::pack_a_rowmajor_bf16_avx2(static_cast<const std::uint16_t*>(A.data) + base, rs, kc, d);
+        continue;
+      }
+    }
     if (std::llabs(cs) <= std::llabs(rs)) {  // walk along k (row-major A)
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t row = base + r * rs;
@@ -340,7 +353,15 @@ auto by_dtype(DType t) {
 }
 template <DType D>
 struct PackAFor {
-  static constexpr PackA fn = &pack_a<D>;
+  static constexpr PackA fn = &pack_a<D, false>;
+};
+template <DType D>
+struct PackASimdFor {
+#if defined(CUBESIM_KERNELS_AVX2)
+  static constexpr PackA fn = &pack_a<D, true>;
+#else
+  static constexpr PackA fn = &pack_a<D, false>;
+#endif
 };
 template <DType D>
 struct PackBFor {
@@ -420,7 +441,8 @@ void compute_region(const Engine& E, std::int64_t m0, std::int64_t m1, std::int6
   Workspace& ws = thread_workspace();
   const std::int64_t K = E.K;
   const std::int64_t sb = E.direct ? m1 - m0 : E.superblock;
-  float* abuf = ws.a.get(round_up(std::min(E.mc, m1 - m0), kMR) * std::max<std::int64_t>(1, std::min(E.kc, K)));
+  // +8: the slack the AVX2 A packer may write past the last sliver.
+  float* abuf = ws.a.get(round_up(std::min(E.mc, m1 - m0), kMR) * std::max<std::int64_t>(1, std::min(E.kc, K)) + 8);
   float* bbuf = ws.b.get(round_up(std::min(E.nc, n1 - n0), kNR) * std::max<std::int64_t>(1, std::min(E.kc, K)));
   for (std::int64_t s0 = m0; s0 < m1; s0 += sb) {
     const std::int64_t s1 = std::min(m1, s0 + sb);
@@ -544,9 +566,10 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
       throw std::invalid_argument(fmt::format("{}: options.isa has invalid value {}; valid: automatic, portable, avx2",
                                               fn, static_cast<int>(o.isa)));
   }
-  E.pack_a = by_dtype<PackAFor>(A.dtype);
   // The AVX2 packers only where the AVX2 micro-kernel runs: `portable` stays free of AVX2 entirely.
-  E.pack_b = E.uk == &detail::microkernel_6x16_avx2 ? by_dtype<PackBSimdFor>(B.dtype) : by_dtype<PackBFor>(B.dtype);
+  const bool simd = E.uk == &detail::microkernel_6x16_avx2;
+  E.pack_a = simd ? by_dtype<PackASimdFor>(A.dtype) : by_dtype<PackAFor>(A.dtype);
+  E.pack_b = simd ? by_dtype<PackBSimdFor>(B.dtype) : by_dtype<PackBFor>(B.dtype);
   return E;
 }
 

@@ -30,6 +30,10 @@ void microkernel_6x16_portable(std::int64_t kc, const float* a, const float* b, 
 // k-major: B's columns are contiguous along k (B = Wᵀ of a row-major W), column c at src + c*ld.
 void pack_b_kmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
 void pack_b_kmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
+// A full 6-row sliver of a row-major A (row r at src + r*ld): dst[k*6 + r] for k < kc. Writes up to
+// 2 floats past dst + kc*6 (garbage the next sliver overwrites; the buffer keeps slack for the last).
+void pack_a_rowmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
+void pack_a_rowmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
 // n-major: B's rows are contiguous (row-major B), row k at src + k*ld.
 void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
 
