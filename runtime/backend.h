@@ -16,6 +16,7 @@
 
 #include "kernels/dtype.h"
 #include "runtime/storage.h"
+#include "sim/core/simulator.h"
 #include "sim/core/time.h"
 
 namespace cubesim::rt {
@@ -38,6 +39,8 @@ struct OpCost {
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Called once by the Context with its scheduler, before any other call.
+  virtual void attach(sim::Simulator& sim) {}
   virtual BackendKind kind() const = 0;
   virtual int ranks() const = 0;  // devices available (cubes, GPUs, or any number on the host)
   virtual std::string describe() const = 0;

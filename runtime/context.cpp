@@ -47,6 +47,7 @@ Context::Context(ContextOptions opts, std::unique_ptr<Backend> backend) : opts_(
   so.stack_size = opts_.stack_size;
   so.trace = opts_.trace;
   sim_ = std::make_unique<sim::Simulator>(so);
+  backend_->attach(*sim_);
   std::vector<int> all(static_cast<std::size_t>(world_size_));
   for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
   groups_.push_back(std::make_unique<ProcessGroup>(0, all, "world"));

@@ -1,0 +1,106 @@
+#include "runtime/sim_backend.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "runtime/errors.h"
+
+namespace cubesim::rt {
+
+namespace {
+hw::Dtype hw_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return hw::Dtype::kF32;
+    case DType::bf16: return hw::Dtype::kBf16;
+    case DType::f16: return hw::Dtype::kF16;
+  }
+  return hw::Dtype::kF32;
+}
+}  // namespace
+
+SimStorage::SimStorage(int rank, std::uint64_t bytes, hw::Memory& mem, std::uint64_t addr)
+    : Storage(rank, bytes), mem_(&mem), addr_(addr) {}
+
+SimStorage::~SimStorage() { mem_->free(addr_); }
+
+void SimStorage::read(std::uint64_t offset, void* dst, std::uint64_t n) const {
+  if (n) mem_->read(addr_ + offset, std::span<std::byte>(static_cast<std::byte*>(dst), n));
+}
+void SimStorage::write(std::uint64_t offset, const void* src, std::uint64_t n) {
+  if (n) mem_->write(addr_ + offset, std::span<const std::byte>(static_cast<const std::byte*>(src), n));
+}
+std::string SimStorage::where() const { return fmt::format("{} @ {:#x}", mem_->name(), addr_); }
+
+SimBackend::SimBackend(hw::Topology topo, SimBackendOptions opts) : topo_(std::move(topo)), opts_(std::move(opts)) {}
+
+void SimBackend::attach(sim::Simulator& sim) {
+  sim_ = &sim;
+  hw::SystemOptions so;
+  so.functional = !opts_.timing_only;
+  so.check_uninitialized = opts_.check_uninitialized;
+  so.hazards = opts_.hazards;
+  system_ = std::make_unique<hw::System>(sim, topo_, so);
+}
+
+std::string SimBackend::describe() const {
+  return fmt::format("simulated '{}' ({} cubes{})", topo_.name, topo_.cubes.size(), opts_.timing_only ? ", timing only" : "");
+}
+
+std::shared_ptr<Storage> SimBackend::allocate(int rank, std::uint64_t bytes, std::string_view what) {
+  if (rank < 0 || rank >= ranks()) {
+    throw RuntimeError(fmt::format("allocation '{}' on rank {}: topology '{}' has cubes 0 to {}", what, rank, topo_.name,
+                                   ranks() - 1));
+  }
+  hw::Memory& hbm = system_->hbm(rank);
+  const std::uint64_t addr = hbm.allocate(std::max<std::uint64_t>(bytes, 1), 256, what);
+  return std::make_shared<SimStorage>(rank, bytes, hbm, addr);
+}
+
+void SimBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) {
+  const auto& s = static_cast<const SimStorage&>(src);
+  auto& d = static_cast<SimStorage&>(dst);
+  if (n == 0) return;
+  system_->transfer(s.at(src_off), d.at(dst_off), n);
+}
+
+sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
+  auto& sys = const_cast<hw::System&>(*system_);
+  hw::Cube& cube = sys.cube(rank);
+  const int pes = cube.num_pes();
+  const hw::Dtype d = hw_dtype(c.dtype);
+  const sim::Duration mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
+  sim::Duration work = 0;
+  if (pes > 0) {
+    hw::Pe& pe = cube.pe(0);
+    if (c.kind == OpCost::Kind::gemm) {
+      const auto macs = static_cast<std::uint64_t>(c.m) * static_cast<std::uint64_t>(c.n) * static_cast<std::uint64_t>(c.k);
+      work = pe.mac().time((macs + pes - 1) / pes, d);
+    } else if (c.flops > 0) {
+      work = pe.vector().time((static_cast<std::uint64_t>(c.flops) + pes - 1) / pes, d);
+    }
+  }
+  return std::max(mem, work);
+}
+
+void SimBackend::charge(int rank, const OpCost& c, sim::Duration overlapped_with) {
+  const sim::Duration t = cost_time(rank, c);
+  if (t <= overlapped_with) return;
+  const sim::Time t0 = sim_->now();
+  sim::this_process::sleep(t - overlapped_with);
+  auto& tr = sim_->trace();
+  if (tr.enabled()) {
+    tr.span(tr.track(c.kind == OpCost::Kind::reduce ? "reduce" : "compute", fmt::format("rank{}", rank)), c.name, t0,
+            sim_->now());
+  }
+}
+
+std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, SimBackendOptions sim_opts) {
+  nlohmann::json doc = hw::load_topology_json(sim_opts.topology);
+  for (const auto& [path, value] : sim_opts.overrides) hw::apply_override(doc, path, value);
+  hw::Topology topo = hw::topology_from_json(doc, sim_opts.topology);
+  ctx_opts.backend = BackendKind::sim;
+  return std::make_unique<Context>(ctx_opts, std::make_unique<SimBackend>(std::move(topo), std::move(sim_opts)));
+}
+
+}  // namespace cubesim::rt

@@ -1,0 +1,77 @@
+// sim_backend.h — the simulated backend: ranks are cubes of a topology.
+//
+// Rank r's tensors live in cube r's HBM (real bytes, sparsely backed); Backend::copy is a
+// hw::System transfer through the simulated route; compute is done on the host by the same kernels
+// as the host backend (so the values are bit-identical) and its time is charged from the hardware
+// figures of the cube. With timing_only, no values are kept and every time is unchanged.
+//
+//   SimBackendOptions so;  so.topology = "ring4";
+//   auto ctx = make_sim_context({.trace = true}, so);
+//   auto rep = ctx->spawn(4, [&](int r) { ... all_reduce(t) ... });
+//   // rep.sim_time, rep.ranks[r].compute / .comm; ctx->trace().save("run.json")
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/backend.h"
+#include "runtime/context.h"
+#include "sim/hw/system.h"
+
+namespace cubesim::rt {
+
+struct SimBackendOptions {
+  std::string topology = "single_cube";  // a shipped name or a file path
+  // Dotted-path overrides applied to the topology document before it is built (the sweep mechanism).
+  std::vector<std::pair<std::string, nlohmann::json>> overrides;
+  bool timing_only = false;
+  bool check_uninitialized = false;  // reading HBM never written is an error
+  hw::HazardMode hazards = hw::HazardMode::kThrow;
+};
+
+class SimStorage final : public Storage {
+ public:
+  SimStorage(int rank, std::uint64_t bytes, hw::Memory& mem, std::uint64_t addr);
+  ~SimStorage() override;
+  void read(std::uint64_t offset, void* dst, std::uint64_t n) const override;
+  void write(std::uint64_t offset, const void* src, std::uint64_t n) override;
+  std::string where() const override;
+  hw::MemRef at(std::uint64_t offset) const { return hw::MemRef{mem_, addr_ + offset}; }
+
+ private:
+  hw::Memory* mem_;
+  std::uint64_t addr_;
+};
+
+class SimBackend final : public Backend {
+ public:
+  SimBackend(hw::Topology topo, SimBackendOptions opts);
+  void attach(sim::Simulator& sim) override;
+  BackendKind kind() const override { return BackendKind::sim; }
+  int ranks() const override { return static_cast<int>(topo_.cubes.size()); }
+  std::string describe() const override;
+  std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;
+  void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) override;
+  void charge(int rank, const OpCost& cost, sim::Duration overlapped_with) override;
+  bool timing_only() const override { return opts_.timing_only; }
+
+  hw::System& system() { return *system_; }
+  const hw::Topology& topology() const { return topo_; }
+  // The time `cost` takes on cube `rank` (roofline of its PEs' MAC or vector rate against HBM).
+  sim::Duration cost_time(int rank, const OpCost& cost) const;
+
+ private:
+  hw::Topology topo_;
+  SimBackendOptions opts_;
+  std::unique_ptr<hw::System> system_;
+  sim::Simulator* sim_ = nullptr;
+};
+
+// A context on a simulated topology; world_size 0 means one rank per cube.
+std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, SimBackendOptions sim_opts);
+
+}  // namespace cubesim::rt

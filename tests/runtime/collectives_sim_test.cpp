@@ -1,0 +1,115 @@
+// Collectives on the simulated backend: the same cases as on the host, bitwise equal to the host
+// run (the replay of the same order); ring all-reduce time equal to the alpha-beta formula; and
+// timing-only runs that keep every time.
+#include <gtest/gtest.h>
+
+#include "collective_harness.h"
+#include "runtime/errors.h"
+#include "runtime/sim_backend.h"
+
+namespace cubesim::rt::testing {
+namespace {
+
+std::unique_ptr<Context> host(int ranks) {
+  ContextOptions o;
+  o.world_size = ranks;
+  o.stack_size = 64 * 1024;
+  return std::make_unique<Context>(o);
+}
+
+Factory sim_on(std::string topo, bool timing_only = false) {
+  return [topo, timing_only](int ranks) {
+    ContextOptions o;
+    o.world_size = ranks;
+    o.stack_size = 64 * 1024;
+    SimBackendOptions so;
+    so.topology = topo;
+    so.timing_only = timing_only;
+    so.check_uninitialized = true;
+    return make_sim_context(o, so);
+  };
+}
+
+class SimCollectives : public ::testing::TestWithParam<CollCase> {};
+
+TEST_P(SimCollectives, BitwiseEqualToHostReplay) {
+  const CollCase c = GetParam();
+  const CollResult h = run_collective(host, c);
+  const CollResult s = run_collective(sim_on("mesh4x4"), c);
+  for (int k = 0; k < c.ranks; ++k) {
+    ASSERT_EQ(s.out_bytes[static_cast<std::size_t>(k)], h.out_bytes[static_cast<std::size_t>(k)]) << "rank " << k;
+  }
+  EXPECT_GT(s.report.sim_time, 0u);
+  EXPECT_EQ(h.report.sim_time, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, SimCollectives, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// Ring all-reduce: 2(p-1) steps, each one chunk over one idle path: T = 2(p-1) * path.time(chunk).
+void expect_alpha_beta(const std::string& topo, int p, std::int64_t n, DType d) {
+  auto ctx = sim_on(topo)(p);
+  auto& be = static_cast<SimBackend&>(ctx->backend());
+  const hw::PathFigures fig = be.system().path_figures(be.system().hbm(0), be.system().hbm(1));
+  std::mt19937_64 rng(3);
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < p; ++r) in.push_back(random_values(n, d, rng));
+  const RunReport rep = ctx->spawn(p, [&](int r) {
+    Tensor t = ctx->from_host_f32(r, {n}, d, in[static_cast<std::size_t>(r)]);
+    all_reduce(t, ReduceOp::sum, nullptr, {.algorithm = Algorithm::ring});
+  });
+  const std::uint64_t chunk = static_cast<std::uint64_t>(n / p) * dtype_size(d);
+  const double expected = 2.0 * (p - 1) * static_cast<double>(fig.time(chunk));
+  const double got = static_cast<double>(rep.sim_time);
+  EXPECT_NEAR(got / expected, 1.0, 0.01) << topo << ": simulated " << sim::format_time(rep.sim_time) << ", alpha-beta "
+                                         << expected / 1e6 << " us (alpha " << sim::format_time(fig.alpha) << ", "
+                                         << fig.bandwidth.gbps() << " GB/s)";
+}
+
+TEST(SimAlphaBeta, RingAllReduceOnRingTopology) { expect_alpha_beta("ring4", 4, 4 << 20, DType::bf16); }
+TEST(SimAlphaBeta, RingAllReduceOnSwitchedTopology) { expect_alpha_beta("dgx_h100x8", 8, 8 << 20, DType::bf16); }
+TEST(SimAlphaBeta, RingAllReduceOnAllToAllTopology) { expect_alpha_beta("h200x4", 4, 4 << 20, DType::f32); }
+
+TEST(SimTiming, TimingOnlyKeepsEveryTime) {
+  for (Algorithm a : supported_algorithms("all_reduce")) {
+    CollCase c{"all_reduce", a, DType::bf16, 8, 100000};
+    const CollResult f = run_collective(sim_on("mesh4x4"), c);
+    const CollResult t = run_collective(sim_on("mesh4x4", true), c);
+    EXPECT_EQ(f.report.sim_time, t.report.sim_time) << algorithm_name(a);
+    EXPECT_EQ(f.report.events, t.report.events) << algorithm_name(a);
+  }
+}
+
+TEST(SimTiming, SameInputSameTimeAndTrace) {
+  CollCase c{"all_reduce", Algorithm::tree, DType::bf16, 6, 50000};
+  const CollResult a = run_collective(sim_on("mesh4x4"), c);
+  const CollResult b = run_collective(sim_on("mesh4x4"), c);
+  EXPECT_EQ(a.report.sim_time, b.report.sim_time);
+  EXPECT_EQ(a.report.events, b.report.events);
+  EXPECT_EQ(a.out_bytes, b.out_bytes);
+}
+
+TEST(SimErrors, OutOfHbmNamesTheAllocationAndStatistics) {
+  ContextOptions o;
+  o.world_size = 1;
+  SimBackendOptions so;
+  so.topology = "single_cube";
+  so.overrides = {{"cube.hbm.capacity_GiB", 0.001}};
+  std::unique_ptr<Context> ctx;
+  try {
+    ctx = make_sim_context(o, so);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "override path differs in this topology schema: " << e.what();
+  }
+  try {
+    ctx->spawn(1, [&](int r) { ctx->empty(r, {1 << 20}, DType::f32, "activations"); });
+    FAIL();
+  } catch (const RankError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("activations"), std::string::npos) << m;
+    EXPECT_NE(m.find("largest"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace cubesim::rt::testing
