@@ -5,7 +5,10 @@
 //   - overflow goes to infinity (f16: |x| >= 65520; bf16: |x| >= 0x1.ffp127 with ties to even),
 //   - f16 subnormals are rounded exactly (smallest 2^-24; anything <= 2^-25 goes to signed zero),
 //   - every NaN becomes the canonical NaN 0x7fff, sign dropped — which is what CUDA produces.
-// Widening (bf16/f16 -> f32) is exact; a NaN keeps its sign and payload and becomes quiet.
+// Widening (bf16/f16 -> f32) is exact and matches CUDA's device conversions (__bfloat162float,
+// __half2float) on all 65536 patterns: bf16 is a shift (a NaN keeps its bits, signalling or not);
+// an f16 NaN becomes the canonical f32 NaN 0x7fffffff, which is what the GPU's cvt.f32.f16 gives.
+// kernels/tools/verify_conversions_cuda.cu checks all of this exhaustively on a GPU.
 //
 //   std::uint16_t h = cubesim::f32_to_bf16(1.0f / 3.0f);   // 0x3eab
 //   float x = cubesim::bf16_to_f32(h);                     // 0.333984375f
@@ -38,6 +41,7 @@ constexpr bool dtype_valid(DType t) { return t == DType::f32 || t == DType::bf16
 // Canonical NaN of the 16-bit formats, as CUDA's conversions produce it.
 inline constexpr std::uint16_t kBf16CanonicalNaN = 0x7fff;
 inline constexpr std::uint16_t kF16CanonicalNaN = 0x7fff;
+inline constexpr std::uint32_t kF32CanonicalNaN = 0x7fffffff;
 
 inline std::uint16_t f32_to_bf16(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -49,11 +53,7 @@ inline std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
 }
 
-inline float bf16_to_f32(std::uint16_t h) {
-  std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
-  if ((x & 0x7fffffffu) > 0x7f800000u) x |= 0x00400000u;  // quiet a signalling NaN
-  return std::bit_cast<float>(x);
-}
+inline float bf16_to_f32(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
 
 inline std::uint16_t f32_to_f16(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -86,8 +86,7 @@ inline float f16_to_f32(std::uint16_t h) {
   std::uint32_t m = h & 0x3ffu;
   std::uint32_t bits;
   if (e == 0x1f) {
-    bits = sign | 0x7f800000u | (m << 13);
-    if (m) bits |= 0x00400000u;  // quiet a signalling NaN
+    bits = m ? kF32CanonicalNaN : sign | 0x7f800000u;  // NaN: canonical, as on the GPU
   } else if (e != 0) {
     bits = sign | ((e + 112u) << 23) | (m << 13);
   } else if (m == 0) {
