@@ -55,7 +55,7 @@ const char* gemm_mode_name(GemmMode m);
 // picks by shape. Forcing one exists for tests (they pin the bitwise equality) and benchmarks.
 enum class TcConfig : std::uint8_t {
   automatic,
-  m128n256,  // 2 consumer warpgroups of m64n256, 1 TMA producer warpgroup, 4 stages
+  m128n256,  // 2 consumer warpgroups of m64n256, 1 TMA producer warpgroup, 4 stages, clusters of 2 sharing B
   m128n128,  // 2 consumer warpgroups of m64n128, 6 stages
   m64n32,    // 1 consumer warpgroup of m64n32, 16 stages: small M, many CTAs along N
 };

@@ -58,27 +58,45 @@ struct Stager {
   bool vec;              // K_FAST only: the 8 k are contiguous and 16-byte aligned
 };
 
-// 8 contiguous elements at p (16-byte aligned), widened exactly to f32. Loads through L1 cost one
-// request per cache line a warp touches: one 16-byte load instead of eight 2-byte ones is what keeps
-// the staging off the shared-memory/L1 pipe the FFMA loop needs.
+// The 8 staged elements of a thread as loaded: 16-bit types two to a 32-bit word, f32 one to a word.
+// They are widened only when stored to shared memory, after the k-tile's FFMAs, so the load latency
+// never sits in front of an instruction the warp needs (and bf16/f16 take 4 registers, not 8).
 template <DType T>
-__device__ __forceinline__ void load8(const void* p, float (&r)[8]) {
+struct Raw {
+  static constexpr int WORDS = T == DType::f32 ? 8 : 4;
+  unsigned w[WORDS];
+};
+
+template <DType T>
+__device__ __forceinline__ float widen(const Raw<T>& r, int i) {
   if constexpr (T == DType::f32) {
-    const float4 x = __ldg(static_cast<const float4*>(p)), y = __ldg(static_cast<const float4*>(p) + 1);
-    r[0] = x.x; r[1] = x.y; r[2] = x.z; r[3] = x.w; r[4] = y.x; r[5] = y.y; r[6] = y.z; r[7] = y.w;
+    return __uint_as_float(r.w[i]);
+  } else if constexpr (T == DType::bf16) {
+    return __uint_as_float(i % 2 ? r.w[i / 2] & 0xffff0000u : r.w[i / 2] << 16);
   } else {
-    const uint4 v = __ldg(static_cast<const uint4*>(p));
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (T == DType::bf16) {
-        r[2 * i] = __uint_as_float(w[i] << 16);
-        r[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      } else {
-        r[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
-        r[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
-      }
-    }
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(i % 2 ? r.w[i / 2] >> 16 : r.w[i / 2] & 0xffffu)));
+  }
+}
+
+// 8 contiguous elements at p, 16-byte aligned, in one (16-bit types) or two (f32) 16-byte loads.
+// Loads through L1 cost one request per cache line a warp touches: one wide load instead of eight
+// narrow ones keeps the staging off the L1/shared-memory pipe the FFMA loop feeds from.
+template <DType T>
+__device__ __forceinline__ void load8(const void* p, Raw<T>& r) {
+  const uint4 x = __ldg(static_cast<const uint4*>(p));
+  r.w[0] = x.x; r.w[1] = x.y; r.w[2] = x.z; r.w[3] = x.w;
+  if constexpr (T == DType::f32) {
+    const uint4 y = __ldg(static_cast<const uint4*>(p) + 1);
+    r.w[4] = y.x; r.w[5] = y.y; r.w[6] = y.z; r.w[7] = y.w;
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ unsigned load_bits(const void* base, std::int64_t i) {
+  if constexpr (T == DType::f32) {
+    return __float_as_uint(__ldg(static_cast<const float*>(base) + i));
+  } else {
+    return __ldg(static_cast<const unsigned short*>(base) + i);
   }
 }
 
@@ -98,31 +116,36 @@ __device__ __forceinline__ Stager<K_FAST, ROWS> make_stager(int r_left, std::int
 }
 
 // base: the view's element (tile row 0, first k of the k-tile); k_last: last valid k relative to it.
-template <DType T, bool K_FAST, int ROWS, int PER_THREAD>
-__device__ __forceinline__ void stage_load(const void* base, const Stager<K_FAST, ROWS>& st, int k_last,
-                                           float (&reg)[PER_THREAD]) {
+template <DType T, bool K_FAST, int ROWS>
+__device__ __forceinline__ void stage_load(const void* base, const Stager<K_FAST, ROWS>& st, int k_last, Raw<T>& raw) {
   using S = Stager<K_FAST, ROWS>;
-  static_assert(PER_THREAD == S::PER, "8 elements a thread");
+  static_assert(S::PER == 8, "8 elements a thread");
   if constexpr (K_FAST) {
     if (st.vec && k_last >= BK - 1) {  // a whole k-tile: no clamping needed
       using E = typename Storage<T>::type;
-      load8<T>(static_cast<const E*>(base) + st.row_off + st.k0, reg);
+      load8<T>(static_cast<const E*>(base) + st.row_off + st.k0, raw);
       return;
     }
   }
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int k = min(st.k0 + i * S::DK, k_last);
-    reg[i] = load_elem<T>(base, st.row_off + static_cast<std::int64_t>(k) * st.k_stride);
+    const unsigned b = load_bits<T>(base, st.row_off + static_cast<std::int64_t>(k) * st.k_stride);
+    if constexpr (T == DType::f32) {
+      raw.w[i] = b;
+    } else if (i % 2 == 0) {
+      raw.w[i / 2] = b;
+    } else {
+      raw.w[i / 2] |= b << 16;
+    }
   }
 }
 
-template <int LD, bool K_FAST, int ROWS, int PER_THREAD>
-__device__ __forceinline__ void stage_store(float (*tile)[LD], const Stager<K_FAST, ROWS>& st,
-                                            const float (&reg)[PER_THREAD]) {
+template <int LD, DType T, bool K_FAST, int ROWS>
+__device__ __forceinline__ void stage_store(float (*tile)[LD], const Stager<K_FAST, ROWS>& st, const Raw<T>& raw) {
   using S = Stager<K_FAST, ROWS>;
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) tile[st.k0 + i * S::DK][st.r0] = reg[i];
+  for (int i = 0; i < 8; ++i) tile[st.k0 + i * S::DK][st.r0] = widen<T>(raw, i);
 }
 
 // One k step for this thread's 8x8 accumulators: rows ty*4+{0..3} and 64+ty*4+{0..3}, columns
@@ -164,7 +187,8 @@ __global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParam
   const SB* b_ptr = static_cast<const SB*>(p.b) + static_cast<std::int64_t>(n0) * p.b_cs;
   const std::int64_t a_kstep = static_cast<std::int64_t>(BK) * p.a_cs, b_kstep = static_cast<std::int64_t>(BK) * p.b_rs;
 
-  float ra[A_PER_THREAD], rb[B_PER_THREAD];
+  Raw<TA> ra;
+  Raw<TB> rb;
   const int ktiles = (p.K + BK - 1) / BK;
   if (ktiles > 0) {
     stage_load<TA>(a_ptr, sta, p.K - 1, ra);

@@ -50,12 +50,17 @@ namespace {
 
 constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every configuration
 
-template <int NC_, int BN_, int STAGES_>
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1>
 struct Cfg {
   static constexpr int NC = NC_;  // consumer warpgroups, 64 rows each
   static constexpr int BM = 64 * NC_;
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
+  // CTAs of a cluster along M: they work on vertically adjacent tiles with the same B panel, each
+  // loads 1/CLUSTER of the B tile and multicasts it to all, so each pulls less from L2.
+  static constexpr int CLUSTER = CLUSTER_;
+  static constexpr int B_ROWS_PER_CTA = BN_ / CLUSTER_;
+  static_assert(B_ROWS_PER_CTA * BK * 2 % 1024 == 0, "multicast slices must stay swizzle-atom aligned");
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -64,7 +69,7 @@ struct Cfg {
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
 };
 
-using CfgL = Cfg<2, 256, 4>;   // m128n256
+using CfgL = Cfg<2, 256, 4, 2>;   // m128n256, clusters of 2 along M sharing B
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
 
@@ -105,6 +110,33 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+__device__ __forceinline__ void tma_load_2d_multicast(std::uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                                      std::uint32_t bar, std::uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ std::uint32_t cluster_ctarank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Arrive on the mbarrier at the same shared-memory offset in CTA `rank` of this cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar, std::uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
+      : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1,
@@ -198,31 +230,42 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (C::STAGES + s); };
 
+  constexpr int CM = C::CLUSTER;
+  const std::uint32_t rank = CM > 1 ? cluster_ctarank() : 0;
   const int m_tiles = (e.M + C::BM - 1) / C::BM, n_tiles = (e.N + C::BN - 1) / C::BN;
-  const int tiles = m_tiles * n_tiles;
+  // A unit is CM vertically adjacent tiles with one n-tile: one per cluster at a time. With an odd
+  // tile count the last unit's extra CTA reads TMA's zero fill and stores nothing (rows >= M).
+  const int m_units = (m_tiles + CM - 1) / CM;
+  const int units = m_units * n_tiles;
   const int ktiles = (e.K + BK - 1) / BK;
-  // Tile raster: groups of group_m m-tiles walk the n-tiles together, so the CTAs working at the
+  // Raster: groups of group_m units walk the n-tiles together, so the clusters working at the
   // same time share A and B panels in L2.
-  auto tile_coords = [&](int tile, int& m_tile, int& n_tile) {
+  auto unit_coords = [&](int unit, int& m_tile, int& n_tile) {
     const int per_group = e.group_m * n_tiles;
-    const int g = tile / per_group, first_m = g * e.group_m;
-    const int gsize = min(m_tiles - first_m, e.group_m);
-    m_tile = first_m + (tile % per_group) % gsize;
-    n_tile = (tile % per_group) / gsize;
+    const int g = unit / per_group, first_m = g * e.group_m;
+    const int gsize = min(m_units - first_m, e.group_m);
+    m_tile = (first_m + (unit % per_group) % gsize) * CM + static_cast<int>(rank);
+    n_tile = (unit % per_group) / gsize;
   };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
-      mbar_init(full(s), 1);           // the producer's arrive.expect_tx; TMA completes the bytes
-      mbar_init(empty(s), C::NC * 4);  // one arrival per consumer warp
+      mbar_init(full(s), 1);                // the producer's arrive.expect_tx; TMA completes the bytes
+      mbar_init(empty(s), CM * C::NC * 4);  // one arrival per consumer warp of every CTA of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  __syncthreads();
+  // Every CTA's barriers exist before any peer multicasts into them or arrives on them.
+  if constexpr (CM > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
-  // Persistent: CTA b takes tiles b, b + gridDim.x, ...; one ring of stages runs across tiles, so
-  // the producer fills the next tile's first stages while the consumers store the last one.
+  // Persistent: cluster c takes units c, c + clusters, ...; one ring of stages runs across units,
+  // so the producer fills the next tile's first stages while the consumers store the last one.
+  const int cluster_id = blockIdx.x / CM, clusters = gridDim.x / CM;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     if constexpr (C::NC >= 2) setmaxnreg_dec<40>();
@@ -230,26 +273,44 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
       int it = 0;
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      for (int unit = cluster_id; unit < units; unit += clusters) {
         int m_tile, n_tile;
-        tile_coords(tile, m_tile, n_tile);
+        unit_coords(unit, m_tile, n_tile);
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const int s = it % C::STAGES;
+          // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
+          // this CTA's slice of B lands in all of them.
           if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
-          mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes: TMA counts its zero fill too
+          mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes (zero fill counts), all B slices
           tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
-          tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+          if constexpr (CM > 1) {
+            tma_load_2d_multicast(sb + s * C::B_BYTES + rank * C::B_ROWS_PER_CTA * 128, &tma_b, kt * BK,
+                                  n_tile * C::BN + static_cast<int>(rank) * C::B_ROWS_PER_CTA, full(s),
+                                  static_cast<std::uint16_t>((1u << CM) - 1));
+          } else {
+            tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+          }
         }
       }
     }
+    __syncwarp();
   } else {
     if constexpr (C::NC >= 2) setmaxnreg_inc<232>();
     const int cw = wg - 1;  // this consumer's 64 rows of the tile
     const int lane = threadIdx.x % 32;
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      if constexpr (CM > 1) {
+#pragma unroll
+        for (int r = 0; r < CM; ++r) mbar_arrive_cluster(empty(s), static_cast<std::uint32_t>(r));
+      } else {
+        mbar_arrive(empty(s));
+      }
+    };
     int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int unit = cluster_id; unit < units; unit += clusters) {
       int m_tile, n_tile;
-      tile_coords(tile, m_tile, n_tile);
+      unit_coords(unit, m_tile, n_tile);
       float acc[C::BN / 2];
 #pragma unroll
       for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.0f;
@@ -267,10 +328,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         wgmma_commit();
         // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
         wgmma_wait<1>();
-        if (kt > 0 && lane == 0) mbar_arrive(empty((it - 1) % C::STAGES));
+        if (kt > 0) release((it - 1) % C::STAGES);
       }
       wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(empty((it - 1) % C::STAGES));
+      release((it - 1) % C::STAGES);
 
       const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
       switch (e.c_dtype) {
@@ -280,6 +341,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       }
     }
   }
+  // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
+  if constexpr (CM > 1) cluster_sync();
 }
 
 // ---- host side -----------------------------------------------------------------------------------
@@ -328,7 +391,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
     CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
   });
   const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
-  const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::BN);
+  const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
   e.c = c.data;
   e.c_rs = c.row_stride;
@@ -340,11 +403,32 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
-  e.group_m = 16;
-  const long long tiles = static_cast<long long>((o.M + C::BM - 1) / C::BM) * ((o.N + C::BN - 1) / C::BN);
-  if (tiles > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
-  const unsigned grid = static_cast<unsigned>(std::min<long long>(tiles, num_sms()));  // one CTA per SM
-  tc_gemm_kernel<C><<<grid, C::THREADS, C::SMEM, stream>>>(ma, mb, e);
+  e.group_m = 16 / C::CLUSTER;  // units of CLUSTER m-tiles: 16 m-tiles a group
+  const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
+  const long long units = m_units * ((o.N + C::BN - 1) / C::BN);
+  if (units * C::CLUSTER > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
+  cudaLaunchConfig_t lc = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C::CLUSTER;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.blockDim = dim3(C::THREADS);
+  lc.dynamicSmemBytes = C::SMEM;
+  lc.stream = stream;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
+  static std::atomic<int> max_clusters[64] = {};
+  int fit = max_clusters[dev % 64].load(std::memory_order_relaxed);
+  if (fit == 0) {
+    lc.gridDim = dim3(static_cast<unsigned>(num_sms() / C::CLUSTER * C::CLUSTER));
+    CUBESIM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, tc_gemm_kernel<C>, &lc));
+    if (fit <= 0) throw CudaError(cudaErrorInvalidConfiguration, "tc_gemm_kernel: no cluster of this configuration fits on an SM group");
+    max_clusters[dev % 64].store(fit, std::memory_order_relaxed);
+  }
+  lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
+  CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C>, ma, mb, e));
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
 }
 
