@@ -147,11 +147,19 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
       reduce_values(static_cast<std::uint8_t*>(d) + dst.byte_offset(), static_cast<std::uint8_t*>(s) + src.byte_offset(),
                     dst.dtype(), n, op);
     } else {
-      std::vector<std::uint8_t> a(bytes), b(bytes);
-      dst.storage().read(dst.byte_offset(), a.data(), bytes);
-      src.storage().read(src.byte_offset(), b.data(), bytes);
-      reduce_values(a.data(), b.data(), dst.dtype(), n, op);
-      dst.storage().write(dst.byte_offset(), a.data(), bytes);
+      // Grow-only scratch, reused: fresh large vectors cost a page fault and a zeroed page per 4 KiB.
+      static thread_local std::unique_ptr<std::uint8_t[]> buf;
+      static thread_local std::uint64_t cap = 0;
+      if (cap < 2 * bytes) {
+        buf.reset(new std::uint8_t[2 * bytes]);
+        cap = 2 * bytes;
+      }
+      std::uint8_t* a = buf.get();
+      std::uint8_t* b = a + bytes;
+      dst.storage().read(dst.byte_offset(), a, bytes);
+      src.storage().read(src.byte_offset(), b, bytes);
+      reduce_values(a, b, dst.dtype(), n, op);
+      dst.storage().write(dst.byte_offset(), a, bytes);
     }
   }
   OpCost c;

@@ -1,0 +1,186 @@
+// bench_collectives — collectives on the shipped topologies, in the manner of nccl-tests.
+//
+// For each topology (every shipped one with at least two cubes), collective, algorithm and size
+// (1 KiB to 1 GiB in x8 steps) it reports the simulated time (latest rank's end minus earliest
+// rank's start, the ranks starting together after a barrier), algbw = bytes / time, busbw = algbw x
+// the nccl-tests factor (all_reduce 2(p-1)/p, reduce_scatter and all_gather (p-1)/p, broadcast 1)
+// and the simulator's wall time for the collective. "bytes" is nccl-tests' size: the buffer for
+// all_reduce and broadcast, the whole output for all_gather, the whole input for reduce_scatter.
+// The sweep runs timing-only: its times equal a functional run's (tests/runtime pins that).
+//
+// Then the simulator's own speed (issue 4 targets), wall time around the collective alone:
+//   functional ring all-reduce, 64 ranks (torus8x8), 64 MiB bf16:          <= 5 s
+//   timing-only ring all-reduce, 1024 ranks (ring4 with cubes=1024), 1 GiB: <= 10 s
+// and wall time against ranks (8 to 1024), timing-only ring all-reduce of 1 GiB on a ring.
+//
+//   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "runtime/collectives.h"
+#include "runtime/sim_backend.h"
+
+using namespace cubesim;
+using namespace cubesim::rt;
+using namespace cubesim::bench;
+
+namespace {
+
+double bus_factor(const std::string& coll, int p) {
+  if (coll == "all_reduce") return 2.0 * (p - 1) / p;
+  if (coll == "broadcast") return 1.0;
+  return static_cast<double>(p - 1) / p;
+}
+
+struct Row {
+  std::string topology, collective, algorithm;
+  int ranks = 0;
+  std::uint64_t bytes = 0;
+  double sim_time_us = 0, algbw = 0, busbw = 0, wall_s = 0;
+  bool functional = false;
+};
+
+Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nlohmann::json>>& overrides,
+            const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional) {
+  ContextOptions o;
+  o.stack_size = 64 * 1024;
+  SimBackendOptions so;
+  so.topology = topo;
+  so.overrides = overrides;
+  so.timing_only = !functional;
+  auto ctx = make_sim_context(o, so);
+  const int p = ctx->world_size();
+  const std::int64_t elems = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / dtype_size(d)));
+  const bool whole = coll == "all_reduce" || coll == "broadcast";
+  const std::int64_t per = whole ? elems : std::max<std::int64_t>(1, elems / p);
+  std::vector<sim::Time> start(static_cast<std::size_t>(p)), end(static_cast<std::size_t>(p));
+  double w0 = 0, w1 = 0;
+  ctx->spawn(p, [&](int r) {
+    const std::int64_t in_n = coll == "reduce_scatter" ? per * p : per;
+    const std::int64_t out_n = coll == "all_gather" ? per * p : per;
+    Tensor in = ctx->empty(r, {in_n}, d, "input");
+    if (functional) {  // random finite values, cheaply: a splitmix stream per rank
+      std::vector<std::uint16_t> bits(static_cast<std::size_t>(in.nbytes() / 2));
+      std::uint64_t s = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(r + 1);
+      for (auto& b : bits) {
+        s += 0x9e3779b97f4a7c15ull;
+        const std::uint64_t z = (s ^ (s >> 30)) * 0xbf58476d1ce4e5b9ull;
+        b = static_cast<std::uint16_t>(((z >> 40) & 0x807f) | 0x3c00);  // random sign and mantissa, exponent near 1
+      }
+      in.copy_from_host_bytes(bits.data(), in.nbytes());
+    }
+    Tensor out = whole ? in : ctx->empty(r, {out_n}, d, "output");
+    CollectiveOptions co;
+    co.algorithm = a;
+    barrier();
+    if (r == 0) w0 = wall_seconds();
+    start[static_cast<std::size_t>(r)] = ctx->simulator().now();
+    if (coll == "all_reduce") all_reduce(in, ReduceOp::sum, nullptr, co);
+    else if (coll == "broadcast") broadcast(in, 0, nullptr, co);
+    else if (coll == "all_gather") all_gather(out, in, nullptr, co);
+    else reduce_scatter(out, in, ReduceOp::sum, nullptr, co);
+    end[static_cast<std::size_t>(r)] = ctx->simulator().now();
+    barrier();
+    if (r == 0) w1 = wall_seconds();
+  });
+  Row row;
+  row.topology = topo;
+  row.collective = coll;
+  row.algorithm = std::string(algorithm_name(a));
+  row.ranks = p;
+  row.bytes = static_cast<std::uint64_t>(whole ? per : per * p) * dtype_size(d);
+  const sim::Duration t = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+  row.sim_time_us = sim::to_us(t);
+  row.algbw = t ? static_cast<double>(row.bytes) / sim::to_s(t) / 1e9 : 0;
+  row.busbw = row.algbw * bus_factor(coll, p);
+  row.wall_s = w1 - w0;
+  row.functional = functional;
+  return row;
+}
+
+nlohmann::json to_json(const Row& r) {
+  return {{"topology", r.topology}, {"collective", r.collective}, {"algorithm", r.algorithm}, {"ranks", r.ranks},
+          {"bytes", r.bytes},       {"sim_time_us", r.sim_time_us}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw},
+          {"wall_s", r.wall_s},     {"functional", r.functional}};
+}
+
+std::string human_bytes(std::uint64_t b) {
+  if (b >= (1ull << 30)) return fmt::format("{}G", b >> 30);
+  if (b >= (1ull << 20)) return fmt::format("{}M", b >> 20);
+  if (b >= (1ull << 10)) return fmt::format("{}K", b >> 10);
+  return fmt::format("{}", b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchArgs args = parse_bench_args(argc, argv, "bench_collectives");
+  std::vector<std::string> topologies;
+  bool sweep = true, targets = true;
+  for (std::size_t i = 0; i < args.rest.size(); ++i) {
+    if (args.rest[i] == "--topology" && i + 1 < args.rest.size()) topologies.push_back(args.rest[++i]);
+    else if (args.rest[i] == "--no-sweep") sweep = false;
+    else if (args.rest[i] == "--no-targets") targets = false;
+    else {
+      fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
+                         "--no-sweep, --no-targets)\n", args.rest[i]);
+      return 2;
+    }
+  }
+  if (topologies.empty()) topologies = {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"};
+  const std::uint64_t max_bytes = args.quick ? (4ull << 20) : (1ull << 30);
+  nlohmann::json out = {{"bench", "bench_collectives"}, {"rows", nlohmann::json::array()}};
+
+  if (sweep) {
+    Table t({"topology", "ranks", "collective", "algorithm", "bytes", "sim_time_us", "algbw_GBps", "busbw_GBps", "wall_s"});
+    for (const auto& topo : topologies) {
+      for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+        for (Algorithm a : supported_algorithms(coll)) {
+          for (std::uint64_t b = 1024; b <= max_bytes; b *= 8) {
+            Row r;
+            try {
+              r = run_one(topo, {}, coll, a, b, DType::bf16, false);
+            } catch (const std::exception& e) {  // e.g. halving_doubling on a non-power-of-two group
+              if (b == 1024) fmt::print(stderr, "skip {} {} {}: {}\n", topo, coll, algorithm_name(a), e.what());
+              break;
+            }
+            t.row({r.topology, std::to_string(r.ranks), r.collective, r.algorithm, human_bytes(r.bytes),
+                   fmt::format("{:.2f}", r.sim_time_us), fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
+                   fmt::format("{:.3f}", r.wall_s)});
+            out["rows"].push_back(to_json(r));
+          }
+        }
+      }
+    }
+    t.print();
+  }
+
+  if (targets) {
+    fmt::print("\nsimulator speed\n");
+    Table t({"run", "ranks", "bytes", "sim_time_us", "wall_s", "target", "ok"});
+    const std::uint64_t fbytes = args.quick ? (4ull << 20) : (64ull << 20);
+    Row f = run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true);
+    t.row({"functional ring all_reduce", std::to_string(f.ranks), human_bytes(f.bytes), fmt::format("{:.1f}", f.sim_time_us),
+           fmt::format("{:.2f}", f.wall_s), args.quick ? "(quick)" : "<= 5 s", f.wall_s <= 5 ? "yes" : "NO"});
+    nlohmann::json jf = to_json(f);
+    jf["target"] = "functional_64rank_64MiB";
+    out["targets"].push_back(jf);
+    const std::vector<int> scale = args.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024};
+    const std::uint64_t tbytes = args.quick ? (64ull << 20) : (1ull << 30);
+    for (int p : scale) {
+      Row r = run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false);
+      const bool is_target = p == 1024;
+      t.row({"timing-only ring all_reduce", std::to_string(p), human_bytes(r.bytes), fmt::format("{:.1f}", r.sim_time_us),
+             fmt::format("{:.2f}", r.wall_s), is_target ? "<= 10 s" : "", is_target ? (r.wall_s <= 10 ? "yes" : "NO") : ""});
+      nlohmann::json j = to_json(r);
+      j["target"] = is_target ? "timing_only_1024rank_1GiB" : "scaling";
+      out["targets"].push_back(j);
+    }
+    t.print();
+  }
+  write_json(args, out);
+  return 0;
+}
