@@ -56,7 +56,7 @@ class ComputeUnit {
     const Time start = std::max(now, server_.free);
     const Time end = start + time(n, d);
     server_.free = end;
-    server_.account(n, start, end);
+    server_.account(n, end - start);
     return {start, end};
   }
   Server& server() { return server_; }

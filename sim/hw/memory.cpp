@@ -24,11 +24,17 @@ Memory::Memory(System& sys, MemoryKind kind, int id, int cube, int pe, std::stri
       interleave_(interleave == 0 ? 1 : interleave),
       channels_(channels == 0 ? 1 : channels),
       allocator_(name_, capacity) {
-  // Split the bandwidth exactly: the channels' rates add up to the memory's.
+  // Equal channels (the remainder of bytes_per_s / channels, under one byte per second per channel,
+  // is dropped), so that evenly striped traffic books all channels alike.
   const std::uint64_t n = channels_.size();
-  for (std::uint64_t i = 0; i < n; ++i) {
-    channels_[i].bandwidth = sim::Bandwidth{bandwidth.bytes_per_s / n + (i < bandwidth.bytes_per_s % n ? 1 : 0)};
-  }
+  for (Server& c : channels_) c.bandwidth = sim::Bandwidth{bandwidth.bytes_per_s / n};
+  stripe_.bandwidth = channels_[0].bandwidth;
+}
+
+std::uint64_t Memory::bytes_served() const {
+  std::uint64_t b = stripe_.bytes;
+  for (const Server& c : channels_) b += c.bytes;
+  return b;
 }
 
 void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const {

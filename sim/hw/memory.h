@@ -98,6 +98,8 @@ class Memory {
   std::uint64_t resident_bytes() const { return store_.resident_bytes(); }
   std::span<Server> channel_servers() { return channels_; }
   std::span<const Server> channel_servers() const { return channels_; }
+  // Bytes served by all channels (reads and writes of transfers).
+  std::uint64_t bytes_served() const;
 
   // Throws MemoryError unless [addr, addr + len) lies inside the memory. `what` says who asked.
   void check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const;
@@ -114,6 +116,10 @@ class Memory {
   sim::Duration latency_;
   std::uint64_t interleave_;
   std::vector<Server> channels_;
+  // While every channel's bookings are the same (all traffic so far striped evenly over them), one
+  // server stands for all of them: a chunk costs one booking instead of one per channel.
+  Server stripe_;
+  bool uniform_ = true;
   SparseStore store_;
   Allocator allocator_;
   // Transfers reading from / writing to this memory right now (for the hazard checker).

@@ -1,16 +1,27 @@
-// server.h — a FIFO server: one direction of a link, one DMA channel, one channel of a memory.
+// server.h — a server that chunks occupy: one direction of a link, a DMA channel, a memory channel.
 //
-// A server is a bandwidth and a "busy until" time, nothing more: chunks are served in the order
-// they reach it, each occupying it for bytes / bandwidth, and the next starts when it is free.
-// Serving is arithmetic done inside the transfer engine's events, so a link costs no process and
-// no event of its own. The statistics are kept whether or not tracing is on.
+// A server is a bandwidth plus a record of when it is busy; serving is arithmetic done inside the
+// transfer engine's events, so a server costs no process and no event of its own. Two disciplines:
+//   FIFO (links): `free` is when the last chunk leaves; the next starts no earlier. The engine
+//     serves link chunks in the order they arrive, so this is exact.
+//   Booking (memories, DMA channels): reservations [start, end) kept in time order; a chunk's work
+//     fills the gaps from its ready time on, split across gaps if need be. The engine books local
+//     stages a little ahead of time (a chunk's destination write when it crosses its last link), and
+//     booking lets a later-booked but earlier-ready access use the idle time in between, as a
+//     memory controller interleaving requests would; the work is conserved, so a saturated memory
+//     still delays everyone.
+// Statistics (bytes, chunks, busy time) are kept whether or not tracing is on.
 //
 //   Server s{Bandwidth::GBps(128)};
-//   Time start = std::max(arrival, s.free);  s.free = start + transfer_time(bytes, s.bandwidth);
+//   Time start = std::max(arrival, s.free);  s.free = start + s.duration(bytes);   // FIFO
+//   auto [first, last] = s.book(forget_before, ready, s.duration(bytes));            // booking
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "sim/core/time.h"
 #include "sim/core/trace.h"
@@ -23,7 +34,7 @@ struct Server {
   static constexpr sim::Trace::TrackId kNoTrack = std::numeric_limits<sim::Trace::TrackId>::max();
 
   sim::Bandwidth bandwidth;
-  Time free = 0;  // busy until
+  Time free = 0;  // FIFO: busy until. Booking: the end of the latest reservation.
 
   // Statistics: bytes served, chunks served, time occupied.
   std::uint64_t bytes = 0;
@@ -33,15 +44,89 @@ struct Server {
   // Where spans go when tracing (created on the first traced span).
   sim::Trace::TrackId track = kNoTrack;
 
-  void account(std::uint64_t b, Time start, Time end) {
+  // bytes / bandwidth, rounded up to a picosecond; the last size asked for is remembered, since a
+  // transfer asks for the same chunk size over and over.
+  sim::Duration duration(std::uint64_t b) {
+    if (b != memo_bytes_) {
+      memo_bytes_ = b;
+      memo_duration_ = sim::transfer_time(b, bandwidth);
+    }
+    return memo_duration_;
+  }
+
+  // Booking discipline: books d of work from `ready` on, in the gaps between earlier bookings
+  // (work may be split across gaps, as a memory controller interleaves requests). Returns the
+  // start of the first piece and the end of the last. Bookings that ended at or before
+  // `forget_before` are dropped first (no request will be ready that early again).
+  std::pair<Time, Time> book(Time forget_before, Time ready, sim::Duration d) {
+    forget(forget_before);
+    if (d == 0) return {ready, ready};
+    auto& v = booked_;
+    Time t = ready, first = 0;
+    bool started = false;
+    sim::Duration left = d;
+    std::size_t i = 0;
+    while (i < v.size() && v[i].second <= t) ++i;
+    while (left > 0) {
+      if (i > 0 && v[i - 1].second > t) t = v[i - 1].second;
+      while (i < v.size() && v[i].first <= t) {
+        t = std::max(t, v[i].second);
+        ++i;
+      }
+      const Time gap_end = i < v.size() ? v[i].first : std::numeric_limits<Time>::max();
+      const sim::Duration take = std::min<sim::Duration>(left, gap_end - t);
+      if (!started) {
+        first = t;
+        started = true;
+      }
+      // Book [t, t + take) in the gap before v[i], merging with touching neighbours.
+      const bool join_prev = i > 0 && v[i - 1].second == t;
+      const bool join_next = i < v.size() && v[i].first == t + take;
+      if (join_prev && join_next) {
+        v[i - 1].second = v[i].second;
+        v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (join_prev) {
+        v[i - 1].second = t + take;
+      } else if (join_next) {
+        v[i].first = t;
+      } else {
+        v.insert(v.begin() + static_cast<std::ptrdiff_t>(i), {t, t + take});
+        ++i;
+      }
+      t += take;
+      left -= take;
+    }
+    if (t > free) free = t;
+    return {first, t};
+  }
+  // Drops bookings that ended at or before t.
+  void forget(Time t) {
+    std::size_t k = 0;
+    while (k < booked_.size() && booked_[k].second <= t) ++k;
+    if (k) booked_.erase(booked_.begin(), booked_.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+  std::size_t bookings() const { return booked_.size(); }
+  // Makes this server's bookings a copy of another's (a memory splitting its striped view into
+  // channels).
+  void copy_bookings(const Server& o) {
+    booked_ = o.booked_;
+    if (o.free > free) free = o.free;
+  }
+
+  void account(std::uint64_t b, sim::Duration occupied) {
     bytes += b;
     ++chunks;
-    busy += end - start;
+    busy += occupied;
   }
   void reset_stats() {
     bytes = chunks = 0;
     busy = 0;
   }
+
+ private:
+  std::uint64_t memo_bytes_ = std::numeric_limits<std::uint64_t>::max();
+  sim::Duration memo_duration_ = 0;
+  std::vector<std::pair<Time, Time>> booked_;
 };
 
 }  // namespace cubesim::hw

@@ -94,17 +94,24 @@ template <class F>
 void for_each_piece(std::uint64_t addr, std::uint64_t len, std::uint64_t interleave, std::uint32_t n, F&& f) {
   const std::uint64_t b0 = addr / interleave, b1 = (addr + len - 1) / interleave;
   if (b1 - b0 + 1 <= n) {  // each block on its own channel
+    std::uint32_t ch = static_cast<std::uint32_t>(b0 % n);
     for (std::uint64_t b = b0; b <= b1; ++b) {
       const std::uint64_t lo = std::max(addr, b * interleave), hi = std::min(addr + len, (b + 1) * interleave);
-      f(static_cast<std::uint32_t>(b % n), hi - lo);
+      f(ch, hi - lo);
+      if (++ch == n) ch = 0;
     }
     return;
   }
+  // More blocks than channels: every channel gets q or q + 1 whole blocks (the q + 1 ones follow
+  // the first block's channel round the ring), less the cut-off parts of the first and last block.
+  const std::uint64_t nb = b1 - b0 + 1, q = nb / n, rem = nb % n;
+  const std::uint32_t c0 = static_cast<std::uint32_t>(b0 % n), c1 = static_cast<std::uint32_t>(b1 % n);
+  const std::uint64_t cut_front = addr - b0 * interleave, cut_back = (b1 + 1) * interleave - (addr + len);
   for (std::uint32_t ch = 0; ch < n; ++ch) {
-    const std::uint64_t first = b0 + (ch + n - b0 % n) % n;
-    std::uint64_t bytes = (b1 - first) / n * interleave + interleave;  // first <= b1 as there are > n blocks
-    if (b0 % n == ch) bytes -= addr - b0 * interleave;
-    if (b1 % n == ch) bytes -= (b1 + 1) * interleave - (addr + len);
+    const std::uint32_t from_first = ch >= c0 ? ch - c0 : ch + n - c0;
+    std::uint64_t bytes = (q + (from_first < rem ? 1 : 0)) * interleave;
+    if (ch == c0) bytes -= cut_front;
+    if (ch == c1) bytes -= cut_back;
     f(ch, bytes);
   }
 }
@@ -176,6 +183,10 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
     host_ = h.get();
     memories_.push_back(std::move(h));
   }
+  // Local stages of a transfer may be booked up to this long before the simulator reaches the
+  // time they are ready (see advance()); bookings older than that can be forgotten.
+  for (const auto& m : memories_) lookback_ = std::max(lookback_, m->latency());
+  for (const CubeSpec& c : topo_.cubes) lookback_ = std::max(lookback_, c.pe.dma.overhead);
   for (std::size_t i = 0; i < topo_.links.size(); ++i) {
     const LinkSpec& l = topo_.links[i];
     const Duration extra = l.from == kSwitchNode ? topo_.switch_latency : 0;
@@ -440,35 +451,64 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
 std::pair<Time, Time> System::serve(Stage& st, const TransferRecord& r, std::uint64_t offset, std::uint64_t bytes,
                                     std::uint64_t chunk, Time head, Time tail) {
   const bool tracing = sim_->trace().enabled();
-  if (st.nservers == 1) {
+  if (st.kind == Stage::kLink) {
     Server& s = *st.servers;
     const Time start = std::max(head + st.pre, s.free);
-    // Cut-through: the chunk may not finish here before its tail has arrived.
-    const Time end = std::max(start + sim::transfer_time(bytes, s.bandwidth), tail + st.pre);
+    // Cut-through: the chunk may not finish on this link before its tail has arrived.
+    const Time end = std::max(start + s.duration(bytes), tail + st.pre);
     s.free = end;
-    s.account(bytes, start, end);
+    s.account(bytes, end - start);
     if (tracing) trace_stage(st, s, 0, r, chunk, start, end, bytes);
     return {start + st.post, end + st.post};
   }
-  const std::uint64_t addr = region_addr(st.src_side ? r.src_region : r.dst_region, offset);
+  // Memories and DMA channels: each server does its piece's work in the gaps from the head's
+  // arrival on; the chunk leaves once the work is done and its tail has arrived.
+  const Time forget = sim_->now() > lookback_ ? sim_->now() - lookback_ : 0;
   Time first = sim::kTimeMax, last = 0;
-  for_each_piece(addr, bytes, st.interleave, st.nservers, [&](std::uint32_t ch, std::uint64_t piece) {
-    Server& s = st.servers[ch];
-    const Duration d = sim::transfer_time(piece, s.bandwidth);
-    const Time ready = std::max(head + st.pre, s.free);
-    // A memory channel buffers: it is occupied only for its own piece, ending no earlier than the tail.
-    const Time start = std::max(ready, tail + st.pre > d ? tail + st.pre - d : Time{0});
-    const Time end = start + d;
-    s.free = end;
-    s.account(piece, start, end);
-    first = std::min(first, ready);
+  // Books n bytes of work (each of `servers` channels doing n; `total` in all) on s.
+  auto piece_on = [&](Server& s, std::uint64_t ch, std::uint64_t n, std::uint64_t total) {
+    const sim::Duration d = s.duration(n);
+    const auto [start, end] = s.book(forget, head + st.pre, d);
+    s.account(total, d);
+    first = std::min(first, start);
     last = std::max(last, end);
-    if (tracing) trace_stage(st, s, ch, r, chunk, start, end, piece);
-  });
-  return {first + st.post, last + st.post};
+    if (tracing) trace_stage(st, s, ch, r, chunk, start, end, total);
+  };
+  auto piece = [&](std::uint32_t ch, std::uint64_t n) { piece_on(st.servers[ch], ch, n, n); };
+  if (st.nservers == 1) {
+    piece(0, bytes);
+  } else {
+    Memory& m = *st.memory;
+    const std::uint64_t addr = region_addr(st.src_side ? r.src_region : r.dst_region, offset);
+    const std::uint64_t stripe = st.interleave * st.nservers;
+    const bool even = addr % st.interleave == 0 && bytes % stripe == 0;
+    if (even && !m.uniform_) {
+      // The channels may have drifted back into step: all idle again.
+      bool idle = true;
+      for (Server& c : m.channels_) {
+        c.forget(forget);
+        idle = idle && c.bookings() == 0;
+      }
+      if (idle) {
+        m.stripe_.forget(sim::kTimeMax);
+        m.uniform_ = true;
+      }
+    }
+    if (even && m.uniform_) {
+      piece_on(m.stripe_, sim::kTimeMax, bytes / st.nservers, bytes);
+    } else {
+      if (m.uniform_) {
+        m.stripe_.forget(forget);
+        for (Server& c : m.channels_) c.copy_bookings(m.stripe_);
+        m.uniform_ = false;
+      }
+      for_each_piece(addr, bytes, st.interleave, st.nservers, piece);
+    }
+  }
+  return {first + st.post, std::max(last, tail + st.pre) + st.post};
 }
 
-void System::trace_stage(Stage& st, Server& s, std::uint32_t channel, const TransferRecord& r, std::uint64_t chunk,
+void System::trace_stage(Stage& st, Server& s, std::uint64_t channel, const TransferRecord& r, std::uint64_t chunk,
                          Time start, Time end, std::uint64_t bytes) {
   sim::Trace& tr = sim_->trace();
   if (s.track == Server::kNoTrack) {
@@ -487,7 +527,8 @@ void System::trace_stage(Stage& st, Server& s, std::uint32_t channel, const Tran
         group = m.kind() == MemoryKind::kHost ? "host" : fmt::format("cube{}", m.cube());
         const std::string base = m.kind() == MemoryKind::kTcm ? fmt::format("pe{}.tcm", m.pe())
                                  : m.kind() == MemoryKind::kHbm ? "hbm" : "memory";
-        name = st.nservers > 1 ? fmt::format("{}.ch{}", base, channel) : base;
+        // Evenly striped chunks go on the memory's own track, others on their channel's.
+        name = st.nservers > 1 && channel != sim::kTimeMax ? fmt::format("{}.ch{}", base, channel) : base;
         break;
       }
     }

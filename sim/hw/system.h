@@ -127,7 +127,7 @@ class System {
   void land(TransferRecord* r);
   std::pair<sim::Time, sim::Time> serve(Stage& st, const TransferRecord& r, std::uint64_t offset, std::uint64_t bytes,
                                         std::uint64_t chunk, sim::Time head, sim::Time tail);
-  void trace_stage(Stage& st, Server& s, std::uint32_t channel, const TransferRecord& r, std::uint64_t chunk,
+  void trace_stage(Stage& st, Server& s, std::uint64_t channel, const TransferRecord& r, std::uint64_t chunk,
                    sim::Time start, sim::Time end, std::uint64_t bytes);
 
   sim::Simulator* sim_;
@@ -144,6 +144,7 @@ class System {
   std::uint64_t next_transfer_id_ = 1;
   std::uint64_t started_ = 0, completed_ = 0, bytes_moved_ = 0;
   std::vector<HazardReport> hazards_;
+  sim::Duration lookback_ = 0;
 };
 
 }  // namespace cubesim::hw
