@@ -11,7 +11,8 @@
 //               a transposed view (Eigen gets the same transposed map): QKV, MLP up, MLP down at
 //               512 and 2048 tokens, and a 16-token decode step
 //
-// Each figure is the best of several timed runs after a warm-up, ours and Eigen's interleaved.
+// Each figure is the best of several timed runs after a warm-up, ours and Eigen's interleaved: at
+// least --reps (3), and as many as fit in about 0.25 s per side for small shapes.
 // Target (issue 5): det_gemm >= 0.9x Eigen.
 //
 //   bench_det_gemm_cpu [--quick] [--json FILE] [--threads 1,2] [--reps N]
@@ -58,7 +59,7 @@ struct Result {
   double ours = 0, eigen = 0;
 };
 
-Result run_shape(const Shape& s, DType dtype, int threads, int reps) {
+Result run_shape(const Shape& s, DType dtype, int threads, int reps, double budget_s) {
   const std::int64_t M = s.M, N = s.N, K = s.K;
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -96,10 +97,16 @@ Result run_shape(const Shape& s, DType dtype, int threads, int reps) {
     f();
     return wall_seconds() - t0;
   };
-  ours();  // warm-up: page in buffers, grow the workspaces, start the pool
+  // Warm-up: page in buffers, grow the workspaces, start the pool. Its times size the repetitions:
+  // at least `reps`, more for small shapes until each side has run for about budget_s (best-of-N
+  // over a quarter second is what survives the noise of a shared machine).
+  ours();
   eigen();
+  const double t_ours = time(ours), t_eigen = time(eigen);
+  const double per_rep = std::max(t_ours, t_eigen);
+  const int n = std::max(reps, static_cast<int>(std::min(20000.0, budget_s / std::max(per_rep, 1e-7))));
   double best_ours = 1e30, best_eigen = 1e30;
-  for (int r = 0; r < reps; ++r) {
+  for (int r = 0; r < n; ++r) {
     best_ours = std::min(best_ours, time(ours));
     best_eigen = std::min(best_eigen, time(eigen));
   }
@@ -162,14 +169,14 @@ int main(int argc, char** argv) {
   }
 
   const std::string cpu = cpu_model();
-  fmt::print("bench_det_gemm_cpu: {}; det_gemm micro-kernel avx2 (6x16); Eigen {}.{}.{} with AVX2+FMA; best of {}\n",
+  fmt::print("bench_det_gemm_cpu: {}; det_gemm micro-kernel avx2 (6x16); Eigen {}.{}.{} with AVX2+FMA; best of >= {}\n",
              cpu, EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, reps);
   Table t({"shape", "M", "N", "K", "dtype", "threads", "det_gemm GFLOP/s", "Eigen GFLOP/s", "ratio", ">= 0.9"});
   nlohmann::json rows = nlohmann::json::array();
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (int threads : thread_counts) {
       for (const Shape& s : shapes) {
-        const Result r = run_shape(s, dtype, threads, reps);
+        const Result r = run_shape(s, dtype, threads, reps, args.quick ? 0.02 : 0.25);
         const double ratio = r.ours / r.eigen;
         t.row({s.name + (s.weight_transposed ? " (X·Wᵀ)" : ""), std::to_string(s.M), std::to_string(s.N),
                std::to_string(s.K), std::string(dtype_name(dtype)), std::to_string(threads),

@@ -115,7 +115,7 @@ struct GemmOptions {
   std::int64_t mc = 0, nc = 0, kc = 0;
   // Below this much work per thread (2·M·N·K flops), fewer threads are used, since waking one costs
   // more than it saves. Tests set 0 to split even tiny products.
-  double min_flops_per_thread = 4.0e6;
+  double min_flops_per_thread = 1.0e6;
 };
 
 // ---- forward: C = A·B (+ bias) ----------------------------------------------------------------
