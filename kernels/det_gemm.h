@@ -138,6 +138,9 @@ void det_gemm_backward_input(const MatrixView& dC, const MatrixView& B, const Mu
 void det_gemm_backward_weight_reference(const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB);
 void det_gemm_backward_weight(const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB,
                               const GemmOptions& options = {});
+// For a linear layer Y = X·Wᵀ with W stored [out, in], dW [out, in] = det_gemm_backward_weight(dY, X,
+// dW): element (o, i) sums dY[m,o]·X[m,i] over m ascending, the same bits as (Xᵀ·dY)ᵀ (fma(a,b,c) ==
+// fma(b,a,c)), written row by row — faster than writing Xᵀ·dY into the transposed view of dW.
 // dbias [N] = column sums of dC [M,N]: acc = +0.0f; acc = acc + dC[m,n] for ascending m; rounded
 // to dbias.dtype. One definition serves every backend.
 void det_gemm_bias_grad(const MatrixView& dC, const MutableVectorView& dbias);

@@ -398,22 +398,41 @@ struct Engine {
 };
 
 template <DType D>
+inline void store_one(void* data, std::int64_t at, float v) {
+  if constexpr (D == DType::f32) {
+    static_cast<float*>(data)[at] = v;
+  } else if constexpr (D == DType::bf16) {
+    static_cast<std::uint16_t*>(data)[at] = f32_to_bf16(v);
+  } else {
+    static_cast<std::uint16_t*>(data)[at] = f32_to_f16(v);
+  }
+}
+
+template <DType D>
 void store_rows(const Engine& E, const float* acc, std::int64_t ld, std::int64_t i0, std::int64_t i1,
                 std::int64_t j0, std::int64_t nc) {
   const MutableMatrixView& C = E.C;
+  if (std::llabs(C.row_stride) < std::llabs(C.col_stride)) {
+    // Column-major C (e.g. dWᵀ as a view of a row-major dW): walk down columns in bands of 32 rows,
+    // so the stores are contiguous and the band of the accumulator stays in L1.
+    for (std::int64_t b0 = i0; b0 < i1; b0 += 32) {
+      const std::int64_t b1 = std::min(i1, b0 + 32);
+      for (std::int64_t j = 0; j < nc; ++j) {
+        const float bias = E.bias ? E.bias[j0 + j] : 0.0f;
+        const std::int64_t col = (j0 + j) * C.col_stride;
+        for (std::int64_t i = b0; i < b1; ++i) {
+          const float a = acc[(i - i0) * ld + j];
+          store_one<D>(C.data, col + i * C.row_stride, E.bias ? a + bias : a);
+        }
+      }
+    }
+    return;
+  }
   for (std::int64_t i = i0; i < i1; ++i) {
     const float* a = acc + (i - i0) * ld;
     const std::int64_t row = i * C.row_stride + j0 * C.col_stride;
     for (std::int64_t j = 0; j < nc; ++j) {
-      const float v = E.bias ? a[j] + E.bias[j0 + j] : a[j];
-      const std::int64_t at = row + j * C.col_stride;
-      if constexpr (D == DType::f32) {
-        static_cast<float*>(C.data)[at] = v;
-      } else if constexpr (D == DType::bf16) {
-        static_cast<std::uint16_t*>(C.data)[at] = f32_to_bf16(v);
-      } else {
-        static_cast<std::uint16_t*>(C.data)[at] = f32_to_f16(v);
-      }
+      store_one<D>(C.data, row + j * C.col_stride, E.bias ? a[j] + E.bias[j0 + j] : a[j]);
     }
   }
 }
@@ -454,7 +473,9 @@ void compute_region(const Engine& E, std::int64_t m0, std::int64_t m1, std::int6
         acc = E.acc + s0 * E.acc_ld + jc;
         ld = E.acc_ld;
       } else {
-        ld = round_up(nc, kNR);
+        // +16: a power-of-two row pitch would put a column's elements in one L1 set (the
+        // column-major epilogue reads columns).
+        ld = round_up(nc, kNR) + kNR;
         acc = ws.acc.get((s1 - s0) * ld);
       }
       if (K == 0 && !E.from_acc) {
