@@ -256,6 +256,19 @@ TEST(DetGemm, BackwardMatchesReference) {
   }
 }
 
+// The header's advice for W stored [out, in]: dW = backward_weight(dY, X) is (Xᵀ·dY)ᵀ bit for bit.
+TEST(DetGemm, WeightGradOfOutInWeightEqualsTransposedForm) {
+  const std::int64_t M = 300, in = 70, out = 45;
+  HostMatrix X = HostMatrix::random(DType::bf16, M, in, Layout::row_major, 91);
+  HostMatrix dY = HostMatrix::random(DType::bf16, M, out, Layout::row_major, 92);
+  HostMatrix dW = HostMatrix::output(DType::f32, out, in, Layout::row_major);
+  HostMatrix dWt = HostMatrix::output(DType::f32, in, out, Layout::row_major, 1);
+  det_gemm_backward_weight(dY.view(), X.view(), dW.mview(), {.threads = 2, .min_flops_per_thread = 0});
+  det_gemm_backward_weight(X.view(), dY.view(), dWt.mview());
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t i = 0; i < in; ++i) ASSERT_EQ(dW.bits(o, i), dWt.bits(i, o)) << o << "," << i;
+}
+
 TEST(DetGemm, BiasGradSumsColumnsInAscendingRows) {
   HostMatrix dC = HostMatrix::random(DType::bf16, 1000, 37, Layout::col_padded, 61);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
