@@ -26,6 +26,7 @@ const char* tc_config_name(TcConfig c) {
   switch (c) {
     case TcConfig::automatic: return "automatic";
     case TcConfig::m128n256: return "m128n256";
+    case TcConfig::m128n256_c2: return "m128n256_c2";
     case TcConfig::m128n128: return "m128n128";
     case TcConfig::m64n32: return "m64n32";
   }

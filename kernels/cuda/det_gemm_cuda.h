@@ -55,7 +55,8 @@ const char* gemm_mode_name(GemmMode m);
 // picks by shape. Forcing one exists for tests (they pin the bitwise equality) and benchmarks.
 enum class TcConfig : std::uint8_t {
   automatic,
-  m128n256,  // 2 consumer warpgroups of m64n256, 1 TMA producer warpgroup, 4 stages, clusters of 2 sharing B
+  m128n256,  // 2 consumer warpgroups of m64n256, 1 TMA producer warpgroup, 4 stages
+  m128n256_c2,  // the same in clusters of 2 CTAs along M, each multicasting half of the B tile
   m128n128,  // 2 consumer warpgroups of m64n128, 6 stages
   m64n32,    // 1 consumer warpgroup of m64n32, 16 stages: small M, many CTAs along N
 };
@@ -63,6 +64,8 @@ const char* tc_config_name(TcConfig c);
 // The configuration a tensor_core call of this shape runs on the current device (`requested`
 // unless it is `automatic`).
 TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N);
+// CTAs a tensor_core launch of this configuration keeps resident (its persistent grid, at most).
+int tc_config_resident_ctas(TcConfig c);
 
 struct GemmOptions {
   GemmMode mode = GemmMode::exact;

@@ -69,7 +69,8 @@ struct Cfg {
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
 };
 
-using CfgL = Cfg<2, 256, 4, 2>;   // m128n256, clusters of 2 along M sharing B
+using CfgL = Cfg<2, 256, 4>;      // m128n256
+using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing B
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
 
@@ -131,7 +132,7 @@ __device__ __forceinline__ std::uint32_t cluster_ctarank() {
 __device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar, std::uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank)
       : "memory");
 }
 
@@ -300,11 +301,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int lane = threadIdx.x % 32;
     auto release = [&](int s) {
       if (lane != 0) return;
+      mbar_arrive(empty(s));
       if constexpr (CM > 1) {
 #pragma unroll
-        for (int r = 0; r < CM; ++r) mbar_arrive_cluster(empty(s), static_cast<std::uint32_t>(r));
-      } else {
-        mbar_arrive(empty(s));
+        for (int r = 1; r < CM; ++r) mbar_arrive_cluster(empty(s), (rank + r) % CM);
       }
     };
     int it = 0;
@@ -382,14 +382,45 @@ CUtensorMap make_map(const void* ptr, std::int64_t rows, std::int64_t k, std::in
 
 
 template <class C>
-void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
-  // Raise the dynamic shared-memory limit once per device and configuration.
+void set_smem_attribute() {
   static std::once_flag once[64];
   int dev = 0;
   CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
   std::call_once(once[dev % 64], [] {
     CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
   });
+}
+
+// Clusters of this configuration that fit on the device at once (cached per device).
+template <class C>
+int resident_clusters() {
+  set_smem_attribute<C>();
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  int fit = cache[dev % 64].load(std::memory_order_relaxed);
+  if (fit > 0) return fit;
+  cudaLaunchConfig_t lc = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C::CLUSTER;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.gridDim = dim3(static_cast<unsigned>(num_sms() / C::CLUSTER * C::CLUSTER));
+  lc.blockDim = dim3(C::THREADS);
+  lc.dynamicSmemBytes = C::SMEM;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  CUBESIM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, tc_gemm_kernel<C>, &lc));
+  if (fit <= 0)
+    throw CudaError(cudaErrorInvalidConfiguration, "tc_gemm_kernel: no cluster of this configuration fits on the GPU");
+  cache[dev % 64].store(fit, std::memory_order_relaxed);
+  return fit;
+}
+
+template <class C>
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
+  set_smem_attribute<C>();
   const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
   const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
@@ -419,14 +450,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   lc.attrs = attr;
   lc.numAttrs = 1;
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
-  static std::atomic<int> max_clusters[64] = {};
-  int fit = max_clusters[dev % 64].load(std::memory_order_relaxed);
-  if (fit == 0) {
-    lc.gridDim = dim3(static_cast<unsigned>(num_sms() / C::CLUSTER * C::CLUSTER));
-    CUBESIM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, tc_gemm_kernel<C>, &lc));
-    if (fit <= 0) throw CudaError(cudaErrorInvalidConfiguration, "tc_gemm_kernel: no cluster of this configuration fits on an SM group");
-    max_clusters[dev % 64].store(fit, std::memory_order_relaxed);
-  }
+  const int fit = resident_clusters<C>();
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
   CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C>, ma, mb, e));
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
@@ -437,6 +461,17 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
 }  // namespace cubesim::cuda::detail
 
 namespace cubesim::cuda {
+
+int tc_config_resident_ctas(TcConfig c) {
+  switch (c) {
+    case TcConfig::m128n256: return detail::resident_clusters<detail::CfgL>() * detail::CfgL::CLUSTER;
+    case TcConfig::m128n256_c2: return detail::resident_clusters<detail::CfgL2>() * detail::CfgL2::CLUSTER;
+    case TcConfig::m128n128: return detail::resident_clusters<detail::CfgM>() * detail::CfgM::CLUSTER;
+    case TcConfig::m64n32: return detail::resident_clusters<detail::CfgS>() * detail::CfgS::CLUSTER;
+    case TcConfig::automatic: break;
+  }
+  return 0;
+}
 
 TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   if (requested != TcConfig::automatic) return requested;
@@ -453,6 +488,7 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
                     cudaStream_t stream) {
   switch (resolve_tc_config(cfg, ops.M, ops.N)) {
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream);
+    case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream);
     case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream);
     case TcConfig::automatic: break;

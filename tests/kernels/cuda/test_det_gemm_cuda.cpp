@@ -176,7 +176,7 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
   return o;
 }
 
-const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n128, TcConfig::m64n32};
+const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32};
 
 }  // namespace
 
@@ -200,7 +200,7 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
       {2048, 512, 4096, DType::bf16, DType::bf16, Layout::row_major, Layout::col_major, false, 8e-3},
   };
   for (const Case& cs : cases) {
-    for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n128, TcConfig::m64n32}) {
+    for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
