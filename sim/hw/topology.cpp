@@ -917,7 +917,15 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
   for (std::size_t i = 0; i < seg.size(); ++i) {
     const std::string& s = seg[i];
     const bool last = i + 1 == seg.size();
-    // "cubes": 16 with a per-cube path: turn the count into per-cube override objects.
+    // A per-cube path on a document whose cube count is implicit (mesh/torus dims) or a number:
+    // make the count explicit, then turn it into per-cube override objects.
+    if (schema.empty() && s == "cubes" && !cur->contains("cubes") && i + 1 < seg.size() && is_index(seg[i + 1])) {
+      std::int64_t n = 1;
+      if (cur->contains("network") && (*cur)["network"].contains("dims") && (*cur)["network"]["dims"].is_array()) {
+        for (const json& d : (*cur)["network"]["dims"]) n *= d.is_number_integer() ? d.get<std::int64_t>() : 1;
+      }
+      (*cur)["cubes"] = n;
+    }
     if (schema == "cubes" && cur->is_number_integer() && is_index(s)) {
       const std::int64_t n = cur->get<std::int64_t>();
       json arr = json::array();
@@ -1037,7 +1045,10 @@ Topology topology_from_json(const json& input, const std::string& origin) {
     if (n == 0) {
       std::uint64_t prod = 1;
       if (net->contains("dims") && (*net)["dims"].is_array()) {
-        for (const json& d : (*net)["dims"]) prod *= d.is_number_unsigned() ? std::max<std::uint64_t>(d.get<std::uint64_t>(), 1) : 1;
+        for (const json& d : (*net)["dims"]) {
+          if (d.is_number_integer() && d.get<std::int64_t>() > 0) prod *= d.get<std::uint64_t>();
+          prod = std::min<std::uint64_t>(prod, 1u << 21);
+        }
       }
       n = std::min<std::uint64_t>(prod, 1u << 20);
     }
