@@ -62,13 +62,17 @@ struct Server {
     forget(forget_before);
     if (d == 0) return {ready, ready};
     auto& v = booked_;
+    // Bookings are disjoint and sorted, so their ends are sorted too: find the first that ends
+    // after `ready` by bisection (a congested link can leave thousands booked ahead).
+    std::size_t i = static_cast<std::size_t>(
+        std::upper_bound(v.begin() + static_cast<std::ptrdiff_t>(head_), v.end(), ready,
+                         [](Time t, const std::pair<Time, Time>& b) { return t < b.second; }) -
+        v.begin());
     Time t = ready, first = 0;
     bool started = false;
     sim::Duration left = d;
-    std::size_t i = 0;
-    while (i < v.size() && v[i].second <= t) ++i;
     while (left > 0) {
-      if (i > 0 && v[i - 1].second > t) t = v[i - 1].second;
+      if (i > head_ && v[i - 1].second > t) t = v[i - 1].second;
       while (i < v.size() && v[i].first <= t) {
         t = std::max(t, v[i].second);
         ++i;
@@ -80,7 +84,7 @@ struct Server {
         started = true;
       }
       // Book [t, t + take) in the gap before v[i], merging with touching neighbours.
-      const bool join_prev = i > 0 && v[i - 1].second == t;
+      const bool join_prev = i > head_ && v[i - 1].second == t;
       const bool join_next = i < v.size() && v[i].first == t + take;
       if (join_prev && join_next) {
         v[i - 1].second = v[i].second;
@@ -101,15 +105,21 @@ struct Server {
   }
   // Drops bookings that ended at or before t.
   void forget(Time t) {
-    std::size_t k = 0;
-    while (k < booked_.size() && booked_[k].second <= t) ++k;
-    if (k) booked_.erase(booked_.begin(), booked_.begin() + static_cast<std::ptrdiff_t>(k));
+    while (head_ < booked_.size() && booked_[head_].second <= t) ++head_;
+    if (head_ == booked_.size()) {
+      booked_.clear();
+      head_ = 0;
+    } else if (head_ > 64 && head_ * 2 > booked_.size()) {
+      booked_.erase(booked_.begin(), booked_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
   }
-  std::size_t bookings() const { return booked_.size(); }
+  std::size_t bookings() const { return booked_.size() - head_; }
   // Makes this server's bookings a copy of another's (a memory splitting its striped view into
   // channels).
   void copy_bookings(const Server& o) {
-    booked_ = o.booked_;
+    booked_.assign(o.booked_.begin() + static_cast<std::ptrdiff_t>(o.head_), o.booked_.end());
+    head_ = 0;
     if (o.free > free) free = o.free;
   }
 
@@ -126,7 +136,8 @@ struct Server {
  private:
   std::uint64_t memo_bytes_ = std::numeric_limits<std::uint64_t>::max();
   sim::Duration memo_duration_ = 0;
-  std::vector<std::pair<Time, Time>> booked_;
+  std::vector<std::pair<Time, Time>> booked_;  // [head_, size): live bookings
+  std::size_t head_ = 0;
 };
 
 }  // namespace cubesim::hw
