@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -65,12 +66,19 @@ struct Cfg {
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int THREADS = 128 * (NC_ + 1);
-  static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;  // + barriers + alignment
+  // Output staging, per consumer warpgroup: 64 rows of one 128-byte column chunk, rows padded by 16
+  // bytes (conflict-free fragment writes and row reads). Only configurations with BN >= 64 stage.
+  static constexpr bool STAGED_EPILOGUE = BN_ >= 64;
+  static constexpr int EPI_ROW_BYTES = 128 + 16;
+  static constexpr int EPI_BYTES = STAGED_EPILOGUE ? 64 * EPI_ROW_BYTES : 0;
+  static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
+  static_assert(SMEM <= 232448, "more shared memory than an SM has");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
 };
 
 using CfgL = Cfg<2, 256, 4>;      // m128n256
 using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing B
+
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
 
@@ -81,6 +89,8 @@ struct Epi {
   std::int64_t bias_stride;
   int M, N, K;
   DType c_dtype, bias_dtype;
+  int debug_skip_store;  // EXPERIMENT ONLY (CUBESIM_TC_VARIANT): time the mainloop without the epilogue
+  int vec_store;         // C has unit column stride and 16-byte aligned rows: the staged epilogue
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -217,6 +227,63 @@ __device__ __forceinline__ void epilogue(const Epi& e, const float (&acc)[BN / 2
   }
 }
 
+// The same values as `epilogue`, written through shared memory so that global stores are whole
+// 16-byte vectors of full rows (8 per 128-byte row chunk) instead of 4-byte pieces of 8 rows: a
+// quarter of the store instructions and no partially written sectors. One 128-byte column chunk at a
+// time; bar.sync 1+cw keeps the warpgroup's four warps in step.
+template <DType TC, int BN>
+__device__ __forceinline__ void epilogue_staged(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                                std::uint8_t* stage, int cw) {
+  using T = typename Storage<TC>::type;
+  constexpr int ES = sizeof(T);
+  constexpr int CW = 128 / ES;    // columns in a chunk
+  constexpr int RB = 128 + 16;    // padded row bytes
+  constexpr int VEC = 16 / ES;    // elements in a 16-byte vector
+  static_assert(BN % CW == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+#pragma unroll
+  for (int ch = 0; ch < BN / CW; ++ch) {
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");  // the last chunk's reads are done
+#pragma unroll
+    for (int jj = 0; jj < CW / 8; ++jj) {
+      const int j = ch * (CW / 8) + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + lane / 4 + 8 * h, cl = 8 * jj + 2 * (lane % 4);
+        const int n = col0 + ch * CW + cl;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if (e.bias) {
+          if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
+          if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
+        }
+        std::uint8_t* p = stage + r * RB + cl * ES;
+        if constexpr (TC == DType::f32) {
+          *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+        } else if constexpr (TC == DType::bf16) {
+          *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
+        }
+      }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+#pragma unroll
+    for (int i = 0; i < 64 * 8 / 128; ++i) {
+      const int v = t + 128 * i, r = v / 8, seg = v % 8;
+      const int m = row0 + r, n = col0 + ch * CW + seg * VEC;
+      if (m >= e.M || n >= e.N) continue;
+      const uint4 val = *reinterpret_cast<const uint4*>(stage + r * RB + seg * 16);
+      T* dst = static_cast<T*>(e.c) + static_cast<std::int64_t>(m) * e.c_rs + n;
+      if (n + VEC <= e.N) {
+        *reinterpret_cast<uint4*>(dst) = val;
+      } else {
+        const T* src = reinterpret_cast<const T*>(&val);
+        for (int q = 0; q < VEC && n + q < e.N; ++q) dst[q] = src[q];
+      }
+    }
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------
 
 template <class C>
@@ -227,7 +294,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const std::uint32_t raw = smem_addr(smem_raw);
   const std::uint32_t base = (raw + 1023u) & ~1023u;  // the swizzle atom needs 1024-byte alignment
   const std::uint32_t sa = base, sb = base + C::STAGES * C::A_BYTES;
-  const std::uint32_t bars = sb + C::STAGES * C::B_BYTES;
+  const std::uint32_t epi = sb + C::STAGES * C::B_BYTES;  // C::NC staging buffers
+  const std::uint32_t bars = epi + C::NC * C::EPI_BYTES;
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (C::STAGES + s); };
 
@@ -334,6 +402,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       release((it - 1) % C::STAGES);
 
       const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
+      if (e.debug_skip_store && acc[0] != 12345.0f) continue;
+      if constexpr (C::STAGED_EPILOGUE) {
+        if (e.vec_store) {
+          std::uint8_t* stage = smem_raw + (epi - raw) + cw * C::EPI_BYTES;
+          switch (e.c_dtype) {
+            case DType::f32: epilogue_staged<DType::f32, C::BN>(e, acc, row0, col0, stage, cw); break;
+            case DType::bf16: epilogue_staged<DType::bf16, C::BN>(e, acc, row0, col0, stage, cw); break;
+            case DType::f16: epilogue_staged<DType::f16, C::BN>(e, acc, row0, col0, stage, cw); break;
+          }
+          continue;
+        }
+      }
       switch (e.c_dtype) {
         case DType::f32: epilogue<DType::f32, C::BN>(e, acc, row0, col0); break;
         case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
@@ -419,7 +499,8 @@ int resident_clusters() {
 }
 
 template <class C>
-void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream,
+            int debug_skip_store = 0) {
   set_smem_attribute<C>();
   const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
   const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
@@ -434,7 +515,13 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
-  e.group_m = 16 / C::CLUSTER;  // units of CLUSTER m-tiles: 16 m-tiles a group
+  e.group_m = 16 / C::CLUSTER;
+  e.debug_skip_store = debug_skip_store;
+  {
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(c.dtype));
+    e.vec_store = c.col_stride == 1 && reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
+                  (c.rows <= 1 || (c.row_stride * es) % 16 == 0);
+  }  // units of CLUSTER m-tiles: 16 m-tiles a group
   const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
   const long long units = m_units * ((o.N + C::BN - 1) / C::BN);
   if (units * C::CLUSTER > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
@@ -486,6 +573,13 @@ namespace cubesim::cuda::detail {
 
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
                     cudaStream_t stream) {
+  // EXPERIMENT ONLY: CUBESIM_TC_VARIANT picks a variant for `automatic` on large M.
+  if (const char* v = std::getenv("CUBESIM_TC_VARIANT"); v && cfg == TcConfig::automatic && ops.M > 64) {
+    const int x = std::atoi(v);
+    if (x == 1) return launch<CfgL2>(ops, bias, c, stream, 1);
+    if (x == 5) return launch<CfgL>(ops, bias, c, stream, 1);
+    if (x == 6) return launch<CfgL>(ops, bias, c, stream);
+  }
   switch (resolve_tc_config(cfg, ops.M, ops.N)) {
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream);
