@@ -134,13 +134,27 @@ std::string_view hazard_kind_name(HazardKind k) {
 
 // ---------------------------------------------------------------- PathFigures, handles
 
+Duration StageFigures::time(std::uint64_t bytes) const {
+  if (channels <= 1) return sim::transfer_time(bytes, bandwidth);
+  // Blocks go round the channels; the busiest gets every full round plus at most one more block.
+  const std::uint64_t stripe = interleave * channels;
+  const std::uint64_t busiest = bytes / stripe * interleave + std::min(bytes % stripe, interleave);
+  return sim::transfer_time(busiest, sim::Bandwidth{bandwidth.bytes_per_s / channels});
+}
+
 Duration PathFigures::time(std::uint64_t bytes) const {
   if (bytes == 0) return 0;
   const std::uint64_t n = (bytes + chunk_bytes - 1) / chunk_bytes;
   const std::uint64_t last = bytes - (n - 1) * chunk_bytes;
   Duration slowest = 0;
-  for (sim::Bandwidth b : stage_bandwidths) slowest = std::max(slowest, sim::transfer_time(last, b));
+  for (const StageFigures& s : stages) slowest = std::max(slowest, s.time(last));
   return alpha + (n - 1) * chunk_time + slowest;
+}
+
+std::vector<std::string> PathFigures::stage_names() const {
+  std::vector<std::string> v;
+  for (const StageFigures& s : stages) v.push_back(s.name);
+  return v;
 }
 
 bool TransferHandle::done() const { return rec_ == nullptr || rec_->id != id_ || rec_->done; }
@@ -307,9 +321,10 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     if (before_link && has_links) p->d_pre += s.pre + s.post;
     f.alpha += s.pre + s.post;
     if (s.ideal.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = s.ideal;
-    f.stages.push_back(s.label);
-    f.stage_bandwidths.push_back(s.ideal);
-    p->pace = std::max(p->pace, sim::transfer_time(p->chunk, s.ideal));
+    StageFigures sf{s.label, s.ideal, s.nservers, s.interleave, s.pre + s.post};
+    // Sources inject at the pace of the slowest stage's service of a full chunk.
+    p->pace = std::max(p->pace, sf.time(p->chunk));
+    f.stages.push_back(std::move(sf));
   }
   f.chunk_time = p->pace;
   return p;

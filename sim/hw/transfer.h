@@ -29,19 +29,33 @@ namespace cubesim::hw {
 
 struct TransferRecord;
 
+// One stage of a path: a link, a DMA channel, or a memory of `channels` interleaved channels.
+struct StageFigures {
+  std::string name;               // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
+  sim::Bandwidth bandwidth;       // all channels together
+  std::uint32_t channels = 1;
+  std::uint64_t interleave = 0;   // bytes per channel before the next (memories)
+  sim::Duration fixed = 0;        // delays before and after it (read latency, overhead, wire latency)
+
+  // The time `bytes` occupy the stage: on a memory, the busiest channel's share (the bytes start on
+  // a channel boundary), so a small access runs at one channel's rate.
+  sim::Duration time(std::uint64_t bytes) const;
+};
+
 // The alpha-beta figures of the path between two memories, and its exact uncontended time.
 struct PathFigures {
   sim::Duration alpha = 0;          // sum of fixed delays
-  sim::Bandwidth bandwidth;         // of the slowest stage
+  sim::Bandwidth bandwidth;         // of the slowest stage: beta = 1 / bandwidth for large messages
   std::uint64_t chunk_bytes = 0;
   sim::Duration chunk_time = 0;     // a full chunk at the slowest stage: the injection pace
   int hops = 0;                     // links crossed
   std::vector<int> links;           // their ids, in order
-  std::vector<std::string> stages;  // "cube0.hbm (read)", "link c0->c1", "cube1.hbm (write)"
-  std::vector<sim::Bandwidth> stage_bandwidths;
+  std::vector<StageFigures> stages;
 
-  // The time a transfer of `bytes` takes on an idle path (0 for 0 bytes).
+  // The time a transfer of `bytes` takes on an idle path (0 for 0 bytes), when its addresses start
+  // on channel boundaries: alpha + (chunks - 1) * chunk_time + the last chunk at its slowest stage.
   sim::Duration time(std::uint64_t bytes) const;
+  std::vector<std::string> stage_names() const;
 };
 
 class TransferHandle {

@@ -233,7 +233,7 @@ TEST(Transfer, HostLinkAndSwitchPaths) {
     System sys(sim, load_topology("mesh4x4"));
     const PathFigures f = sys.path_figures(sys.host_memory(), sys.hbm(5));
     EXPECT_EQ(f.hops, 1);
-    EXPECT_EQ(f.stages, (std::vector<std::string>{"host (read)", "link host->c5", "cube5.hbm (write)"}));
+    EXPECT_EQ(f.stage_names(), (std::vector<std::string>{"host (read)", "link host->c5", "cube5.hbm (write)"}));
     EXPECT_EQ(f.bandwidth, sim::Bandwidth::GBps(64));
     const auto data = random_bytes(100'000, 5);
     sys.host_memory().write(0, data);
@@ -247,7 +247,7 @@ TEST(Transfer, HostLinkAndSwitchPaths) {
     o.functional = false;
     System sys(sim, load_topology("dgx_h100x8"), o);
     const PathFigures f = sys.path_figures(sys.hbm(3), sys.hbm(0));
-    EXPECT_EQ(f.stages, (std::vector<std::string>{"cube3.hbm (read)", "link c3->sw", "link sw->c0", "cube0.hbm (write)"}));
+    EXPECT_EQ(f.stage_names(), (std::vector<std::string>{"cube3.hbm (read)", "link c3->sw", "link sw->c0", "cube0.hbm (write)"}));
     // Switch latency is charged on the way out of the switch.
     EXPECT_EQ(f.alpha, sim::ns(500) + 2 * (sim::ns(100) + sim::ns(500)) + sim::ns(300));
     const std::uint64_t bytes = 64ull << 20;
