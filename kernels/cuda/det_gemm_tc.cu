@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -66,11 +67,11 @@ struct Cfg {
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int THREADS = 128 * (NC_ + 1);
-  // Output staging, per consumer warpgroup: 64 rows of one 128-byte column chunk, rows padded by 16
-  // bytes (conflict-free fragment writes and row reads). Only configurations with BN >= 64 stage.
-  static constexpr bool STAGED_EPILOGUE = BN_ >= 64;
-  static constexpr int EPI_ROW_BYTES = 128 + 16;
-  static constexpr int EPI_BYTES = STAGED_EPILOGUE ? 64 * EPI_ROW_BYTES : 0;
+  // Output staging for the TMA-store epilogue, per consumer warpgroup: two buffers of 64 rows x 128
+  // bytes (one column chunk, 128-byte swizzled like the TMA box). Configurations with BN >= 64 only.
+  static constexpr bool TMA_EPILOGUE = BN_ >= 64;
+  static constexpr int EPI_CHUNK_BYTES = 64 * 128;
+  static constexpr int EPI_BYTES = TMA_EPILOGUE ? 2 * EPI_CHUNK_BYTES : 0;
   static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
   static_assert(SMEM <= 232448, "more shared memory than an SM has");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
@@ -90,7 +91,7 @@ struct Epi {
   int M, N, K;
   DType c_dtype, bias_dtype;
   int debug_skip_store;  // EXPERIMENT ONLY (CUBESIM_TC_VARIANT): time the mainloop without the epilogue
-  int vec_store;         // C has unit column stride and 16-byte aligned rows: the staged epilogue
+  int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -227,23 +228,26 @@ __device__ __forceinline__ void epilogue(const Epi& e, const float (&acc)[BN / 2
   }
 }
 
-// The same values as `epilogue`, written through shared memory so that global stores are whole
-// 16-byte vectors of full rows (8 per 128-byte row chunk) instead of 4-byte pieces of 8 rows: a
-// quarter of the store instructions and no partially written sectors. One 128-byte column chunk at a
-// time; bar.sync 1+cw keeps the warpgroup's four warps in step.
+// The same values as `epilogue`, stored by the copy engine: the warpgroup writes one 64 x 128-byte
+// column chunk of its rows into a swizzled shared buffer, one thread hands it to a TMA store
+// (bounds-clipped at M and N), and the warpgroup moves on. Two buffers alternate, so the stores of
+// one tile overlap the mainloop of the next; a buffer is rewritten only after its previous store has
+// read it (cp.async.bulk.wait_group.read). `chunk` counts this warpgroup's chunks across tiles.
 template <DType TC, int BN>
-__device__ __forceinline__ void epilogue_staged(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
-                                                std::uint8_t* stage, int cw) {
+__device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                             std::uint8_t* bufs, std::uint32_t bufs_smem, const CUtensorMap* map,
+                                             int cw, int& chunk) {
   using T = typename Storage<TC>::type;
   constexpr int ES = sizeof(T);
-  constexpr int CW = 128 / ES;    // columns in a chunk
-  constexpr int RB = 128 + 16;    // padded row bytes
-  constexpr int VEC = 16 / ES;    // elements in a 16-byte vector
+  constexpr int CW = 128 / ES;  // columns in a chunk
   static_assert(BN % CW == 0, "whole chunks");
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
 #pragma unroll
-  for (int ch = 0; ch < BN / CW; ++ch) {
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");  // the last chunk's reads are done
+  for (int ch = 0; ch < BN / CW; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    std::uint8_t* buf = bufs + b * (64 * 128);
 #pragma unroll
     for (int jj = 0; jj < CW / 8; ++jj) {
       const int j = ch * (CW / 8) + jj;
@@ -256,7 +260,8 @@ __device__ __forceinline__ void epilogue_staged(const Epi& e, const float (&acc)
           if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
           if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
         }
-        std::uint8_t* p = stage + r * RB + cl * ES;
+        const int byte = cl * ES;  // within the 128-byte row; 16-byte units swizzled by row % 8
+        std::uint8_t* p = buf + r * 128 + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
         if constexpr (TC == DType::f32) {
           *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
         } else if constexpr (TC == DType::bf16) {
@@ -266,20 +271,14 @@ __device__ __forceinline__ void epilogue_staged(const Epi& e, const float (&acc)
         }
       }
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
     asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-#pragma unroll
-    for (int i = 0; i < 64 * 8 / 128; ++i) {
-      const int v = t + 128 * i, r = v / 8, seg = v % 8;
-      const int m = row0 + r, n = col0 + ch * CW + seg * VEC;
-      if (m >= e.M || n >= e.N) continue;
-      const uint4 val = *reinterpret_cast<const uint4*>(stage + r * RB + seg * 16);
-      T* dst = static_cast<T*>(e.c) + static_cast<std::int64_t>(m) * e.c_rs + n;
-      if (n + VEC <= e.N) {
-        *reinterpret_cast<uint4*>(dst) = val;
-      } else {
-        const T* src = reinterpret_cast<const T*>(&val);
-        for (int q = 0; q < VEC && n + q < e.N; ++q) dst[q] = src[q];
-      }
+    if (t == 0) {
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
     }
   }
 }
@@ -289,7 +288,7 @@ __device__ __forceinline__ void epilogue_staged(const Epi& e, const float (&acc)
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     tc_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                   const Epi e) {
+                   const __grid_constant__ CUtensorMap tma_c, const Epi e) {
   extern __shared__ std::uint8_t smem_raw[];
   const std::uint32_t raw = smem_addr(smem_raw);
   const std::uint32_t base = (raw + 1023u) & ~1023u;  // the swizzle atom needs 1024-byte alignment
@@ -375,7 +374,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         for (int r = 1; r < CM; ++r) mbar_arrive_cluster(empty(s), (rank + r) % CM);
       }
     };
-    int it = 0;
+    int it = 0, chunk = 0;
     for (int unit = cluster_id; unit < units; unit += clusters) {
       int m_tile, n_tile;
       unit_coords(unit, m_tile, n_tile);
@@ -403,13 +402,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
       const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
       if (e.debug_skip_store && acc[0] != 12345.0f) continue;
-      if constexpr (C::STAGED_EPILOGUE) {
-        if (e.vec_store) {
-          std::uint8_t* stage = smem_raw + (epi - raw) + cw * C::EPI_BYTES;
+      if constexpr (C::TMA_EPILOGUE) {
+        if (e.tma_store) {
+          const std::uint32_t bs = epi + cw * C::EPI_BYTES;
+          std::uint8_t* bp = smem_raw + (bs - raw);
           switch (e.c_dtype) {
-            case DType::f32: epilogue_staged<DType::f32, C::BN>(e, acc, row0, col0, stage, cw); break;
-            case DType::bf16: epilogue_staged<DType::bf16, C::BN>(e, acc, row0, col0, stage, cw); break;
-            case DType::f16: epilogue_staged<DType::f16, C::BN>(e, acc, row0, col0, stage, cw); break;
+            case DType::f32: epilogue_tma<DType::f32, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
+            case DType::bf16: epilogue_tma<DType::bf16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
+            case DType::f16: epilogue_tma<DType::f16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
           }
           continue;
         }
@@ -420,6 +420,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
       }
     }
+    // The last TMA stores must have read shared memory (and be on their way) before the CTA leaves.
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   // No CTA leaves while a peer may still multicast into its shared memory or arrive on its barriers.
   if constexpr (CM > 1) cluster_sync();
@@ -460,6 +462,28 @@ CUtensorMap make_map(const void* ptr, std::int64_t rows, std::int64_t k, std::in
   return map;
 }
 
+
+// The output C for TMA stores: rows x cols of `t`, unit column stride, row stride ld elements; boxes
+// of 64 rows x 128 bytes, 128-byte swizzle (the layout epilogue_tma writes).
+CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  CUtensorMap map;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(t));
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * es)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / es), 64};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUtensorMapDataType dt = t == DType::f32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode_fn()(&map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
+                                               ") for the " + std::to_string(rows) + " x " + std::to_string(cols) +
+                                               " output with row stride " + std::to_string(ld));
+  return map;
+}
 
 template <class C>
 void set_smem_attribute() {
@@ -517,10 +541,16 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.K = o.K;
   e.group_m = 16 / C::CLUSTER;
   e.debug_skip_store = debug_skip_store;
+  CUtensorMap mc;
+  std::memset(&mc, 0, sizeof mc);
   {
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(c.dtype));
-    e.vec_store = c.col_stride == 1 && reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
-                  (c.rows <= 1 || (c.row_stride * es) % 16 == 0);
+    e.tma_store = C::TMA_EPILOGUE && c.col_stride == 1 && reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
+                  (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0));
+    if (e.tma_store) {
+      const std::int64_t ld = c.rows <= 1 ? (c.cols * es + 15) / 16 * 16 / es : c.row_stride;
+      mc = make_c_map(c.data, c.dtype, c.rows, c.cols, ld);
+    }
   }  // units of CLUSTER m-tiles: 16 m-tiles a group
   const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
   const long long units = m_units * ((o.N + C::BN - 1) / C::BN);
@@ -539,7 +569,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
   const int fit = resident_clusters<C>();
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
-  CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C>, ma, mb, e));
+  CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C>, ma, mb, mc, e));
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
 }
 
