@@ -12,7 +12,7 @@
 //               512 and 2048 tokens, and a 16-token decode step
 //
 // Each figure is the best of several timed runs after a warm-up, ours and Eigen's interleaved: at
-// least --reps (3), and as many as fit in about 0.25 s per side for small shapes.
+// least --reps (3), and as many as fit in about 0.5 s per side for small shapes.
 // Target (issue 5): det_gemm >= 0.9x Eigen.
 //
 //   bench_det_gemm_cpu [--quick] [--json FILE] [--threads 1,2] [--reps N]
@@ -99,7 +99,7 @@ Result run_shape(const Shape& s, DType dtype, int threads, int reps, double budg
   };
   // Warm-up: page in buffers, grow the workspaces, start the pool. Its times size the repetitions:
   // at least `reps`, more for small shapes until each side has run for about budget_s (best-of-N
-  // over a quarter second is what survives the noise of a shared machine).
+  // over half a second is what survives the noise of a shared machine).
   ours();
   eigen();
   const double t_ours = time(ours), t_eigen = time(eigen);
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (int threads : thread_counts) {
       for (const Shape& s : shapes) {
-        const Result r = run_shape(s, dtype, threads, reps, args.quick ? 0.02 : 0.25);
+        const Result r = run_shape(s, dtype, threads, reps, args.quick ? 0.02 : 0.5);
         const double ratio = r.ours / r.eigen;
         t.row({s.name + (s.weight_transposed ? " (X·Wᵀ)" : ""), std::to_string(s.M), std::to_string(s.N),
                std::to_string(s.K), std::string(dtype_name(dtype)), std::to_string(threads),
