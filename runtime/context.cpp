@@ -121,6 +121,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   mail_.clear();
   p2p_count_.clear();
   process_rank_.clear();
+  extensions_.clear();  // fresh per-rank state, as spawn() starts fresh processes
   const sim::Time start = sim_->now();
   const std::uint64_t events0 = sim_->events_executed();
   for (int r = 0; r < nprocs; ++r) {

@@ -91,6 +91,15 @@ class Context {
   sim::Trace::TrackId compute_track(int rank);
   sim::Trace::TrackId comm_track(int rank);
 
+  // State of the layers above (tp's parallel_state), created on first use and dropped at the start
+  // of every spawn(): like torch.multiprocessing.spawn's fresh processes, each spawn starts clean.
+  template <class T>
+  T& extension(const std::string& key) {
+    auto& slot = extensions_[key];
+    if (!slot) slot = std::make_shared<T>();
+    return *static_cast<T*>(slot.get());
+  }
+
   // Spawns a helper process acting for `rank` (async collectives, sends in flight).
   void spawn_for_rank(int rank, std::string name, std::function<void()> fn);
 
@@ -120,6 +129,7 @@ class Context {
   std::map<std::pair<int, std::uint64_t>, std::unique_ptr<Pending>> pending_;
   std::map<std::tuple<int, std::uint64_t, int, int, std::uint64_t>, std::unique_ptr<Mailbox>> mail_;
   std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
+  std::map<std::string, std::shared_ptr<void>> extensions_;
   struct RankSlot {
     Context* ctx;
     int rank;

@@ -103,6 +103,14 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::t() const {
+  if (dim() != 2) throw RuntimeError(fmt::format("t(): {} is not 2-D", describe()));
+  Tensor v = *this;
+  std::swap(v.shape_[0], v.shape_[1]);
+  std::swap(v.strides_[0], v.strides_[1]);
+  return v;
+}
+
 std::int64_t Tensor::rows() const {
   std::int64_t r = 1;
   for (std::size_t i = 0; i + 1 < shape_.size(); ++i) r *= shape_[i];
@@ -163,7 +171,7 @@ std::vector<float> Tensor::to_host_f32() const {
   return out;
 }
 
-void Tensor::copy_from_host_bytes(const void* src, std::uint64_t n) {
+void Tensor::copy_from_host_bytes(const void* src, std::uint64_t n) const {
   if (n != nbytes()) {
     throw RuntimeError(fmt::format("copy into {}: got {} bytes, the tensor holds {}", describe(), n, nbytes()));
   }
@@ -185,7 +193,7 @@ void Tensor::copy_from_host_bytes(const void* src, std::uint64_t n) {
   }
 }
 
-void Tensor::copy_from_host_f32(const float* src, std::int64_t count) {
+void Tensor::copy_from_host_f32(const float* src, std::int64_t count) const {
   if (count != numel()) {
     throw RuntimeError(fmt::format("copy into {}: got {} values, the tensor holds {}", describe(), count, numel()));
   }

@@ -50,6 +50,7 @@ class Tensor {
   Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
   std::vector<Tensor> chunk(std::int64_t n, std::int64_t dim) const;  // n equal parts; dim size % n == 0
   Tensor reshape(Shape shape) const;                                   // contiguous tensors only
+  Tensor t() const;                                                    // 2-D: the transposed view
   Tensor flatten() const { return reshape({numel()}); }
 
   // A 2-D view for kernels (host-resident storage only).
@@ -62,8 +63,8 @@ class Tensor {
   // Untimed host access (element order is row-major over the view, whatever the strides).
   std::vector<std::uint8_t> to_host_bytes() const;
   std::vector<float> to_host_f32() const;
-  void copy_from_host_bytes(const void* src, std::uint64_t n);
-  void copy_from_host_f32(const float* src, std::int64_t count);  // rounds to dtype (RNE)
+  void copy_from_host_bytes(const void* src, std::uint64_t n) const;  // a handle: writes the data, not the view
+  void copy_from_host_f32(const float* src, std::int64_t count) const;  // rounds to dtype (RNE)
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -1,0 +1,199 @@
+#include "runtime/ops.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kernels/det_gemm.h"
+#include "runtime/context.h"
+#include "runtime/errors.h"
+
+namespace cubesim::rt {
+
+namespace {
+
+// A host view of a 2-D tensor: the tensor's own memory on the host backend, else a copy of the
+// byte span it covers (one read, strides kept), written back afterwards for outputs.
+struct Staged {
+  std::vector<std::uint8_t> buf;
+  kernels::MutableMatrixView view;
+};
+
+void check_2d(const Tensor& t, const char* op, const char* what) {
+  if (t.dim() != 2) {
+    throw RuntimeError(fmt::format("{}: {} must be 2-D, got {}", op, what, t.describe()));
+  }
+  if (t.strides()[0] < 0 || t.strides()[1] < 0) throw RuntimeError(fmt::format("{}: {} has negative strides", op, what));
+}
+
+std::pair<std::uint64_t, std::uint64_t> span_of(const Tensor& t) {  // [first, last] element offsets
+  const std::uint64_t first = static_cast<std::uint64_t>(t.offset());
+  std::uint64_t last = first;
+  if (t.numel() > 0) {
+    last += static_cast<std::uint64_t>((t.shape()[0] - 1) * t.strides()[0] + (t.shape()[1] - 1) * t.strides()[1]);
+  }
+  return {first, last};
+}
+
+Staged stage(const Tensor& t, bool load) {
+  Staged s;
+  if (void* base = t.storage().host_ptr()) {
+    s.view = kernels::MutableMatrixView{static_cast<std::uint8_t*>(base) + t.byte_offset(), t.dtype(), t.shape()[0],
+                                        t.shape()[1], t.strides()[0], t.strides()[1]};
+    return s;
+  }
+  const auto [first, last] = span_of(t);
+  const std::uint64_t es = t.element_size();
+  s.buf.resize((last - first + 1) * es);
+  if (load && t.numel() > 0) t.storage().read(first * es, s.buf.data(), s.buf.size());
+  s.view = kernels::MutableMatrixView{s.buf.data(), t.dtype(), t.shape()[0], t.shape()[1], t.strides()[0], t.strides()[1]};
+  return s;
+}
+
+void unstage(const Tensor& t, const Staged& s) {
+  if (s.buf.empty()) return;
+  t.storage().write(span_of(t).first * t.element_size(), s.buf.data(), s.buf.size());
+}
+
+// Charges `cost` on the calling rank and books it as compute.
+void account(const Tensor& any, OpCost cost) {
+  Context& ctx = Context::current(cost.name);
+  const int rank = Context::current_rank(cost.name);
+  if (any.device() != rank) {
+    throw RuntimeError(fmt::format("{} on rank {}: tensor {} lives on rank {}", cost.name, rank, any.describe(), any.device()));
+  }
+  const sim::Time t0 = ctx.simulator().now();
+  ctx.backend().charge(rank, cost);
+  const sim::Time t1 = ctx.simulator().now();
+  ctx.add_compute(rank, t1 - t0);
+  if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), cost.name, t0, t1);
+}
+
+bool values(const Tensor& t) { return !Context::current("op").backend().timing_only() && t.numel() > 0; }
+
+void same_rank(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.device() != b.device()) {
+    throw RuntimeError(fmt::format("{}: {} and {} are on different ranks", op, a.describe(), b.describe()));
+  }
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) {
+  check_2d(a, name, "A");
+  check_2d(b, name, "B");
+  check_2d(c, name, "C");
+  same_rank(a, b, name);
+  same_rank(a, c, name);
+  if (a.shape()[1] != b.shape()[0] || c.shape()[0] != a.shape()[0] || c.shape()[1] != b.shape()[1]) {
+    throw RuntimeError(fmt::format("{}: A {} times B {} gives [{}, {}], but C is {}", name, shape_str(a.shape()),
+                                   shape_str(b.shape()), a.shape()[0], b.shape()[1], shape_str(c.shape())));
+  }
+  if (bias && (bias->numel() != c.shape()[1] || bias->dim() != 1)) {
+    throw RuntimeError(fmt::format("{}: bias {} must be 1-D with {} elements (C's columns)", name, bias->describe(),
+                                   c.shape()[1]));
+  }
+  if (values(c)) {
+    Staged sa = stage(a, true), sb = stage(b, true), sc = stage(c, !c.is_contiguous());
+    std::vector<std::uint8_t> bias_host;
+    kernels::VectorView bv;
+    if (bias) {
+      bias_host = bias->to_host_bytes();
+      bv = kernels::VectorView::contiguous(bias_host.data(), bias->dtype(), bias->numel());
+    }
+    kernels::det_gemm(sa.view, sb.view, bias ? &bv : nullptr, sc.view);
+    unstage(c, sc);
+  }
+  OpCost cost;
+  cost.kind = OpCost::Kind::gemm;
+  cost.name = name;
+  cost.m = a.shape()[0];
+  cost.n = b.shape()[1];
+  cost.k = a.shape()[1];
+  cost.dtype = a.dtype();
+  cost.bytes_read = a.nbytes() + b.nbytes();
+  cost.bytes_written = c.nbytes();
+  account(c, cost);
+}
+
+void bias_grad(const Tensor& dy, const Tensor& db) {
+  const Tensor d2 = dy.dim() == 2 ? dy : dy.reshape({dy.rows(), dy.cols()});
+  if (db.numel() != d2.shape()[1]) {
+    throw RuntimeError(fmt::format("bias_grad: db {} must have {} elements (dy's columns, dy is {})", db.describe(),
+                                   d2.shape()[1], dy.describe()));
+  }
+  same_rank(dy, db, "bias_grad");
+  if (values(db)) {
+    Staged s = stage(d2, true);
+    std::vector<std::uint8_t> out(db.nbytes());
+    kernels::det_gemm_bias_grad(s.view, kernels::MutableVectorView::contiguous(out.data(), db.dtype(), db.numel()));
+    db.copy_from_host_bytes(out.data(), out.size());
+  }
+  OpCost cost{OpCost::Kind::reduce, "bias_grad", 0, 0, 0, dy.dtype(), dy.nbytes(), db.nbytes(),
+              static_cast<double>(dy.numel())};
+  account(db, cost);
+}
+
+namespace {
+template <class F>
+void elementwise(const char* name, const std::vector<const Tensor*>& in, const Tensor& out, double flops_per, F f) {
+  for (const Tensor* t : in) {
+    if (t->shape() != out.shape()) {
+      throw RuntimeError(fmt::format("{}: {} and {} must have the same shape", name, t->describe(), out.describe()));
+    }
+    same_rank(*t, out, name);
+  }
+  if (values(out)) {
+    std::vector<std::vector<float>> xs;
+    for (const Tensor* t : in) xs.push_back(t->to_host_f32());
+    std::vector<float> y(static_cast<std::size_t>(out.numel()));
+    f(xs, y);
+    out.copy_from_host_f32(y.data(), out.numel());
+  }
+  std::uint64_t rd = 0;
+  for (const Tensor* t : in) rd += t->nbytes();
+  OpCost cost{OpCost::Kind::elementwise, name, 0, 0, 0, out.dtype(), rd, out.nbytes(), flops_per * static_cast<double>(out.numel())};
+  account(out, cost);
+}
+}  // namespace
+
+void gelu(kernels::GeluKind k, const Tensor& x, const Tensor& y) {
+  elementwise("gelu", {&x}, y, 20, [k](auto& xs, auto& out) { kernels::gelu_forward(k, xs[0].data(), out.data(), static_cast<std::int64_t>(out.size())); });
+}
+
+void gelu_backward(kernels::GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  elementwise("gelu_backward", {&x, &dy}, dx, 30, [k](auto& xs, auto& out) {
+    kernels::gelu_backward(k, xs[0].data(), xs[1].data(), out.data(), static_cast<std::int64_t>(out.size()));
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  elementwise("add", {&a, &b}, y, 1, [](auto& xs, auto& out) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = xs[0][i] + xs[1][i];
+  });
+}
+
+void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y) {
+  if (bias.numel() != x.cols()) {
+    throw RuntimeError(fmt::format("add_bias: bias {} must have {} elements (the columns of {})", bias.describe(),
+                                   x.cols(), x.describe()));
+  }
+  const std::vector<float> b = values(y) ? bias.to_host_f32() : std::vector<float>{};
+  const std::int64_t cols = x.cols();
+  elementwise("add_bias", {&x}, y, 1, [&b, cols](auto& xs, auto& out) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = xs[0][i] + b[i % static_cast<std::size_t>(cols)];
+  });
+}
+
+void copy(const Tensor& src, const Tensor& dst) {
+  check_same_shape(src, dst, "copy");
+  same_rank(src, dst, "copy");
+  if (values(dst)) {
+    const auto bytes = src.to_host_bytes();
+    dst.copy_from_host_bytes(bytes.data(), bytes.size());
+  }
+  OpCost cost{OpCost::Kind::copy, "copy", 0, 0, 0, src.dtype(), src.nbytes(), dst.nbytes(), 0};
+  account(dst, cost);
+}
+
+}  // namespace cubesim::rt

@@ -1,0 +1,54 @@
+// equivalence.h — does the tensor-parallel MLP compute what the unsharded one does?
+//
+// check_mlp_equivalence runs ParallelMLP forward and backward with tp ranks on a context (any
+// backend), the unsharded model (tp 1) on the host, and, when the context is not the host, the same
+// tp program on the host: the replay of the same reduction order. Per tensor it reports max abs
+// error and relative norm ‖got − ref‖ / ‖ref‖ against each reference, and whether the claim holds:
+//   vs unsharded: bitwise where the contract fixes the order — fc1's output (column-parallel
+//     forward) and every weight and bias gradient — and within tolerance(dtype, tp) for the
+//     row-parallel output and the input gradient, which sum tp partials;
+//   vs host replay: bitwise, every tensor;
+//   across ranks: bitwise, every tensor all ranks hold after an all-reduce.
+//
+//   auto rep = tp::check_mlp_equivalence(*ctx, {.mlp = {.hidden = 512, .ffn = 2048}, .tokens = 64, .tp = 4});
+//   for (auto& c : rep.checks) fmt::print("{} vs {}: {} (max abs {})\n", c.tensor, c.against, c.pass, c.max_abs);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/context.h"
+#include "tp/layers.h"
+
+namespace cubesim::tp {
+
+struct MlpCheckOptions {
+  MlpOptions mlp;
+  std::int64_t tokens = 64;
+  int tp = 1;
+  std::uint64_t data_seed = 99;  // inputs and output gradients
+};
+
+struct TensorCheck {
+  std::string tensor;   // "output", "input_grad", "fc1.weight_grad", ...
+  std::string against;  // "unsharded", "host replay", "ranks"
+  bool bitwise_claim = true;
+  bool bitwise = false;
+  double max_abs = 0;
+  double rel_norm = 0;
+  double tolerance = 0;  // for a tolerance claim
+  bool pass = false;
+};
+
+struct EquivalenceReport {
+  std::vector<TensorCheck> checks;
+  bool pass = false;
+  rt::RunReport run;  // of the tp run on the given context
+};
+
+// Relative-norm tolerance for results that sum tp partials, each rounded to dtype.
+double tp_tolerance(DType d, int tp);
+
+EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions& o);
+
+}  // namespace cubesim::tp
