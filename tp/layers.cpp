@@ -34,6 +34,13 @@ std::vector<float> master_block(const LinearOptions& o, std::int64_t r0, std::in
   return v;
 }
 
+// A parameter tensor: the master values when the backend keeps values, else just the storage.
+template <class Values>
+rt::Tensor init(rt::Context& ctx, int rank, rt::Shape shape, DType dtype, Values values) {
+  if (ctx.backend().timing_only()) return ctx.empty(rank, std::move(shape), dtype, "parameter");
+  return ctx.from_host_f32(rank, std::move(shape), dtype, values());
+}
+
 void check_input(const rt::Tensor& x, std::int64_t features, DType dtype, const char* layer, const char* what) {
   const int rank = rt::Context::current_rank(layer);
   if (x.device() != rank) {
@@ -80,8 +87,8 @@ ColumnParallelLinear::ColumnParallelLinear(rt::Context& ctx, std::int64_t in, st
   }
   out_per_rank = out / tp;
   const std::int64_t r0 = get_tensor_model_parallel_rank() * out_per_rank;
-  weight = ctx.from_host_f32(rank_, {out_per_rank, in}, o.dtype, master_block(o, r0, out_per_rank, 0, in, in));
-  if (o.bias) bias = ctx.from_host_f32(rank_, {out_per_rank}, o.dtype, master_block(o, r0, out_per_rank, 0, 0, in));
+  weight = init(ctx, rank_, {out_per_rank, in}, o.dtype, [&] { return master_block(o, r0, out_per_rank, 0, in, in); });
+  if (o.bias) bias = init(ctx, rank_, {out_per_rank}, o.dtype, [&] { return master_block(o, r0, out_per_rank, 0, 0, in); });
 }
 
 LinearOutput ColumnParallelLinear::forward(const rt::Tensor& x) {
@@ -131,8 +138,8 @@ RowParallelLinear::RowParallelLinear(rt::Context& ctx, std::int64_t in, std::int
   }
   in_per_rank = in / tp;
   const std::int64_t c0 = get_tensor_model_parallel_rank() * in_per_rank;
-  weight = ctx.from_host_f32(rank_, {out, in_per_rank}, o.dtype, master_block(o, 0, out, c0, in_per_rank, in));
-  if (o.bias) bias = ctx.from_host_f32(rank_, {out}, o.dtype, master_block(o, 0, out, 0, 0, in));
+  weight = init(ctx, rank_, {out, in_per_rank}, o.dtype, [&] { return master_block(o, 0, out, c0, in_per_rank, in); });
+  if (o.bias) bias = init(ctx, rank_, {out}, o.dtype, [&] { return master_block(o, 0, out, 0, 0, in); });
 }
 
 LinearOutput RowParallelLinear::forward(const rt::Tensor& x) {
