@@ -195,7 +195,8 @@ TEST(Memory, TerabyteOfNominalHbmCostsOnlyWhatIsTouched) {
     EXPECT_LE(sys.resident_bytes(), 3u << 20);
     const std::uint64_t grown_mib = (resident_kib() - std::min(before, resident_kib())) / 1024;
 #ifdef CUBESIM_ASAN
-    GTEST_SKIP() << "resident memory under ASan includes its shadow; grew " << grown_mib << " MiB";
+    // ASan shadows every byte and keeps freed memory in quarantine: a looser bound.
+    EXPECT_LT(grown_mib, 400u) << "a 1 TiB memory with 1 MiB touched (ASan build)";
 #else
     EXPECT_LT(grown_mib, 100u) << "a 1 TiB memory with 1 MiB touched must stay under 100 MB resident";
 #endif
