@@ -8,6 +8,7 @@
 // last, partial k-tile stops at K (it does not run zero-padded k, which could turn a -0 sum to +0).
 // Vectorized over m and n only, never over k.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -163,82 +164,125 @@ __device__ __forceinline__ void fma_step(float (&acc)[8][8], const float* arow, 
     for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(a[i], b[j], acc[i][j]);
 }
 
+// Persistent: a grid of (2 per SM) blocks walks the 128x128 output tiles, n fastest so the blocks
+// working at once share A panels; each block loads its next tile's first k-tile before storing the
+// current one, so that load's latency hides behind the epilogue.
 template <DType TA, DType TB, bool A_KFAST, bool B_KFAST>
 __global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParams p) {
   __shared__ __align__(16) float as[2][BK][BM + PAD];
   __shared__ __align__(16) float bs[2][BK][BN + PAD];
-
-  // Block (x, y) covers columns x*BN.., rows y*BM..; x is fastest so neighbouring blocks share A rows.
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-
-  float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-
-  const auto sta = make_stager<A_KFAST, BM>(p.M - m0, p.a_rs, p.a_cs, p.a_vec);
-  const auto stb = make_stager<B_KFAST, BN>(p.N - n0, p.b_cs, p.b_rs, p.b_vec);
-  // Element (tile row 0, k 0) of this block's A and B panels, as typed pointers advanced per k-tile.
   using SA = typename Storage<TA>::type;
   using SB = typename Storage<TB>::type;
-  const SA* a_ptr = static_cast<const SA*>(p.a) + static_cast<std::int64_t>(m0) * p.a_rs;
-  const SB* b_ptr = static_cast<const SB*>(p.b) + static_cast<std::int64_t>(n0) * p.b_cs;
+
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int n_tiles = (p.N + BN - 1) / BN, tiles = n_tiles * ((p.M + BM - 1) / BM);
+  const int ktiles = (p.K + BK - 1) / BK;
   const std::int64_t a_kstep = static_cast<std::int64_t>(BK) * p.a_cs, b_kstep = static_cast<std::int64_t>(BK) * p.b_rs;
 
+  int tile = blockIdx.x;
+  int m0 = (tile / n_tiles) * BM, n0 = (tile % n_tiles) * BN;
+  auto sta = make_stager<A_KFAST, BM>(p.M - m0, p.a_rs, p.a_cs, p.a_vec);
+  auto stb = make_stager<B_KFAST, BN>(p.N - n0, p.b_cs, p.b_rs, p.b_vec);
+  // Element (tile row 0, k 0) of the current tile's A and B panels, advanced per k-tile.
+  const SA* a_ptr = static_cast<const SA*>(p.a) + static_cast<std::int64_t>(m0) * p.a_rs;
+  const SB* b_ptr = static_cast<const SB*>(p.b) + static_cast<std::int64_t>(n0) * p.b_cs;
   Raw<TA> ra;
   Raw<TB> rb;
-  const int ktiles = (p.K + BK - 1) / BK;
   if (ktiles > 0) {
     stage_load<TA>(a_ptr, sta, p.K - 1, ra);
     stage_load<TB>(b_ptr, stb, p.K - 1, rb);
-    stage_store(as[0], sta, ra);
-    stage_store(bs[0], stb, rb);
-  }
-  __syncthreads();
-  for (int t = 0; t < ktiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ktiles) {
-      a_ptr += a_kstep;
-      b_ptr += b_kstep;
-      const int k_last = p.K - 1 - (t + 1) * BK;
-      stage_load<TA>(a_ptr, sta, k_last, ra);
-      stage_load<TB>(b_ptr, stb, k_last, rb);
-    }
-    if (t + 1 < ktiles || p.K % BK == 0) {
-#pragma unroll
-      for (int kk = 0; kk < BK; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-    } else {
-      const int krem = p.K - t * BK;  // the last k-tile: stop at K
-      for (int kk = 0; kk < krem; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-    }
-    if (t + 1 < ktiles) {
-      stage_store(as[buf ^ 1], sta, ra);
-      stage_store(bs[buf ^ 1], stb, rb);
-      __syncthreads();
-    }
   }
 
-  // Epilogue: bias after the whole sum (an add the compiler cannot contract), then round once.
+  for (;;) {
+    float acc[8][8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int m = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
-    if (m >= p.M) continue;
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-      if (n >= p.N) continue;
-      float v = acc[i][j];
-      if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
-      store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    __syncthreads();  // the previous tile's last k-tile has been read by every thread
+    if (ktiles > 0) {
+      stage_store(as[0], sta, ra);
+      stage_store(bs[0], stb, rb);
     }
+    __syncthreads();
+    for (int t = 0; t < ktiles; ++t) {
+      const int buf = t & 1;
+      if (t + 1 < ktiles) {
+        a_ptr += a_kstep;
+        b_ptr += b_kstep;
+        const int k_last = p.K - 1 - (t + 1) * BK;
+        stage_load<TA>(a_ptr, sta, k_last, ra);
+        stage_load<TB>(b_ptr, stb, k_last, rb);
+      }
+      if (t + 1 < ktiles || p.K % BK == 0) {
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
+      } else {
+        const int krem = p.K - t * BK;  // the last k-tile: stop at K
+        for (int kk = 0; kk < krem; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
+      }
+      if (t + 1 < ktiles) {
+        stage_store(as[buf ^ 1], sta, ra);
+        stage_store(bs[buf ^ 1], stb, rb);
+        __syncthreads();
+      }
+    }
+
+    // The next tile's first k-tile is in flight while this one is stored.
+    const int cm0 = m0, cn0 = n0;
+    const int next = tile + static_cast<int>(gridDim.x);
+    if (next < tiles) {
+      tile = next;
+      m0 = (tile / n_tiles) * BM;
+      n0 = (tile % n_tiles) * BN;
+      sta = make_stager<A_KFAST, BM>(p.M - m0, p.a_rs, p.a_cs, p.a_vec);
+      stb = make_stager<B_KFAST, BN>(p.N - n0, p.b_cs, p.b_rs, p.b_vec);
+      a_ptr = static_cast<const SA*>(p.a) + static_cast<std::int64_t>(m0) * p.a_rs;
+      b_ptr = static_cast<const SB*>(p.b) + static_cast<std::int64_t>(n0) * p.b_cs;
+      if (ktiles > 0) {
+        stage_load<TA>(a_ptr, sta, p.K - 1, ra);
+        stage_load<TB>(b_ptr, stb, p.K - 1, rb);
+      }
+    }
+
+    // Epilogue: bias after the whole sum (an add the compiler cannot contract), then round once.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int m = cm0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+      if (m >= p.M) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int n = cn0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
+        if (n >= p.N) continue;
+        float v = acc[i][j];
+        if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
+        store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
+      }
+    }
+    if (next >= tiles) break;
   }
+}
+
+int resident_blocks() {
+  // Cached per device: two 256-thread blocks per SM (registers and shared memory allow two).
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  int n = cache[dev % 64].load(std::memory_order_relaxed);
+  if (n == 0) {
+    CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    n *= 2;
+    cache[dev % 64].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 template <DType TA, DType TB>
 void launch_typed(const ExactParams& p, cudaStream_t stream) {
-  const dim3 grid((p.N + BN - 1) / BN, (p.M + BM - 1) / BM);
+  const long long tiles = static_cast<long long>((p.N + BN - 1) / BN) * ((p.M + BM - 1) / BM);
+  if (tiles > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many output tiles for the exact kernel");
+  const dim3 grid(static_cast<unsigned>(std::min<long long>(tiles, resident_blocks())));
   const bool a_kfast = p.a_kcontig, b_kfast = !p.b_ncontig;
   if (a_kfast && b_kfast) exact_gemm_kernel<TA, TB, true, true><<<grid, THREADS, 0, stream>>>(p);
   else if (a_kfast) exact_gemm_kernel<TA, TB, true, false><<<grid, THREADS, 0, stream>>>(p);
@@ -278,8 +322,6 @@ void launch_exact_gemm(const MatrixView& a, const MatrixView& b, const BiasArg& 
   p.a_vec = p.a_kcontig && vec_ok(a.data, a.dtype, a.col_stride, a.row_stride, a.rows);
   p.b_vec = !p.b_ncontig && vec_ok(b.data, b.dtype, b.row_stride, b.col_stride, b.cols);
   // K == 0 is fine: the k loop is empty and the epilogue writes 0.0f (+ bias).
-  // Grid y is limited to 65535 blocks of 128 rows: M up to 8.3 M rows.
-  if ((p.M + BM - 1) / BM > 65535) throw_shape_error("det_gemm_cuda: M too large for the exact kernel's grid");
   switch (a.dtype) {
     case DType::f32: return launch_b<DType::f32>(b.dtype, p, stream);
     case DType::bf16: return launch_b<DType::bf16>(b.dtype, p, stream);
