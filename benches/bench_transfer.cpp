@@ -9,7 +9,8 @@
 //             size). Check: every size takes exactly fixed delays + chunks at the slowest stage's
 //             pace, never beats the configured bandwidth, and on links the largest reaches >= 99%.
 //   speed     wall time per simulated transfer: every cube sends 1 MiB to its next cube, 64 rounds
-//             (timing-only), and 20000 back-to-back 64 B transfers.
+//             (timing-only), and 20000 back-to-back 64 B transfers; and the traffic of a 1 GiB ring
+//             all-reduce over 1024 cubes (ring4 grown), checked against the alpha-beta time.
 //
 //   bench_transfer [--json FILE] [--quick] [TOPOLOGY...]
 // Exits 1 if a check fails.
@@ -22,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "bench_util.h"
+#include "sim/core/barrier.h"
 #include "sim/core/simulator.h"
 #include "sim/hw/format.h"
 #include "sim/hw/system.h"
@@ -286,6 +288,42 @@ int main(int argc, char** argv) {
       }
     }
     out["topologies"].push_back(jt);
+  }
+
+  // ---- scale: the traffic of a ring all-reduce of 1 GiB over 1024 cubes ----
+  // Each of 2 x 1023 steps, every cube sends 1 MiB to the next and all meet at a barrier: the data
+  // movement (not the reduction) of the runtime's 1024-rank timing-only ring all-reduce.
+  if (args.rest.empty()) {
+    const int n = args.quick ? 128 : 1024;
+    nlohmann::json doc = hw::load_topology_json("ring4");
+    hw::apply_override(doc, "cubes", n);
+    sim::Simulator sim;
+    System sys(sim, hw::topology_from_json(doc, fmt::format("ring{}", n)), timing_only());
+    const std::uint64_t chunk = (1ull << 30) / static_cast<std::uint64_t>(n);
+    sim::Barrier step(static_cast<std::size_t>(n), "step");
+    for (int c = 0; c < n; ++c) {
+      sim.spawn(fmt::format("rank{}", c), [&, c] {
+        for (int s = 0; s < 2 * (n - 1); ++s) {
+          sys.transfer(sys.hbm(c).at(0), sys.hbm((c + 1) % n).at(1ull << 30), chunk);
+          step.arrive_and_wait();
+        }
+      });
+    }
+    const double t0 = wall_seconds();
+    sim.run();
+    const double wall = wall_seconds() - t0;
+    const Duration ideal = 2 * static_cast<Duration>(n - 1) * sys.path_figures(sys.hbm(0), sys.hbm(1)).time(chunk);
+    const bool ok = sim.now() == ideal;
+    all_ok = all_ok && ok;
+    const double per = wall / static_cast<double>(sys.transfers_completed());
+    speed.row({fmt::format("ring4 x{} cubes", n / 4), fmt::format("ring all-reduce traffic, 1 GiB ({} steps)", 2 * (n - 1)),
+               std::to_string(sys.transfers_completed()),
+               fmt::format("{:.1f}", static_cast<double>(sim.events_executed()) / static_cast<double>(sys.transfers_completed())),
+               fmt::format("{:.2f} us", per * 1e6), fmt::format("{:.0f}", 1.0 / per)});
+    fmt::print("ring all-reduce traffic on {} cubes: simulated {} (alpha-beta {}: {}), wall {:.2f} s\n\n", n,
+               sim::format_time(sim.now()), sim::format_time(ideal), ok ? "exact" : "FAIL", wall);
+    out["ring_allreduce_traffic"] = {{"cubes", n}, {"bytes", 1ull << 30}, {"sim_ps", sim.now()}, {"alpha_beta_ps", ideal},
+                                     {"ok", ok}, {"wall_s", wall}, {"transfers", sys.transfers_completed()}};
   }
 
   fmt::print("Latency against hop count (64 B; expected = figures from the topology file)\n");
