@@ -102,12 +102,23 @@ sim::Trace::TrackId Context::compute_track(int rank) {
 sim::Trace::TrackId Context::comm_track(int rank) { return trace().track("comm", fmt::format("rank{}", rank)); }
 
 void Context::spawn_for_rank(int rank, std::string name, std::function<void()> fn) {
-  const std::uint64_t id = sim_->spawn(std::move(name), [this, rank, fn = std::move(fn)] {
+  sim_->spawn(std::move(name), [this, rank, fn = std::move(fn)] {
     sim_->current()->set_user(slots_[static_cast<std::size_t>(rank)].get());
     fn();
   });
-  process_rank_[id] = rank;
 }
+
+namespace {
+// Every process the runtime spawns is named "rank<r>" or "rank<r>/<what>".
+int rank_from_name(const std::string& name) {
+  if (name.rfind("rank", 0) != 0) return -1;
+  int r = 0;
+  std::size_t i = 4;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) r = r * 10 + (name[i] - '0');
+  return r;
+}
+}  // namespace
 
 RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   if (nprocs < 1 || nprocs > world_size_) {
@@ -120,7 +131,6 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   pending_.clear();
   mail_.clear();
   p2p_count_.clear();
-  process_rank_.clear();
   extensions_.clear();  // fresh per-rank state, as spawn() starts fresh processes
   const sim::Time start = sim_->now();
   const std::uint64_t events0 = sim_->events_executed();
@@ -167,8 +177,7 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     const auto& pe = static_cast<const sim::ProcessError&>(e);
     std::set<int> ranks;
     for (const auto& f : pe.failures()) {
-      auto it = process_rank_.find(f.process_id);
-      const int r = it == process_rank_.end() ? -1 : it->second;
+      const int r = rank_from_name(f.process);
       ranks.insert(r);
       failures.push_back(RankFailure{r, f.message, f.error});
     }
@@ -182,10 +191,7 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     if (!pend.empty()) msg += ": a collective was not called by every rank of its group:" + pend;
     msg += "\n  blocked processes:";
     for (const auto& b : de.blocked()) msg += fmt::format("\n    '{}' waits on {}", b.process, b.waits_on);
-    for (const auto& b : de.blocked()) {
-      auto it = process_rank_.find(b.process_id);
-      failures.push_back(RankFailure{it == process_rank_.end() ? -1 : it->second, "blocked: " + b.waits_on, nullptr});
-    }
+    for (const auto& b : de.blocked()) failures.push_back(RankFailure{rank_from_name(b.process), "blocked: " + b.waits_on, nullptr});
   }
   pending_.clear();
   mail_.clear();

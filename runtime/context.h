@@ -125,7 +125,6 @@ class Context {
   std::vector<std::unique_ptr<ProcessGroup>> groups_;
   std::vector<RankTimeline> timelines_;
   std::vector<std::pair<sim::Trace::TrackId, sim::Trace::TrackId>> tracks_;
-  std::map<std::uint64_t, int> process_rank_;  // helper process id -> rank (for error reports)
   std::map<std::pair<int, std::uint64_t>, std::unique_ptr<Pending>> pending_;
   std::map<std::tuple<int, std::uint64_t, int, int, std::uint64_t>, std::unique_ptr<Mailbox>> mail_;
   std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
