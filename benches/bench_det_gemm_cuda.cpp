@@ -199,7 +199,7 @@ int main(int argc, char** argv) try {
     if (run_exact) {
       const double est_x = flops / 30e12;
       const int reps_x = static_cast<int>(std::clamp(0.05 / std::max(est_x, 1e-6), 1.0, 200.0));
-      t_exact = time_median([&](int set) { ours(exo, set, s.M, C_exact.p); }, sets, reps_x, 3);
+      t_exact = time_median([&](int set) { ours(exo, set, s.M, C_exact.p); }, sets, reps_x, 5);
     }
 
     // Batch invariance on set 0: rows of a small batch against the same rows of a big one.

@@ -1,12 +1,12 @@
 // det_gemm_exact.cu — GemmMode::exact: the numerics contract with FFMA, tuned for the f32 pipes.
 //
-// A classic register-blocked SGEMM: a 128x128 block tile, 256 threads, 8x8 outputs per thread,
-// k staged through shared memory 16 at a time (widened to f32 on the way in), the next k-tile
-// prefetched into registers while the current one is consumed. The contract is kept because each
-// accumulator is owned by exactly one thread and updated by one __fmaf_rn per k, in ascending k,
-// from 0.0f; blocking over k only changes when the loads happen, never the order of the FMAs. The
-// last, partial k-tile stops at K (it does not run zero-padded k, which could turn a -0 sum to +0).
-// Vectorized over m and n only, never over k.
+// A register-blocked SGEMM: 128x128 output tiles, 256 threads, 8x8 outputs per thread, k staged
+// through shared memory 16 at a time (widened to f32 on the way in, after the FFMAs of the previous
+// k-tile so no load latency stalls them), two blocks per SM walking the tiles persistently. The
+// contract holds because each accumulator is owned by exactly one thread and updated by one
+// __fmaf_rn per k, in ascending k, from 0.0f; blocking over k only changes when operands are loaded,
+// never the order of the FMAs. The last, partial k-tile stops at K (it does not run zero-padded k,
+// which could turn a -0 sum into +0). Vectorized over m and n only, never over k.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -20,8 +20,6 @@ namespace {
 
 constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
 constexpr int PAD = 4;  // keeps float4 alignment (row = 132 floats = 528 B) and spreads banks
-constexpr int A_PER_THREAD = BM * BK / THREADS;  // 8
-constexpr int B_PER_THREAD = BN * BK / THREADS;  // 8
 static_assert(THREADS % BK == 0 && THREADS % BM == 0 && THREADS % BN == 0, "staging maps assume these");
 
 struct ExactParams {

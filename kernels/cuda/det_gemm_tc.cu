@@ -1,10 +1,12 @@
 // det_gemm_tc.cu — GemmMode::tensor_core: bf16 wgmma with f32 accumulators, TMA loads, sm_90a.
 //
-// One CTA computes a BM x BN tile of C. Warpgroup 0 is the producer: one thread streams 64-wide
-// k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with the bulk tensor
-// copy engine (128-byte swizzle, completion on a "full" mbarrier per stage). Warpgroups 1..NC are
-// consumers: each owns 64 rows and issues, per k-tile, four wgmma m64nBNk16 in ascending k, then
-// frees the stage on its "empty" mbarrier.
+// Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread
+// streams 64-wide k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
+// the bulk tensor copy engine (128-byte swizzle, completion on a "full" mbarrier per stage), running
+// ahead into the next tile. Warpgroups 1..NC are consumers: each owns 64 rows and issues, per k-tile,
+// four wgmma m64nBNk16 in ascending k, then frees the stage on its "empty" mbarrier; the epilogue adds
+// the bias, rounds, and hands 64 x 128-byte chunks to TMA stores that overlap the next tile.
+// m128n256_c2 runs the same in clusters of 2 CTAs along M that multicast halves of the B tile.
 //
 // Why a row of C does not depend on M, the tile configuration, or the other rows:
 //  - every element's accumulator starts at 0.0f in a register and receives the same sequence of
@@ -22,7 +24,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -90,7 +91,6 @@ struct Epi {
   std::int64_t bias_stride;
   int M, N, K;
   DType c_dtype, bias_dtype;
-  int debug_skip_store;  // EXPERIMENT ONLY (CUBESIM_TC_VARIANT): time the mainloop without the epilogue
   int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
@@ -401,7 +401,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       release((it - 1) % C::STAGES);
 
       const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
-      if (e.debug_skip_store && acc[0] != 12345.0f) continue;
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
@@ -523,8 +522,7 @@ int resident_clusters() {
 }
 
 template <class C>
-void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream,
-            int debug_skip_store = 0) {
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
   set_smem_attribute<C>();
   const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
   const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
@@ -539,8 +537,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
-  e.group_m = 16 / C::CLUSTER;
-  e.debug_skip_store = debug_skip_store;
+  e.group_m = 16 / C::CLUSTER;  // in units of CLUSTER m-tiles: 16 m-tiles a group
   CUtensorMap mc;
   std::memset(&mc, 0, sizeof mc);
   {
@@ -603,13 +600,7 @@ namespace cubesim::cuda::detail {
 
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
                     cudaStream_t stream) {
-  // EXPERIMENT ONLY: CUBESIM_TC_VARIANT picks a variant for `automatic` on large M.
-  if (const char* v = std::getenv("CUBESIM_TC_VARIANT"); v && cfg == TcConfig::automatic && ops.M > 64) {
-    const int x = std::atoi(v);
-    if (x == 1) return launch<CfgL2>(ops, bias, c, stream, 1);
-    if (x == 5) return launch<CfgL>(ops, bias, c, stream, 1);
-    if (x == 6) return launch<CfgL>(ops, bias, c, stream);
-  }
+
   switch (resolve_tc_config(cfg, ops.M, ops.N)) {
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream);
