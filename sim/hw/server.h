@@ -41,8 +41,10 @@ struct Server {
   std::uint64_t chunks = 0;
   sim::Duration busy = 0;
 
-  // Where spans go when tracing (created on the first traced span).
+  // Where spans go when tracing (created on the first traced span), and the end of the last span
+  // recorded there: split bookings can overlap in [first, last], and a track's spans must not.
   sim::Trace::TrackId track = kNoTrack;
+  Time traced_until = 0;
 
   // bytes / bandwidth, rounded up to a picosecond; the last size asked for is remembered, since a
   // transfer asks for the same chunk size over and over.

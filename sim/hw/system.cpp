@@ -549,6 +549,9 @@ void System::trace_stage(Stage& st, Server& s, std::uint64_t channel, const Tran
     }
     s.track = tr.track(name, group);
   }
+  start = std::max(start, s.traced_until);
+  if (end <= start) return;
+  s.traced_until = end;
   tr.span(s.track, fmt::format("t{}", r.id), start, end,
           {{"bytes", bytes}, {"chunk", chunk}, {"from", r.src->name()}, {"to", r.dst->name()}});
 }
