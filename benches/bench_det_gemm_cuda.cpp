@@ -5,7 +5,8 @@
 //
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
 //
-//   cublas_tflops   cublasGemmEx, bf16 in/out, CUBLAS_COMPUTE_32F, default math mode (no TF32)
+//   cublas_tflops   cublasGemmEx, bf16 in/out, CUBLAS_COMPUTE_32F, default math mode (no TF32);
+//                   timed in trials alternating with tc's (medians of 9 each)
 //   tc_tflops       GemmMode::tensor_core (wgmma bf16, f32 accumulators, batch-invariant)
 //   exact_tflops    GemmMode::exact (FFMA in the contract's order), against the f32 FFMA peak
 //                   SMs x 128 lanes x 2 x clock (cudaDevAttrClockRate)
@@ -23,6 +24,8 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -87,6 +90,44 @@ double time_median(F&& f, int sets, int reps, int trials) {
   CUBESIM_CUDA_CHECK(cudaEventDestroy(e1));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Medians of two callables timed in alternating trials, so that clock and power drift (these GPUs
+// move between about 1.6 and 1.98 GHz under load) falls on both alike.
+template <class F, class G>
+std::pair<double, double> time_interleaved(F&& f, G&& g, int sets, int reps, int trials) {
+  cudaEvent_t e0, e1;
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&e0));
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; ++i) {
+    f(i % sets);
+    g(i % sets);
+  }
+  CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> tf, tg;
+  auto one = [&](auto&& h, std::vector<double>& out) {
+    CUBESIM_CUDA_CHECK(cudaEventRecord(e0));
+    for (int r = 0; r < reps; ++r) h(r % sets);
+    CUBESIM_CUDA_CHECK(cudaEventRecord(e1));
+    CUBESIM_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUBESIM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    out.push_back(ms * 1e-3 / reps);
+  };
+  for (int tr = 0; tr < trials; ++tr) {
+    if (tr % 2) {
+      one(g, tg);
+      one(f, tf);
+    } else {
+      one(f, tf);
+      one(g, tg);
+    }
+  }
+  CUBESIM_CUDA_CHECK(cudaEventDestroy(e0));
+  CUBESIM_CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(tf.begin(), tf.end());
+  std::sort(tg.begin(), tg.end());
+  return {tf[tf.size() / 2], tg[tg.size() / 2]};
 }
 
 }  // namespace
@@ -179,9 +220,13 @@ int main(int argc, char** argv) try {
 
     const double est = flops / 500e12;  // rough seconds per tc/cuBLAS call
     const int reps = static_cast<int>(std::clamp(0.02 / std::max(est, 1e-6), 3.0, 200.0));
-    const double t_cublas = time_median([&](int set) { cublas(set, s.M, C_cublas.p); }, sets, reps, 7);
-    double t_tc = 0;
-    if (tc_ok) t_tc = time_median([&](int set) { ours(tco, set, s.M, C_tc.p); }, sets, reps, 7);
+    double t_cublas = 0, t_tc = 0;
+    if (tc_ok) {
+      std::tie(t_cublas, t_tc) = time_interleaved([&](int set) { cublas(set, s.M, C_cublas.p); },
+                                                  [&](int set) { ours(tco, set, s.M, C_tc.p); }, sets, reps, 9);
+    } else {
+      t_cublas = time_median([&](int set) { cublas(set, s.M, C_cublas.p); }, sets, reps, 9);
+    }
     // Every large-tile configuration forced, to choose `automatic` from measurements.
     nlohmann::json cfg_tf = nlohmann::json::object();
     if (tc_ok && s.M >= 2048) {
