@@ -14,7 +14,8 @@
 //                   computed in a larger one (cuBLAS is expected to show some; the modes must show 0)
 //
 // Targets (issue 8): tensor_core >= 0.8x cuBLAS for M >= 2048, >= 0.5x for M <= 64; exact >= 0.6x of
-// the FFMA peak on the compute-bound shapes (M >= 2048; with M <= 64 every mode reads B at memory speed). --json FILE writes every figure with the GPU name and date; --quick runs small shapes.
+// the FFMA peak on the compute-bound shapes (M >= 2048; with M <= 64 every mode reads B at memory
+// speed). --json FILE writes every figure with the GPU name and date; --quick runs small shapes.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
