@@ -21,6 +21,8 @@
 
 namespace cubesim::rt {
 
+class Tensor;
+
 enum class BackendKind { sim, host, cuda };
 std::string_view backend_name(BackendKind k);
 BackendKind parse_backend(std::string_view s);  // throws RuntimeError listing sim, host, cuda
@@ -58,6 +60,12 @@ class Backend {
   // streamed alongside (a reduction fused with the receive that delivered its data): only the
   // excess is charged.
   virtual void charge(int rank, const OpCost& cost, sim::Duration overlapped_with = 0) {}
+
+  // Runs c = a·b (+ bias) itself — values and time, on the calling rank — and returns true; or
+  // returns false, and the runtime computes it on the host and charge()s it. (2-D views.)
+  virtual bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) {
+    return false;
+  }
 
   // Whether values are skipped (sweeps of large systems): compute and copies move no bytes, and
   // timing is identical.

@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "kernels/sim_pe_gemm.h"
 #include "runtime/errors.h"
+#include "runtime/tensor.h"
 
 namespace cubesim::rt {
 
@@ -93,6 +95,31 @@ void SimBackend::charge(int rank, const OpCost& c, sim::Duration overlapped_with
     tr.span(tr.track(c.kind == OpCost::Kind::reduce ? "reduce" : "compute", fmt::format("rank{}", rank)), c.name, t0,
             sim_->now());
   }
+}
+
+namespace {
+// A 2-D view of simulated HBM as the PE kernel takes it; false when the layout is not row- or
+// column-major (the runtime then falls back to host compute and a roofline charge).
+bool hbm_matrix(const Tensor& t, kernels::HbmMatrix* out) {
+  if (t.dim() != 2 || (t.strides()[0] != 1 && t.strides()[1] != 1)) return false;
+  const auto& st = static_cast<const SimStorage&>(t.storage());
+  *out = kernels::HbmMatrix{&st.memory(), st.addr() + t.byte_offset(), t.dtype(), t.shape()[0], t.shape()[1],
+                            t.strides()[0], t.strides()[1]};
+  return true;
+}
+}  // namespace
+
+bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) {
+  kernels::HbmMatrix ha, hb, hc;
+  if (!hbm_matrix(a, &ha) || !hbm_matrix(b, &hb) || !hbm_matrix(c, &hc)) return false;
+  if (bias && !bias->is_contiguous()) return false;
+  kernels::HbmVector hv;
+  if (bias) {
+    const auto& st = static_cast<const SimStorage&>(bias->storage());
+    hv = kernels::HbmVector{&st.memory(), st.addr() + bias->byte_offset(), bias->dtype(), bias->numel()};
+  }
+  kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc, {.cubes = {c.device()}, .label = name});
+  return true;
 }
 
 std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, SimBackendOptions sim_opts) {

@@ -1,9 +1,10 @@
 // sim_backend.h — the simulated backend: ranks are cubes of a topology.
 //
 // Rank r's tensors live in cube r's HBM (real bytes, sparsely backed); Backend::copy is a
-// hw::System transfer through the simulated route; compute is done on the host by the same kernels
-// as the host backend (so the values are bit-identical) and its time is charged from the hardware
-// figures of the cube. With timing_only, no values are kept and every time is unchanged.
+// hw::System transfer through the simulated route; GEMMs run tile by tile on the cube's PEs
+// (operands through TCM by DMA, kernels/sim_pe_gemm.h); other compute is done on the host by the
+// same kernels as the host backend (so the values are bit-identical) and its time is charged from
+// the cube's figures (a roofline of the PEs' vector rate against HBM). With timing_only, no values are kept and every time is unchanged.
 //
 //   SimBackendOptions so;  so.topology = "ring4";
 //   auto ctx = make_sim_context({.trace = true}, so);
@@ -41,6 +42,8 @@ class SimStorage final : public Storage {
   void write(std::uint64_t offset, const void* src, std::uint64_t n) override;
   std::string where() const override;
   hw::MemRef at(std::uint64_t offset) const { return hw::MemRef{mem_, addr_ + offset}; }
+  hw::Memory& memory() const { return *mem_; }
+  std::uint64_t addr() const { return addr_; }
 
  private:
   hw::Memory* mem_;
@@ -57,6 +60,8 @@ class SimBackend final : public Backend {
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;
   void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) override;
   void charge(int rank, const OpCost& cost, sim::Duration overlapped_with) override;
+  // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
+  bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool timing_only() const override { return opts_.timing_only; }
 
   hw::System& system() { return *system_; }

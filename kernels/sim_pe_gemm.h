@@ -1,0 +1,74 @@
+// sim_pe_gemm.h — det_gemm on the simulated processing elements: real bytes, simulated time.
+//
+// C = A·B (+ bias) with A, B, C (and bias) in simulated memories (HBM). C is cut into tiles of
+// the PE's tile shape (topology "pe.tile": m x n, and k for the reduction blocks); tiles are dealt
+// round-robin to the PEs of the chosen cubes (cube-major, then PE). Each PE runs one process that
+// walks its tiles' (tile, k-block) steps in order:
+//   - A's and B's k-block tiles move HBM -> TCM by the PE's DMA (strided regions), double-buffered:
+//     step s+1's loads are issued before step s computes, across tile boundaries too;
+//   - the MAC array computes the block (time: m·n·k MACs at the PE's rate for the dtype) and the
+//     values are continued from the running f32 accumulator by det_gemm_accumulate on the bytes
+//     read from the TCM — the contract's "k blocked by loading the running accumulator";
+//   - after the last k-block, det_gemm_store adds the bias and rounds into a TCM output buffer
+//     (double-buffered) that the DMA writes back to HBM while the next tile proceeds.
+// So C is bitwise what det_gemm computes on the host, whatever the tile shape or PE count.
+// Operands are row-major (col_stride 1) or column-major (row_stride 1) views, so a transposed
+// weight is a view, not a copy. With a timing-only system, no values move and times are the same.
+//
+//   SimGemmReport r = sim_pe_gemm(sys, A, B, &bias, C, {.cubes = {0}});   // inside a process
+//   fmt::print("{} ({}-bound, {:.1%} of roofline)\n", sim::format_time(r.time), r.bound, r.efficiency);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "sim/core/time.h"
+#include "sim/hw/system.h"
+
+namespace cubesim::kernels {
+
+// rows x cols elements of dtype at memory->at(addr); element (r, c) at addr + (r*row_stride +
+// c*col_stride) * size. One of the strides must be 1.
+struct HbmMatrix {
+  hw::Memory* memory = nullptr;
+  std::uint64_t addr = 0;
+  DType dtype = DType::f32;
+  std::int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 1;
+};
+
+struct HbmVector {
+  hw::Memory* memory = nullptr;
+  std::uint64_t addr = 0;  // contiguous
+  DType dtype = DType::f32;
+  std::int64_t size = 0;
+};
+
+struct SimGemmOptions {
+  std::vector<int> cubes;  // cubes whose PEs run the tiles (empty: the cube that holds C)
+  int max_pes = 0;         // per cube; 0 = all
+  std::string label = "gemm";
+};
+
+// The run's time against the roofline: compute bound = MACs / (the PEs' MAC rate); memory bound =
+// the fewest bytes (A, B, bias read once, C written once) / the HBM bandwidth of the cubes used.
+struct SimGemmReport {
+  sim::Duration time = 0;
+  sim::Duration compute_bound = 0;
+  sim::Duration memory_bound = 0;
+  const char* bound = "compute";  // which of the two is larger
+  double efficiency = 0;          // max(compute_bound, memory_bound) / time
+  std::uint64_t macs = 0;
+  std::uint64_t min_bytes = 0;
+  std::uint64_t dma_bytes = 0;    // what the DMA engines actually moved
+  int pes = 0;
+  std::int64_t tile_m = 0, tile_n = 0, tile_k = 0;
+};
+
+// Blocks the calling process until C is in HBM. Throws std::invalid_argument on shapes, dtypes,
+// layouts or a TCM too small for the tile (naming them).
+SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias,
+                          const HbmMatrix& C, const SimGemmOptions& opts = {});
+
+}  // namespace cubesim::kernels
