@@ -5,8 +5,14 @@
 //   sim   simulated cubes: bytes in simulated HBM, movement through simulated links, time charged
 //         from the hardware model (values are computed on the host by the same kernels);
 //   host  the reference: plain CPU memory, no time;
-//   cuda  real GPUs (one rank per GPU; issue 8).
+//   cuda  real GPUs (one rank per GPU, runtime/cuda_backend.h).
 // All calls are made from a rank's own process (a fiber), which a timed call blocks.
+//
+// Hooks a backend may take over (each returns false by default, and the runtime then computes on
+// host values through Storage::read/write, which is always correct): gemm, reduce (the combining
+// step of the collective algorithms), elementwise (GELU, bias, copies, bias gradient) and
+// collective (a whole collective, for backends with their own library: NCCL). Backends that measure
+// real time bracket each GEMM and collective with begin_region/end_region.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +21,8 @@
 #include <string_view>
 
 #include "kernels/dtype.h"
+#include "kernels/elementwise.h"
+#include "runtime/collective_types.h"
 #include "runtime/storage.h"
 #include "sim/core/simulator.h"
 #include "sim/core/time.h"
@@ -22,6 +30,7 @@
 namespace cubesim::rt {
 
 class Tensor;
+class ProcessGroup;
 
 enum class BackendKind { sim, host, cuda };
 std::string_view backend_name(BackendKind k);
@@ -36,6 +45,37 @@ struct OpCost {
   std::uint64_t bytes_read = 0;
   std::uint64_t bytes_written = 0;
   double flops = 0;                  // elementwise/reduce arithmetic, for vector-unit time
+};
+
+// One collective as the runtime hands it to a backend that runs whole collectives (cuda + NCCL).
+// `buf` is the algorithm's working buffer, flat and contiguous on the calling rank:
+//   all_reduce, broadcast  in place;
+//   reduce_scatter         p chunks (chunk_range) in; chunk `index` holds the reduction afterwards;
+//   all_gather             chunk `index` in; every chunk out.
+struct CollectiveRequest {
+  enum class Kind { all_reduce, reduce_scatter, all_gather, broadcast };
+  Kind kind = Kind::all_reduce;
+  const Tensor* buf = nullptr;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;  // broadcast: the root's index in the group
+  const ProcessGroup* group = nullptr;
+  int index = 0;               // the caller's index in the group
+  std::uint64_t sequence = 0;  // the group's collective number: equal on every member for one call
+  std::string_view name;       // "all_reduce #3 on group 'world'"
+  std::uint64_t region = 0;    // the begin_region token of this collective (0: none)
+};
+std::string_view collective_kind_name(CollectiveRequest::Kind k);
+
+// An elementwise op (runtime/ops.h) for backends that compute where the data lives. Every tensor
+// is contiguous and on the calling rank; values follow kernels/elementwise.h and one rounding to
+// out's dtype, exactly as the host path computes them.
+struct ElementwiseRequest {
+  enum class Kind { gelu, gelu_backward, add, add_bias, bias_grad, copy };
+  Kind kind = Kind::copy;
+  kernels::GeluKind gelu = kernels::GeluKind::tanh;
+  const Tensor* x = nullptr;    // gelu, gelu_backward: x; add: a; add_bias: x; bias_grad: dy [rows, cols]; copy: src
+  const Tensor* y = nullptr;    // gelu_backward: dy; add: b; add_bias: bias [cols]
+  const Tensor* out = nullptr;  // bias_grad: db [cols], summed over rows in ascending order from +0.0f
 };
 
 class Backend {
@@ -66,6 +106,24 @@ class Backend {
   virtual bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) {
     return false;
   }
+
+  // dst = op(dst, src) with reduce_values' arithmetic (runtime/comm.h), on the calling rank; both
+  // contiguous, same dtype and size. false: the runtime computes it on host values.
+  virtual bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) { return false; }
+
+  // Computes the op where the data lives and returns true, or returns false (host values).
+  virtual bool elementwise(const ElementwiseRequest& r) { return false; }
+
+  // Runs the whole collective (values, on every member once all have called) and returns true; or
+  // false, and the runtime runs the selected algorithm over Comm (copy + reduce).
+  virtual bool collective(const CollectiveRequest& r) { return false; }
+
+  // Real-time measurement of one GEMM or collective on `rank` ("gemm", "collective"), for backends
+  // on hardware: begin returns a token (0: not measured), end closes it, and measured_seconds gives
+  // its duration once the spawn() that ran it has returned (negative when not measured).
+  virtual std::uint64_t begin_region(int rank, std::string_view kind) { return 0; }
+  virtual void end_region(std::uint64_t token) {}
+  virtual double measured_seconds(std::uint64_t token) { return -1; }
 
   // Whether values are skipped (sweeps of large systems): compute and copies move no bytes, and
   // timing is identical.

@@ -16,6 +16,16 @@ namespace cubesim::rt {
 
 std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
+std::string_view collective_kind_name(CollectiveRequest::Kind k) {
+  switch (k) {
+    case CollectiveRequest::Kind::all_reduce: return "all_reduce";
+    case CollectiveRequest::Kind::reduce_scatter: return "reduce_scatter";
+    case CollectiveRequest::Kind::all_gather: return "all_gather";
+    case CollectiveRequest::Kind::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
 std::string_view algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::ring: return "ring";
@@ -97,13 +107,16 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
   auto done = std::make_shared<sim::Event>(comm->name());
   Context& ctx = call.ctx;
   const int rank = call.rank;
-  auto run = [comm, done, body, &ctx, rank] {
+  auto run = [comm, done, body, &ctx, rank, signature] {
     const sim::Time t0 = ctx.simulator().now();
+    comm->region = ctx.backend().begin_region(rank, "collective");
     body(*comm);
+    ctx.backend().end_region(comm->region);
     const sim::Time t1 = ctx.simulator().now();
     ctx.add_comm(rank, t1 - t0);
     auto& tr = ctx.trace();
     tr.span(ctx.comm_track(rank), comm->name(), t0, t1);
+    if (ctx.options().record_ops) ctx.record_op(OpRecord{rank, "collective", comm->name(), signature, t0, t1, comm->region});
     done->trigger();
   };
   if (async) {
@@ -146,6 +159,21 @@ void finish_working(Comm& comm, const Working& w, const Tensor& t) {
   ctx.backend().charge(comm.rank(), c);
 }
 
+// Offers the whole collective to the backend (NCCL on cuda); false: run the algorithm.
+bool backend_runs(Comm& comm, CollectiveRequest::Kind k, const Tensor& buf, ReduceOp op = ReduceOp::sum, int root = 0) {
+  CollectiveRequest r;
+  r.kind = k;
+  r.buf = &buf;
+  r.op = op;
+  r.root = root;
+  r.group = &comm.group();
+  r.index = comm.me();
+  r.sequence = comm.sequence();
+  r.name = comm.name();
+  r.region = comm.region;
+  return comm.context().backend().collective(r);
+}
+
 std::string sig(const char* what, const Tensor& t, const Call& c, std::string extra = {}) {
   return fmt::format("({}{}[{}], {}{})", extra, dtype_name(t.dtype()), t.numel(), algorithm_name(c.algorithm),
                      c.acc_f32 ? ", f32 accumulation" : "");
@@ -169,7 +197,9 @@ Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOpt
   const std::string s = sig("all_reduce", t, c, fmt::format("{}, ", reduce_op_name(op)));
   return launch(c, "all_reduce", s, o.async_op, [t, op, c](Comm& comm) {
     Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
-    all_reduce_body(comm, w.buf, op, c.algorithm, c.hierarchy);
+    if (!backend_runs(comm, CollectiveRequest::Kind::all_reduce, w.buf, op)) {
+      all_reduce_body(comm, w.buf, op, c.algorithm, c.hierarchy);
+    }
     finish_working(comm, w, t);
   });
 }
@@ -189,10 +219,12 @@ Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGro
     comm.copy_local(buf, in.flatten());
     Working w = working_copy(comm, buf, c.acc_f32 && op == ReduceOp::sum);
     const auto m = algo::Members::whole(comm);
-    switch (c.algorithm) {
-      case Algorithm::ring: algo::ring_reduce_scatter(comm, m, w.buf, op); break;
-      case Algorithm::direct: algo::direct_reduce_scatter(comm, m, w.buf, op); break;
-      default: algo::hd_reduce_scatter(comm, m, w.buf, op); break;
+    if (!backend_runs(comm, CollectiveRequest::Kind::reduce_scatter, w.buf, op)) {
+      switch (c.algorithm) {
+        case Algorithm::ring: algo::ring_reduce_scatter(comm, m, w.buf, op); break;
+        case Algorithm::direct: algo::direct_reduce_scatter(comm, m, w.buf, op); break;
+        default: algo::hd_reduce_scatter(comm, m, w.buf, op); break;
+      }
     }
     finish_working(comm, w, buf);
     comm.copy_local(out.flatten(), algo::region(buf, chunk_range(buf.numel(), comm.size(), comm.me())));
@@ -212,6 +244,7 @@ Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, Collec
     const Tensor flat = out.flatten();
     comm.copy_local(algo::region(flat, chunk_range(flat.numel(), comm.size(), comm.me())), in.flatten());
     const auto m = algo::Members::whole(comm);
+    if (backend_runs(comm, CollectiveRequest::Kind::all_gather, flat)) return;
     switch (c.algorithm) {
       case Algorithm::ring: algo::ring_all_gather(comm, m, flat); break;
       case Algorithm::direct: algo::direct_all_gather(comm, m, flat); break;
@@ -234,6 +267,7 @@ Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions
     for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
     m.pos = (comm.me() - ri + p) % p;
     const Tensor flat = t.flatten();
+    if (backend_runs(comm, CollectiveRequest::Kind::broadcast, flat, ReduceOp::sum, ri)) return;
     switch (c.algorithm) {
       case Algorithm::ring: algo::ring_broadcast(comm, m, flat); break;
       case Algorithm::direct: algo::direct_broadcast(comm, m, flat); break;

@@ -53,6 +53,10 @@ class Comm {
   int rank_of(int index) const { return group_.rank_at(index); }
   Context& context() { return ctx_; }
   const std::string& name() const { return name_; }
+  ProcessGroup& group() const { return group_; }
+  std::uint64_t sequence() const { return seq_; }  // the group's collective number, equal on every member
+
+  std::uint64_t region = 0;  // the backend's begin_region token for this collective (0: none)
 
   struct Send {
     std::shared_ptr<sim::Event> done;

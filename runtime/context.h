@@ -37,6 +37,17 @@ struct ContextOptions {
   bool accumulate_f32 = false;            // default for CollectiveOptions::accumulate_f32
   int hierarchy = 0;                      // default inner-group size for hierarchical (0: auto)
   std::size_t stack_size = 256 * 1024;    // per rank process
+  bool record_ops = false;                // keep an OpRecord of every GEMM and collective (op_records())
+};
+
+// One GEMM or collective as a rank ran it (ContextOptions::record_ops), in the rank's program order.
+struct OpRecord {
+  int rank = 0;
+  std::string kind;    // "gemm", "collective"
+  std::string name;    // "column fprop", "all_reduce #3 on group 'world'"
+  std::string detail;  // "bf16 4096x14336x4096", "bf16[4194304] ring"
+  sim::Time start = 0, end = 0;  // simulated
+  std::uint64_t region = 0;      // the backend's begin_region token (Backend::measured_seconds)
 };
 
 // Simulated time a rank spent, split by what it was doing.
@@ -100,6 +111,12 @@ class Context {
     return *static_cast<T*>(slot.get());
   }
 
+  // The GEMMs and collectives of the last spawn() (ContextOptions::record_ops).
+  const std::vector<OpRecord>& op_records() const { return op_records_; }
+  void record_op(OpRecord r) {
+    if (opts_.record_ops) op_records_.push_back(std::move(r));
+  }
+
   // Spawns a helper process acting for `rank` (async collectives, sends in flight).
   void spawn_for_rank(int rank, std::string name, std::function<void()> fn);
 
@@ -129,6 +146,7 @@ class Context {
   std::map<std::tuple<int, std::uint64_t, int, int, std::uint64_t>, std::unique_ptr<Mailbox>> mail_;
   std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
   std::map<std::string, std::shared_ptr<void>> extensions_;
+  std::vector<OpRecord> op_records_;
   struct RankSlot {
     Context* ctx;
     int rank;

@@ -93,38 +93,44 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& 
     throw RuntimeError(fmt::format("{}: bias {} must be 1-D with {} elements (C's columns)", name, bias->describe(),
                                    c.shape()[1]));
   }
-  {
-    Context& ctx = Context::current(name);
-    const int rank = Context::current_rank(name);
-    const sim::Time t0 = ctx.simulator().now();
-    if (c.device() == rank && ctx.backend().gemm(a, b, bias, c, name)) {  // the backend ran it
-      const sim::Time t1 = ctx.simulator().now();
-      ctx.add_compute(rank, t1 - t0);
-      if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), name, t0, t1);
-      return;
+  Context& ctx = Context::current(name);
+  const int rank = Context::current_rank(name);
+  Backend& be = ctx.backend();
+  const sim::Time t0 = ctx.simulator().now();
+  const std::uint64_t region = be.begin_region(rank, "gemm");
+  if (c.device() == rank && be.gemm(a, b, bias, c, name)) {  // the backend ran it
+    const sim::Time t1 = ctx.simulator().now();
+    ctx.add_compute(rank, t1 - t0);
+    if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), name, t0, t1);
+  } else {
+    if (values(c)) {
+      Staged sa = stage(a, true), sb = stage(b, true), sc = stage(c, !c.is_contiguous());
+      std::vector<std::uint8_t> bias_host;
+      kernels::VectorView bv;
+      if (bias) {
+        bias_host = bias->to_host_bytes();
+        bv = kernels::VectorView::contiguous(bias_host.data(), bias->dtype(), bias->numel());
+      }
+      kernels::det_gemm(sa.view, sb.view, bias ? &bv : nullptr, sc.view);
+      unstage(c, sc);
     }
+    OpCost cost;
+    cost.kind = OpCost::Kind::gemm;
+    cost.name = name;
+    cost.m = a.shape()[0];
+    cost.n = b.shape()[1];
+    cost.k = a.shape()[1];
+    cost.dtype = a.dtype();
+    cost.bytes_read = a.nbytes() + b.nbytes();
+    cost.bytes_written = c.nbytes();
+    account(c, cost);
   }
-  if (values(c)) {
-    Staged sa = stage(a, true), sb = stage(b, true), sc = stage(c, !c.is_contiguous());
-    std::vector<std::uint8_t> bias_host;
-    kernels::VectorView bv;
-    if (bias) {
-      bias_host = bias->to_host_bytes();
-      bv = kernels::VectorView::contiguous(bias_host.data(), bias->dtype(), bias->numel());
-    }
-    kernels::det_gemm(sa.view, sb.view, bias ? &bv : nullptr, sc.view);
-    unstage(c, sc);
+  be.end_region(region);
+  if (ctx.options().record_ops) {
+    ctx.record_op(OpRecord{rank, "gemm", name,
+                           fmt::format("{} {}x{}x{}", dtype_name(a.dtype()), a.shape()[0], b.shape()[1], a.shape()[1]),
+                           t0, ctx.simulator().now(), region});
   }
-  OpCost cost;
-  cost.kind = OpCost::Kind::gemm;
-  cost.name = name;
-  cost.m = a.shape()[0];
-  cost.n = b.shape()[1];
-  cost.k = a.shape()[1];
-  cost.dtype = a.dtype();
-  cost.bytes_read = a.nbytes() + b.nbytes();
-  cost.bytes_written = c.nbytes();
-  account(c, cost);
 }
 
 void bias_grad(const Tensor& dy, const Tensor& db) {
@@ -134,7 +140,8 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
                                    d2.shape()[1], dy.describe()));
   }
   same_rank(dy, db, "bias_grad");
-  if (values(db)) {
+  ElementwiseRequest req{ElementwiseRequest::Kind::bias_grad, kernels::GeluKind::tanh, &d2, nullptr, &db};
+  if (values(db) && !(d2.is_contiguous() && db.is_contiguous() && Context::current("bias_grad").backend().elementwise(req))) {
     Staged s = stage(d2, true);
     std::vector<std::uint8_t> out(db.nbytes());
     kernels::det_gemm_bias_grad(s.view, kernels::MutableVectorView::contiguous(out.data(), db.dtype(), db.numel()));
@@ -146,15 +153,28 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
 }
 
 namespace {
+bool all_contiguous(const std::vector<const Tensor*>& in, const Tensor& out) {
+  for (const Tensor* t : in) {
+    if (!t->is_contiguous()) return false;
+  }
+  return out.is_contiguous();
+}
+
 template <class F>
-void elementwise(const char* name, const std::vector<const Tensor*>& in, const Tensor& out, double flops_per, F f) {
+void elementwise(ElementwiseRequest req, const std::vector<const Tensor*>& in, const Tensor& out, double flops_per, F f) {
+  const char* name = req.kind == ElementwiseRequest::Kind::gelu            ? "gelu"
+                     : req.kind == ElementwiseRequest::Kind::gelu_backward ? "gelu_backward"
+                     : req.kind == ElementwiseRequest::Kind::add           ? "add"
+                                                                           : "add_bias";
   for (const Tensor* t : in) {
     if (t->shape() != out.shape()) {
       throw RuntimeError(fmt::format("{}: {} and {} must have the same shape", name, t->describe(), out.describe()));
     }
     same_rank(*t, out, name);
   }
-  if (values(out)) {
+  req.out = &out;
+  if (values(out) && !(all_contiguous(in, out) && (!req.y || req.y->is_contiguous()) &&
+                       Context::current(name).backend().elementwise(req))) {
     std::vector<std::vector<float>> xs;
     for (const Tensor* t : in) xs.push_back(t->to_host_f32());
     std::vector<float> y(static_cast<std::size_t>(out.numel()));
@@ -166,20 +186,23 @@ void elementwise(const char* name, const std::vector<const Tensor*>& in, const T
   OpCost cost{OpCost::Kind::elementwise, name, 0, 0, 0, out.dtype(), rd, out.nbytes(), flops_per * static_cast<double>(out.numel())};
   account(out, cost);
 }
+using EK = ElementwiseRequest::Kind;
 }  // namespace
 
 void gelu(kernels::GeluKind k, const Tensor& x, const Tensor& y) {
-  elementwise("gelu", {&x}, y, 20, [k](auto& xs, auto& out) { kernels::gelu_forward(k, xs[0].data(), out.data(), static_cast<std::int64_t>(out.size())); });
+  elementwise({EK::gelu, k, &x}, {&x}, y, 20, [k](auto& xs, auto& out) {
+    kernels::gelu_forward(k, xs[0].data(), out.data(), static_cast<std::int64_t>(out.size()));
+  });
 }
 
 void gelu_backward(kernels::GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  elementwise("gelu_backward", {&x, &dy}, dx, 30, [k](auto& xs, auto& out) {
+  elementwise({EK::gelu_backward, k, &x, &dy}, {&x, &dy}, dx, 30, [k](auto& xs, auto& out) {
     kernels::gelu_backward(k, xs[0].data(), xs[1].data(), out.data(), static_cast<std::int64_t>(out.size()));
   });
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  elementwise("add", {&a, &b}, y, 1, [](auto& xs, auto& out) {
+  elementwise({EK::add, kernels::GeluKind::tanh, &a, &b}, {&a, &b}, y, 1, [](auto& xs, auto& out) {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = xs[0][i] + xs[1][i];
   });
 }
@@ -189,9 +212,9 @@ void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y) {
     throw RuntimeError(fmt::format("add_bias: bias {} must have {} elements (the columns of {})", bias.describe(),
                                    x.cols(), x.describe()));
   }
-  const std::vector<float> b = values(y) ? bias.to_host_f32() : std::vector<float>{};
   const std::int64_t cols = x.cols();
-  elementwise("add_bias", {&x}, y, 1, [&b, cols](auto& xs, auto& out) {
+  elementwise({EK::add_bias, kernels::GeluKind::tanh, &x, &bias}, {&x}, y, 1, [&bias, cols](auto& xs, auto& out) {
+    const std::vector<float> b = bias.to_host_f32();
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = xs[0][i] + b[i % static_cast<std::size_t>(cols)];
   });
 }
@@ -199,7 +222,8 @@ void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y) {
 void copy(const Tensor& src, const Tensor& dst) {
   check_same_shape(src, dst, "copy");
   same_rank(src, dst, "copy");
-  if (values(dst)) {
+  ElementwiseRequest req{EK::copy, kernels::GeluKind::tanh, &src, nullptr, &dst};
+  if (values(dst) && !(src.is_contiguous() && dst.is_contiguous() && Context::current("copy").backend().elementwise(req))) {
     const auto bytes = src.to_host_bytes();
     dst.copy_from_host_bytes(bytes.data(), bytes.size());
   }

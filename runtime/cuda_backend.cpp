@@ -1,0 +1,570 @@
+#include "runtime/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "runtime/cuda_kernels.h"
+#include "runtime/errors.h"
+#include "runtime/nccl_library.h"
+#include "runtime/process_group.h"
+#include "runtime/tensor.h"
+#include "sim/core/event.h"
+
+namespace cubesim::rt {
+
+std::string_view cuda_collectives_name(CudaCollectives c) { return c == CudaCollectives::ring ? "ring" : "nccl"; }
+
+CudaCollectives parse_cuda_collectives(std::string_view s) {
+  if (s == "ring" || s == "deterministic") return CudaCollectives::ring;
+  if (s == "nccl") return CudaCollectives::nccl;
+  throw RuntimeError(fmt::format("unknown cuda collectives '{}': valid are ring (deterministic, bitwise equal to the "
+                                 "simulator) and nccl",
+                                 s));
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("cudaGetDeviceCount failed: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return n == 0 ? "cudaGetDeviceCount reports 0 devices" : "";
+}
+
+namespace {
+
+// Size classes: powers of two up to 1 MiB (at least 512 B), above that multiples of an eighth of
+// the next power of two (at most 12.5% slack).
+std::uint64_t size_class(std::uint64_t n) {
+  n = std::max<std::uint64_t>(n, 1);
+  const std::uint64_t p = std::bit_ceil(n);
+  if (p <= (1u << 20)) return std::max<std::uint64_t>(p, 512);
+  const std::uint64_t step = p / 8;
+  return (n + step - 1) / step * step;
+}
+
+// One GPU: its stream, an event for ordering other streams against it, and its allocator. Shared
+// by the backend and every storage on it, so storages may outlive the backend.
+struct Device {
+  int id = 0;
+  std::string name;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t order = nullptr;
+  std::map<std::uint64_t, std::vector<void*>> free;
+  CudaAllocatorStats stats;
+
+  Device(int id_) : id(id_) {
+    CUBESIM_CUDA_CHECK(cudaSetDevice(id));
+    cudaDeviceProp prop{};
+    CUBESIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, id));
+    name = prop.name;
+    CUBESIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUBESIM_CUDA_CHECK(cudaEventCreateWithFlags(&order, cudaEventDisableTiming));
+  }
+  ~Device() {
+    // No throwing here: a failed teardown after a CUDA error must not terminate the process.
+    cudaSetDevice(id);
+    cudaStreamSynchronize(stream);
+    for (auto& [cls, blocks] : free) {
+      for (void* p : blocks) cudaFree(p);
+    }
+    cudaEventDestroy(order);
+    cudaStreamDestroy(stream);
+    cudaGetLastError();
+  }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  void use() const { CUBESIM_CUDA_CHECK(cudaSetDevice(id)); }
+
+  void* allocate(std::uint64_t cls, int rank, std::string_view what) {
+    auto it = free.find(cls);
+    if (it != free.end() && !it->second.empty()) {
+      // Reuse in stream order: every earlier use of the block was on this stream or ordered
+      // before this stream's later work (copies into it wait on this stream's order event).
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats.cached_bytes -= cls;
+      stats.in_use_bytes += cls;
+      ++stats.reuses;
+      return p;
+    }
+    use();
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, cls);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      trim();  // give the cache back and try once more
+      e = cudaMalloc(&p, cls);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::size_t fr = 0, total = 0;
+      cudaMemGetInfo(&fr, &total);
+      cudaGetLastError();
+      throw RuntimeError(fmt::format("allocation '{}' of {} bytes on rank {} ({}, GPU {}): cudaMalloc failed: {} ({}); "
+                                     "the allocator holds {} bytes in use and {} cached; the GPU has {} of {} bytes free",
+                                     what, cls, rank, name, id, cudaGetErrorName(e), cudaGetErrorString(e),
+                                     stats.in_use_bytes, stats.cached_bytes, fr, total));
+    }
+    ++stats.device_mallocs;
+    stats.in_use_bytes += cls;
+    return p;
+  }
+
+  void release(void* p, std::uint64_t cls) {
+    free[cls].push_back(p);
+    stats.in_use_bytes -= cls;
+    stats.cached_bytes += cls;
+  }
+
+  void trim() {
+    cudaSetDevice(id);
+    cudaStreamSynchronize(stream);
+    for (auto& [cls, blocks] : free) {
+      for (void* p : blocks) cudaFree(p);
+      stats.cached_bytes -= cls * blocks.size();
+      blocks.clear();
+    }
+  }
+};
+
+class CudaStorage final : public Storage {
+ public:
+  CudaStorage(int rank, std::uint64_t bytes, std::shared_ptr<Device> dev, void* ptr, std::uint64_t cls)
+      : Storage(rank, bytes), dev_(std::move(dev)), ptr_(static_cast<std::uint8_t*>(ptr)), cls_(cls) {}
+  ~CudaStorage() override { dev_->release(ptr_, cls_); }
+
+  void read(std::uint64_t offset, void* dst, std::uint64_t n) const override {
+    if (n == 0) return;
+    check(offset, n, "read");
+    dev_->use();
+    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
+    CUBESIM_CUDA_CHECK(cudaMemcpy(dst, ptr_ + offset, n, cudaMemcpyDeviceToHost));
+  }
+  void write(std::uint64_t offset, const void* src, std::uint64_t n) override {
+    if (n == 0) return;
+    check(offset, n, "write");
+    dev_->use();
+    CUBESIM_CUDA_CHECK(cudaMemcpyAsync(ptr_ + offset, src, n, cudaMemcpyHostToDevice, dev_->stream));
+    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));  // the caller may free src on return
+  }
+  std::string where() const override {
+    return fmt::format("GPU {} ({}) @ {}", dev_->id, dev_->name, static_cast<const void*>(ptr_));
+  }
+
+  std::uint8_t* ptr() const { return ptr_; }
+  Device& device() const { return *dev_; }
+
+ private:
+  void check(std::uint64_t offset, std::uint64_t n, const char* what) const {
+    if (offset + n > bytes()) {
+      throw RuntimeError(fmt::format("{} of {} bytes at offset {} outside the {} bytes at {}", what, n, offset, bytes(),
+                                     where()));
+    }
+  }
+  std::shared_ptr<Device> dev_;
+  std::uint8_t* ptr_;
+  std::uint64_t cls_;
+};
+
+const CudaStorage* as_cuda(const Storage& s) { return dynamic_cast<const CudaStorage*>(&s); }
+
+// Device address of a tensor's first element (nullptr when it is not on this backend).
+std::uint8_t* dptr(const Tensor& t) {
+  const CudaStorage* s = as_cuda(t.storage());
+  return s ? s->ptr() + t.byte_offset() : nullptr;
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    default: return ncclFloat32;
+  }
+}
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int ranks = 0;
+  CudaBackendOptions opts;
+  std::vector<std::shared_ptr<Device>> devs;
+
+  // NCCL: communicators per member list, and the rendezvous of each collective in flight.
+  const NcclLibrary* nccl = nullptr;
+  std::map<std::vector<int>, std::vector<ncclComm_t>> comms;
+  struct Rendezvous {
+    std::vector<CollectiveRequest> reqs;
+    std::vector<Tensor> bufs;
+    int arrived = 0, left = 0;
+    std::shared_ptr<sim::Event> done;
+    std::exception_ptr error;
+  };
+  std::map<std::pair<int, std::uint64_t>, std::shared_ptr<Rendezvous>> rendezvous;
+
+  // Measured regions; token = index + 1.
+  struct Region {
+    int rank = 0;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    double seconds = -1;
+  };
+  std::vector<Region> regions;
+
+  Device& dev(int rank) { return *devs.at(static_cast<std::size_t>(rank)); }
+
+  const std::vector<ncclComm_t>& comm_for(const std::vector<int>& members) {
+    auto it = comms.find(members);
+    if (it != comms.end()) return it->second;
+    if (!nccl) nccl = &NcclLibrary::get();
+    std::vector<ncclComm_t> c(members.size());
+    nccl->check(nccl->comm_init_all(c.data(), static_cast<int>(members.size()), members.data()),
+                fmt::format("ncclCommInitAll(devices {})", fmt::join(members, ", ")));
+    return comms.emplace(members, std::move(c)).first->second;
+  }
+
+  void issue(Rendezvous& v, const ProcessGroup& g);
+};
+
+CudaBackend::CudaBackend(int ranks, CudaBackendOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = opts;
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw RuntimeError(fmt::format("cuda backend: no usable CUDA GPU (cudaGetDeviceCount failed: {}: {}); use the sim "
+                                   "or host backend on this machine",
+                                   cudaGetErrorName(e), cudaGetErrorString(e)));
+  }
+  if (ranks < 1) throw RuntimeError(fmt::format("cuda backend: {} ranks requested; give 1 to {}", ranks, n));
+  if (ranks > n) {
+    const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw RuntimeError(fmt::format("cuda backend: {} ranks need {} GPUs (one rank per GPU), but {} {} visible{}; use at "
+                                   "most {} ranks",
+                                   ranks, ranks, n, n == 1 ? "is" : "are",
+                                   vis ? fmt::format(" (CUDA_VISIBLE_DEVICES={})", vis) : "", n));
+  }
+  impl_->ranks = ranks;
+  for (int r = 0; r < ranks; ++r) impl_->devs.push_back(std::make_shared<Device>(r));
+  // Peer access where the hardware has it (NVLink, PCIe P2P); cudaMemcpyPeerAsync works either way.
+  for (int i = 0; i < ranks; ++i) {
+    for (int j = 0; j < ranks; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      CUBESIM_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, i, j));
+      if (!can) continue;
+      CUBESIM_CUDA_CHECK(cudaSetDevice(i));
+      const cudaError_t pe = cudaDeviceEnablePeerAccess(j, 0);
+      if (pe == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        CUBESIM_CUDA_CHECK(pe);
+      }
+    }
+  }
+  if (opts.collectives == CudaCollectives::nccl) {
+    // The world's communicators now, outside the rank fibers.
+    std::vector<int> all(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) all[static_cast<std::size_t>(r)] = r;
+    impl_->comm_for(all);
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  for (auto& d : impl_->devs) {
+    cudaSetDevice(d->id);
+    cudaStreamSynchronize(d->stream);
+  }
+  if (impl_->nccl) {
+    for (auto& [members, cs] : impl_->comms) {
+      for (ncclComm_t c : cs) impl_->nccl->comm_destroy(c);
+    }
+  }
+  for (auto& r : impl_->regions) {
+    cudaEventDestroy(r.start);
+    cudaEventDestroy(r.stop);
+  }
+  cudaGetLastError();
+}
+
+int CudaBackend::ranks() const { return impl_->ranks; }
+const CudaBackendOptions& CudaBackend::options() const { return impl_->opts; }
+std::string CudaBackend::device_name(int rank) const { return impl_->devs.at(static_cast<std::size_t>(rank))->name; }
+int CudaBackend::nccl_version() const { return impl_->nccl ? impl_->nccl->version : 0; }
+
+std::string CudaBackend::describe() const {
+  const std::string gpu = impl_->devs.empty() ? "?" : impl_->devs[0]->name;
+  return fmt::format("cuda: {} x {} ({} GEMM, {} collectives)", impl_->ranks, gpu, cuda::gemm_mode_name(impl_->opts.gemm_mode),
+                     cuda_collectives_name(impl_->opts.collectives));
+}
+
+void CudaBackend::synchronize() {
+  for (auto& d : impl_->devs) {
+    d->use();
+    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d->stream));
+  }
+}
+
+CudaAllocatorStats CudaBackend::allocator_stats(int rank) const { return impl_->devs.at(static_cast<std::size_t>(rank))->stats; }
+
+std::shared_ptr<Storage> CudaBackend::allocate(int rank, std::uint64_t bytes, std::string_view what) {
+  if (rank < 0 || rank >= impl_->ranks) {
+    throw RuntimeError(fmt::format("allocation '{}' on rank {}: the cuda backend has ranks 0 to {} (one per GPU)", what,
+                                   rank, impl_->ranks - 1));
+  }
+  auto dev = impl_->devs[static_cast<std::size_t>(rank)];
+  const std::uint64_t cls = size_class(bytes);
+  void* p = dev->allocate(cls, rank, what);
+  return std::make_shared<CudaStorage>(rank, bytes, std::move(dev), p, cls);
+}
+
+void CudaBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) {
+  if (n == 0) return;
+  const CudaStorage* s = as_cuda(src);
+  const CudaStorage* d = as_cuda(dst);
+  if (!s || !d) throw RuntimeError(fmt::format("cuda backend: copy between {} and {}: both must be GPU memory", src.where(), dst.where()));
+  Device& ds = s->device();
+  Device& dd = d->device();
+  if (&ds == &dd) {
+    ds.use();
+    CUBESIM_CUDA_CHECK(cudaMemcpyAsync(d->ptr() + dst_off, s->ptr() + src_off, n, cudaMemcpyDeviceToDevice, ds.stream));
+    return;
+  }
+  // The receiver's earlier work on dst finishes before the bytes arrive; its later work waits
+  // for them. The sender's stream orders the copy after whatever produced src.
+  dd.use();
+  CUBESIM_CUDA_CHECK(cudaEventRecord(dd.order, dd.stream));
+  ds.use();
+  CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(ds.stream, dd.order, 0));
+  CUBESIM_CUDA_CHECK(cudaMemcpyPeerAsync(d->ptr() + dst_off, dd.id, s->ptr() + src_off, ds.id, n, ds.stream));
+  CUBESIM_CUDA_CHECK(cudaEventRecord(ds.order, ds.stream));
+  dd.use();
+  CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(dd.stream, ds.order, 0));
+}
+
+bool CudaBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) {
+  const int rank = c.device();
+  for (const Tensor* t : {&a, &b, &c}) {
+    if (!as_cuda(t->storage()) || t->device() != rank || t->dim() != 2) return false;
+  }
+  if (bias && (!as_cuda(bias->storage()) || bias->device() != rank || !bias->is_contiguous())) return false;
+  auto view = [](const Tensor& t) {
+    return kernels::MatrixView{dptr(t), t.dtype(), t.shape()[0], t.shape()[1], t.strides()[0], t.strides()[1]};
+  };
+  const kernels::MutableMatrixView cv{dptr(c), c.dtype(), c.shape()[0], c.shape()[1], c.strides()[0], c.strides()[1]};
+  kernels::VectorView bv;
+  if (bias) bv = kernels::VectorView::contiguous(dptr(*bias), bias->dtype(), bias->numel());
+  Device& d = impl_->dev(rank);
+  d.use();
+  cuda::GemmOptions go;
+  go.mode = impl_->opts.gemm_mode;
+  cuda::det_gemm_cuda(view(a), view(b), bias ? &bv : nullptr, cv, go, d.stream);
+  return true;
+}
+
+bool CudaBackend::reduce(const Tensor& dst, const Tensor& src, ReduceOp op) {
+  if (!as_cuda(dst.storage()) || !as_cuda(src.storage()) || dst.device() != src.device() ||
+      dst.dtype() != src.dtype() || dst.numel() != src.numel()) {
+    return false;
+  }
+  Device& d = impl_->dev(dst.device());
+  d.use();
+  cudak::reduce(dptr(dst), dptr(src), dst.dtype(), dst.numel(), op, d.stream);
+  return true;
+}
+
+bool CudaBackend::elementwise(const ElementwiseRequest& r) {
+  using K = ElementwiseRequest::Kind;
+  const Tensor& out = *r.out;
+  const int rank = out.device();
+  for (const Tensor* t : {r.x, r.y, r.out}) {
+    if (t && (!as_cuda(t->storage()) || t->device() != rank || !t->is_contiguous())) return false;
+  }
+  Device& d = impl_->dev(rank);
+  d.use();
+  const Tensor& x = *r.x;
+  switch (r.kind) {
+    case K::gelu: cudak::gelu(r.gelu, dptr(x), x.dtype(), dptr(out), out.dtype(), out.numel(), d.stream); break;
+    case K::gelu_backward:
+      cudak::gelu_backward(r.gelu, dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(),
+                           d.stream);
+      break;
+    case K::add:
+      cudak::add(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(), d.stream);
+      break;
+    case K::add_bias:
+      cudak::add_bias(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
+      break;
+    case K::bias_grad:
+      cudak::bias_grad(dptr(x), x.dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
+      break;
+    case K::copy:
+      if (x.dtype() != out.dtype() || x.nbytes() != out.nbytes()) return false;
+      if (x.nbytes() > 0) {
+        CUBESIM_CUDA_CHECK(cudaMemcpyAsync(dptr(out), dptr(x), x.nbytes(), cudaMemcpyDeviceToDevice, d.stream));
+      }
+      break;
+  }
+  return true;
+}
+
+void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
+  const auto& cs = comm_for(g.ranks());
+  const int p = g.size();
+  const NcclLibrary& lib = *nccl;
+  const CollectiveRequest& r0 = v.reqs[0];
+  const std::string what = fmt::format("{} ({}[{}])", r0.name, dtype_name(v.bufs[0].dtype()), v.bufs[0].numel());
+  const auto red = [](ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; };
+  // Members' streams start the collective now: re-record the regions' starts here, so a member
+  // that arrived early does not count the wait for the others.
+  for (int i = 0; i < p; ++i) {
+    const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
+    if (r.region) {
+      Device& d = dev(g.rank_at(i));
+      d.use();
+      CUBESIM_CUDA_CHECK(cudaEventRecord(regions[r.region - 1].start, d.stream));
+    }
+  }
+  lib.check(lib.group_start(), "ncclGroupStart for " + what);
+  for (int i = 0; i < p; ++i) {
+    const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
+    const Tensor& t = v.bufs[static_cast<std::size_t>(i)];
+    Device& d = dev(g.rank_at(i));
+    std::uint8_t* buf = dptr(t);
+    const std::size_t n = static_cast<std::size_t>(t.numel());
+    const std::size_t chunk = n / static_cast<std::size_t>(p);
+    const ncclDataType_t dt = nccl_type(t.dtype());
+    const ncclComm_t c = cs[static_cast<std::size_t>(i)];
+    ncclResult_t res = ncclSuccess;
+    const char* call = "";
+    switch (r.kind) {
+      case CollectiveRequest::Kind::all_reduce:
+        call = "ncclAllReduce";
+        res = lib.all_reduce(buf, buf, n, dt, red(r.op), c, d.stream);
+        break;
+      case CollectiveRequest::Kind::reduce_scatter:
+        call = "ncclReduceScatter";
+        res = lib.reduce_scatter(buf, buf + i * chunk * t.element_size(), chunk, dt, red(r.op), c, d.stream);
+        break;
+      case CollectiveRequest::Kind::all_gather:
+        call = "ncclAllGather";
+        res = lib.all_gather(buf + i * chunk * t.element_size(), buf, chunk, dt, c, d.stream);
+        break;
+      case CollectiveRequest::Kind::broadcast:
+        call = "ncclBroadcast";
+        res = lib.broadcast(buf, buf, n, dt, r.root, c, d.stream);
+        break;
+    }
+    if (res != ncclSuccess) {
+      lib.group_end();
+      lib.check(res, fmt::format("{} on rank {} (GPU {}) for {}", call, g.rank_at(i), d.id, what));
+    }
+  }
+  lib.check(lib.group_end(), "ncclGroupEnd for " + what);
+}
+
+bool CudaBackend::collective(const CollectiveRequest& r) {
+  if (impl_->opts.collectives != CudaCollectives::nccl) return false;
+  const ProcessGroup& g = *r.group;
+  const int p = g.size();
+  const bool chunked = r.kind == CollectiveRequest::Kind::reduce_scatter || r.kind == CollectiveRequest::Kind::all_gather;
+  if (chunked && r.buf->numel() % p != 0) {
+    throw RuntimeError(fmt::format("{}: NCCL needs {} equal chunks, but the buffer holds {} elements", r.name, p,
+                                   r.buf->numel()));
+  }
+  if (!as_cuda(r.buf->storage())) return false;
+  auto& slot = impl_->rendezvous[{g.id(), r.sequence}];
+  if (!slot) {
+    slot = std::make_shared<Impl::Rendezvous>();
+    slot->reqs.resize(static_cast<std::size_t>(p));
+    slot->bufs.resize(static_cast<std::size_t>(p));
+    slot->done = std::make_shared<sim::Event>(fmt::format("NCCL rendezvous of {}", r.name));
+  }
+  std::shared_ptr<Impl::Rendezvous> v = slot;
+  v->reqs[static_cast<std::size_t>(r.index)] = r;
+  v->bufs[static_cast<std::size_t>(r.index)] = *r.buf;
+  if (++v->arrived < p) {
+    v->done->wait();
+  } else {
+    try {
+      impl_->issue(*v, g);
+    } catch (...) {
+      v->error = std::current_exception();
+    }
+    v->done->trigger();
+  }
+  if (++v->left == p) impl_->rendezvous.erase({g.id(), r.sequence});
+  if (v->error) std::rethrow_exception(v->error);
+  return true;
+}
+
+std::uint64_t CudaBackend::begin_region(int rank, std::string_view kind) {
+  if (!impl_->opts.measure || rank < 0 || rank >= impl_->ranks) return 0;
+  Device& d = impl_->dev(rank);
+  d.use();
+  Impl::Region reg;
+  reg.rank = rank;
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.start));
+  CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.stop));
+  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.start, d.stream));
+  impl_->regions.push_back(reg);
+  return impl_->regions.size();
+}
+
+void CudaBackend::end_region(std::uint64_t token) {
+  if (token == 0) return;
+  Impl::Region& reg = impl_->regions.at(token - 1);
+  Device& d = impl_->dev(reg.rank);
+  d.use();
+  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.stop, d.stream));
+}
+
+double CudaBackend::measured_seconds(std::uint64_t token) {
+  if (token == 0 || token > impl_->regions.size()) return -1;
+  Impl::Region& reg = impl_->regions[token - 1];
+  if (reg.seconds < 0) {
+    impl_->dev(reg.rank).use();
+    CUBESIM_CUDA_CHECK(cudaEventSynchronize(reg.stop));
+    float ms = 0;
+    CUBESIM_CUDA_CHECK(cudaEventElapsedTime(&ms, reg.start, reg.stop));
+    reg.seconds = ms * 1e-3;
+  }
+  return reg.seconds;
+}
+
+std::unique_ptr<Context> make_cuda_context(ContextOptions ctx_opts, CudaBackendOptions cuda_opts) {
+  int ranks = ctx_opts.world_size;
+  if (ranks <= 0) {
+    ranks = cuda_device_count();
+    if (ranks == 0) {
+      throw RuntimeError(fmt::format("cuda backend: no CUDA GPU ({}); use the sim or host backend on this machine",
+                                     cuda_unavailable_reason()));
+    }
+  }
+  auto be = std::make_unique<CudaBackend>(ranks, cuda_opts);
+  ctx_opts.backend = BackendKind::cuda;
+  ctx_opts.world_size = ranks;
+  ctx_opts.stack_size = std::max<std::size_t>(ctx_opts.stack_size, 1 << 20);
+  return std::make_unique<Context>(ctx_opts, std::move(be));
+}
+
+}  // namespace cubesim::rt

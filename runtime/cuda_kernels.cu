@@ -1,0 +1,140 @@
+// The cuda backend's elementwise, reduction and bias-gradient kernels (runtime/cuda_kernels.h).
+// Grid-stride loops over contiguous buffers; memory-bound, one element per thread per step.
+#include "runtime/cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace cubesim::rt::cudak {
+
+namespace {
+
+// Plain (coherent) loads: reduce reads dst, which it also writes.
+__device__ __forceinline__ float load(const void* p, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::bf16: return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[i]) << 16);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// One rounding, RNE; CUDA's canonical NaNs equal kernels/dtype.h's.
+__device__ __forceinline__ void store(void* p, DType t, std::int64_t i, float v) {
+  switch (t) {
+    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); return;
+    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); return;
+    default: static_cast<float*>(p)[i] = v; return;
+  }
+}
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(b, 1, 132 * 32));
+}
+
+__global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t n, ReduceOp op) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float a = load(dst, t, i), b = load(src, t, i);
+    float r;
+    if (op == ReduceOp::sum) {
+      r = __fadd_rn(a, b);
+    } else {
+      // As runtime/comm.cpp: NaN in either operand gives the quiet NaN; else b when a < b, else a
+      // (so max(-0, +0) keeps dst's zero, as on the host).
+      r = (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : (a < b ? b : a);
+    }
+    store(dst, t, i, r);
+  }
+}
+
+__global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(y, yt, i, kernels::gelu(k, load(x, xt, i)));
+  }
+}
+
+__global__ void gelu_backward_kernel(kernels::GeluKind k, const void* x, DType xt, const void* dy, DType dyt, void* dx,
+                                     DType dxt, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(dx, dxt, i, kernels::gelu_backward(k, load(x, xt, i), load(dy, dyt, i)));
+  }
+}
+
+__global__ void add_kernel(const void* a, DType at, const void* b, DType bt, void* y, DType yt, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(y, yt, i, __fadd_rn(load(a, at, i), load(b, bt, i)));
+  }
+}
+
+__global__ void add_bias_kernel(const void* x, DType xt, const void* bias, DType bt, void* y, DType yt, std::int64_t n,
+                                std::int64_t cols) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(y, yt, i, __fadd_rn(load(x, xt, i), load(bias, bt, i % cols)));
+  }
+}
+
+// One thread per column: consecutive threads read consecutive columns of a row (coalesced), and
+// each walks m in ascending order, as det_gemm_bias_grad does.
+__global__ void bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (std::int64_t m = 0; m < rows; ++m) acc = __fadd_rn(acc, load(dy, dyt, m * cols + c));
+    store(db, dbt, c, acc);
+  }
+}
+
+}  // namespace
+
+void reduce(void* dst, const void* src, DType dtype, std::int64_t n, ReduceOp op, cudaStream_t stream) {
+  if (n <= 0) return;
+  reduce_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, dtype, n, op);
+  CUBESIM_CUDA_CHECK_LAUNCH("reduce_kernel");
+}
+
+void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gelu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, y, yt, n);
+  CUBESIM_CUDA_CHECK_LAUNCH("gelu_kernel");
+}
+
+void gelu_backward(kernels::GeluKind k, const void* x, DType xt, const void* dy, DType dyt, void* dx, DType dxt,
+                   std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, dy, dyt, dx, dxt, n);
+  CUBESIM_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
+}
+
+void add(const void* a, DType at, const void* b, DType bt, void* y, DType yt, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, at, b, bt, y, yt, n);
+  CUBESIM_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DType yt, std::int64_t rows,
+              std::int64_t cols, cudaStream_t stream) {
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return;
+  add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, xt, bias, bt, y, yt, n, cols);
+  CUBESIM_CUDA_CHECK_LAUNCH("add_bias_kernel");
+}
+
+void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
+               cudaStream_t stream) {
+  if (cols <= 0) return;
+  bias_grad_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
+  CUBESIM_CUDA_CHECK_LAUNCH("bias_grad_kernel");
+}
+
+}  // namespace cubesim::rt::cudak

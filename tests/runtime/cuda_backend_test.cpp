@@ -1,0 +1,346 @@
+// The cuda backend on 1, 2 and 4 GPUs: collectives over the deterministic ring (every algorithm)
+// bitwise equal to the host replay; NCCL collectives within tolerance (bitwise where no arithmetic
+// is involved); the device kernels bitwise equal to the host ops; the TP MLP with exact GEMMs and
+// the ring bitwise equal to the host replay, with tensor-core GEMMs and NCCL within tolerance; the
+// caching allocator; and the errors (no GPU, fewer GPUs than ranks, a failing CUDA call).
+// Every test that needs GPUs skips when fewer are present, so CI (no GPU) compiles and skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "collective_harness.h"
+#include "runtime/comm.h"
+#include "runtime/cuda_backend.h"
+#include "runtime/errors.h"
+#include "runtime/ops.h"
+#include "tp/equivalence.h"
+
+namespace cubesim::rt::testing {
+namespace {
+
+#define NEED_GPUS(n)                                                                              \
+  do {                                                                                            \
+    const int have_ = cuda_device_count();                                                        \
+    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPU(s), " << have_ << " present"        \
+                                  << (have_ == 0 ? " (" + cuda_unavailable_reason() + ")" : ""); \
+  } while (0)
+
+std::unique_ptr<Context> host(int ranks) {
+  ContextOptions o;
+  o.world_size = ranks;
+  return std::make_unique<Context>(o);
+}
+
+Factory cuda_with(cuda::GemmMode g, CudaCollectives c) {
+  return [g, c](int ranks) {
+    ContextOptions o;
+    o.world_size = ranks;
+    return make_cuda_context(o, {.gemm_mode = g, .collectives = c});
+  };
+}
+const Factory cuda_ring = cuda_with(cuda::GemmMode::exact, CudaCollectives::ring);
+const Factory cuda_nccl = cuda_with(cuda::GemmMode::tensor_core, CudaCollectives::nccl);
+
+std::vector<CollCase> cases_up_to(int max_ranks) {
+  std::vector<CollCase> out;
+  for (const CollCase& c : all_cases()) {
+    if (c.ranks <= max_ranks) out.push_back(c);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- the deterministic ring
+class CudaRingCollectives : public ::testing::TestWithParam<CollCase> {};
+
+TEST_P(CudaRingCollectives, BitwiseEqualToHostReplay) {
+  const CollCase c = GetParam();
+  NEED_GPUS(c.ranks);
+  const CollResult h = run_collective(host, c);
+  const CollResult g = run_collective(cuda_ring, c);
+  for (int k = 0; k < c.ranks; ++k) {
+    ASSERT_EQ(g.out_bytes[static_cast<std::size_t>(k)], h.out_bytes[static_cast<std::size_t>(k)]) << "rank " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(UpTo4Gpus, CudaRingCollectives, ::testing::ValuesIn(cases_up_to(4)),
+                         [](const auto& info) { return info.param.name(); });
+
+TEST(CudaRing, OneRankLeavesTheTensorAsItIs) {
+  NEED_GPUS(1);
+  for (const char* coll : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) {
+    CollCase c{coll, Algorithm::ring, DType::bf16, 1, 1000};
+    const CollResult h = run_collective(host, c);
+    const CollResult g = run_collective(cuda_ring, c);
+    EXPECT_EQ(g.out_bytes[0], h.out_bytes[0]) << coll;
+  }
+}
+
+// ---------------------------------------------------------------- NCCL
+double rel_norm(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - ref[i];
+    num += std::isfinite(e) ? e * e : INFINITY;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+class CudaNcclCollectives : public ::testing::TestWithParam<CollCase> {};
+
+TEST_P(CudaNcclCollectives, AgreeWithHostReplay) {
+  const CollCase c = GetParam();
+  NEED_GPUS(c.ranks);
+  const CollResult h = run_collective(host, c);
+  const CollResult g = run_collective(cuda_nccl, c);
+  // Moving data and max involve no rounding: bitwise. Sums: NCCL's own order, within tolerance.
+  const bool exact = c.coll == "all_gather" || c.coll == "broadcast" || c.op == ReduceOp::max;
+  const double u = c.dtype == DType::f32 ? std::ldexp(1.0, -24) : c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  for (int k = 0; k < c.ranks; ++k) {
+    const auto ks = static_cast<std::size_t>(k);
+    if (exact) {
+      EXPECT_EQ(g.out_bytes[ks], h.out_bytes[ks]) << "rank " << k;
+    } else {
+      EXPECT_LE(rel_norm(g.out[ks], h.out[ks]), 2.0 * c.ranks * u) << "rank " << k;
+    }
+    if (c.coll != "reduce_scatter") {
+      EXPECT_EQ(g.out_bytes[ks], g.out_bytes[0]) << "rank " << k << " differs from rank 0";
+    }
+  }
+}
+
+std::vector<CollCase> nccl_cases() {
+  std::vector<CollCase> out;
+  std::uint64_t seed = 900;
+  for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      for (int p : {2, 4}) {
+        CollCase c{coll, Algorithm::ring, d, p, 4096 + 64};
+        c.seed = ++seed;
+        c.root = p - 1;
+        out.push_back(c);
+      }
+    }
+  }
+  CollCase m{"all_reduce", Algorithm::ring, DType::bf16, 4, 777, ReduceOp::max};
+  m.seed = ++seed;
+  out.push_back(m);
+  CollCase big{"all_reduce", Algorithm::ring, DType::bf16, 4, 1 << 22};
+  big.seed = ++seed;
+  out.push_back(big);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(UpTo4Gpus, CudaNcclCollectives, ::testing::ValuesIn(nccl_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------- device kernels
+// Every elementwise op and reduction on the GPU gives the host's bits (random data, every dtype).
+TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
+  NEED_GPUS(1);
+  auto g = cuda_ring(1);
+  auto h = host(1);
+  std::mt19937_64 rng(42);
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    const std::int64_t R = 67, C = 129;
+    const auto xa = random_values(R * C, d, rng), xb = random_values(R * C, d, rng), bias = random_values(C, d, rng);
+    std::vector<float> xs(xa);
+    for (std::size_t i = 0; i < xs.size(); i += 7) xs[i] *= 3.0f;  // GELU's tails too
+    auto run = [&](Context& ctx) {
+      std::map<std::string, std::vector<std::uint8_t>> out;
+      ctx.spawn(1, [&](int r) {
+        Tensor a = ctx.from_host_f32(r, {R, C}, d, xs), b = ctx.from_host_f32(r, {R, C}, d, xb);
+        Tensor bv = ctx.from_host_f32(r, {C}, d, bias);
+        Tensor y = ctx.empty(r, {R, C}, d);
+        for (auto k : {kernels::GeluKind::tanh, kernels::GeluKind::erf}) {
+          const std::string kn(kernels::gelu_kind_name(k));
+          gelu(k, a, y);
+          out["gelu_" + kn] = y.to_host_bytes();
+          gelu_backward(k, a, b, y);
+          out["gelu_backward_" + kn] = y.to_host_bytes();
+        }
+        add(a, b, y);
+        out["add"] = y.to_host_bytes();
+        add_bias(a, bv, y);
+        out["add_bias"] = y.to_host_bytes();
+        Tensor db = ctx.empty(r, {C}, d);
+        bias_grad(b, db);
+        out["bias_grad"] = db.to_host_bytes();
+        Tensor c2 = ctx.empty(r, {R, C}, d);
+        rt::copy(b, c2);
+        out["copy"] = c2.to_host_bytes();
+      });
+      return out;
+    };
+    const auto hv = run(*h), gv = run(*g);
+    for (const auto& [name, bytes] : hv) EXPECT_EQ(gv.at(name), bytes) << name << " " << dtype_name(d);
+  }
+}
+
+TEST(CudaKernels, ReduceEqualsHostReduceValues) {
+  NEED_GPUS(1);
+  auto ctx = cuda_ring(1);
+  auto& be = ctx->backend();
+  std::mt19937_64 rng(7);
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      const std::int64_t n = 10007;
+      auto a = random_values(n, d, rng), b = random_values(n, d, rng);
+      a[3] = std::numeric_limits<float>::quiet_NaN();
+      b[5] = -std::numeric_limits<float>::infinity();
+      a[8] = -0.0f;
+      b[8] = 0.0f;
+      std::vector<std::uint8_t> want, got;
+      ctx->spawn(1, [&](int r) {
+        Tensor ta = ctx->from_host_f32(r, {n}, d, a), tb = ctx->from_host_f32(r, {n}, d, b);
+        want = ta.to_host_bytes();
+        const auto bb = tb.to_host_bytes();
+        reduce_values(want.data(), bb.data(), d, n, op);
+        ASSERT_TRUE(be.reduce(ta, tb, op));
+        got = ta.to_host_bytes();
+      });
+      EXPECT_EQ(got, want) << dtype_name(d) << " " << reduce_op_name(op);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- TP MLP
+struct MlpCase {
+  int tp;
+  bool sp;
+  bool exact;  // exact GEMM + ring, else tensor_core + NCCL
+  std::string name() const {
+    return fmt::format("tp{}_{}_{}", tp, sp ? "sp" : "nosp", exact ? "exact_ring" : "tensorcore_nccl");
+  }
+};
+
+class CudaMlp : public ::testing::TestWithParam<MlpCase> {};
+
+TEST_P(CudaMlp, AgreesWithHostAndUnshardedModel) {
+  const MlpCase c = GetParam();
+  NEED_GPUS(c.tp);
+  auto ctx = (c.exact ? cuda_ring : cuda_nccl)(c.tp);
+  tp::MlpCheckOptions o;
+  o.tp = c.tp;
+  o.tokens = 96;
+  o.mlp.hidden = 256;
+  o.mlp.ffn = 1024;
+  o.mlp.sequence_parallel = c.sp;
+  o.mlp.seed = 31 + c.tp;
+  o.data_seed = 8 + c.tp;
+  const tp::EquivalenceReport rep = tp::check_mlp_equivalence(*ctx, o);
+  int replay = 0;
+  for (const auto& t : rep.checks) {
+    if (t.against == "host replay") ++replay;
+    if (c.exact) {
+      // Exact GEMMs and the ring: every claim as on sim (bitwise against the host replay).
+      EXPECT_TRUE(t.pass) << t.tensor << " vs " << t.against << ": bitwise " << t.bitwise << ", max abs " << t.max_abs
+                          << ", rel " << t.rel_norm << " (tol " << t.tolerance << ")";
+    } else if (t.against == "ranks") {
+      EXPECT_TRUE(t.bitwise) << t.tensor << ": ranks differ";
+    } else {
+      // Tensor cores and NCCL make no bitwise claim: every tensor within the tp tolerance.
+      EXPECT_LE(t.rel_norm, tp::tp_tolerance(o.mlp.dtype, std::max(c.tp, 2)))
+          << t.tensor << " vs " << t.against << ": max abs " << t.max_abs;
+    }
+  }
+  EXPECT_EQ(replay, 7);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus1to4, CudaMlp,
+                         ::testing::Values(MlpCase{1, false, true}, MlpCase{2, false, true}, MlpCase{4, false, true},
+                                           MlpCase{2, true, true}, MlpCase{4, true, true}, MlpCase{1, false, false},
+                                           MlpCase{2, false, false}, MlpCase{4, false, false}, MlpCase{4, true, false}),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------- allocator, timing
+TEST(CudaBackendAllocator, ReusesFreedBlocksBySizeClass) {
+  NEED_GPUS(1);
+  auto ctx = cuda_ring(1);
+  auto& be = static_cast<CudaBackend&>(ctx->backend());
+  { auto s = be.allocate(0, 3000, "a"); }
+  const auto before = be.allocator_stats(0);
+  EXPECT_EQ(before.in_use_bytes, 0u);
+  EXPECT_GE(before.cached_bytes, 3000u);
+  { auto s = be.allocate(0, 4000, "b"); }  // same class (4 KiB)
+  const auto after = be.allocator_stats(0);
+  EXPECT_EQ(after.reuses, before.reuses + 1);
+  EXPECT_EQ(after.device_mallocs, before.device_mallocs);
+}
+
+TEST(CudaBackendTiming, EveryGemmAndCollectiveIsMeasured) {
+  NEED_GPUS(2);
+  ContextOptions o;
+  o.world_size = 2;
+  o.record_ops = true;
+  auto ctx = make_cuda_context(o, {});
+  std::mt19937_64 rng(1);
+  const auto x = random_values(256 * 512, DType::bf16, rng);
+  ctx->spawn(2, [&](int r) {
+    Tensor a = ctx->from_host_f32(r, {256, 512}, DType::bf16, x);
+    Tensor c = ctx->empty(r, {256, 256}, DType::f32);
+    matmul(a, a.narrow(0, 0, 256).t(), nullptr, c, "probe gemm");
+    all_reduce(c);
+  });
+  int gemms = 0, colls = 0;
+  for (const auto& op : ctx->op_records()) {
+    (op.kind == "gemm" ? gemms : colls)++;
+    EXPECT_GT(ctx->backend().measured_seconds(op.region), 0.0) << op.name;
+  }
+  EXPECT_EQ(gemms, 2);
+  EXPECT_EQ(colls, 2);
+}
+
+// ---------------------------------------------------------------- errors
+TEST(CudaBackendErrors, NoGpuOrTooFewGpusNameTheCounts) {
+  const int n = cuda_device_count();
+  ContextOptions o;
+  o.world_size = n + 1;
+  try {
+    make_cuda_context(o, {});
+    FAIL() << "expected an error for " << n + 1 << " ranks on " << n << " GPUs";
+  } catch (const RuntimeError& e) {
+    const std::string m = e.what();
+    if (n == 0) {
+      EXPECT_NE(m.find("cudaGetDeviceCount"), std::string::npos) << m;
+    } else {
+      EXPECT_NE(m.find(fmt::format("{} ranks need {} GPUs", n + 1, n + 1)), std::string::npos) << m;
+      EXPECT_NE(m.find(fmt::format("but {} ", n)), std::string::npos) << m;
+    }
+  }
+  if (n == 0) {
+    EXPECT_THROW(make_cuda_context({}, {}), RuntimeError);  // world_size 0: every GPU, of which there are none
+  }
+}
+
+TEST(CudaBackendErrors, FailedCudaCallNamesTheCallAndTheError) {
+  NEED_GPUS(1);
+  auto ctx = cuda_ring(1);
+  try {
+    ctx->backend().allocate(0, std::uint64_t{1} << 50, "a petabyte");
+    FAIL() << "a 1 PiB allocation succeeded";
+  } catch (const RuntimeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("a petabyte"), std::string::npos) << m;
+    EXPECT_NE(m.find("cudaMalloc failed"), std::string::npos) << m;
+    EXPECT_NE(m.find("cudaErrorMemoryAllocation"), std::string::npos) << m;
+  }
+}
+
+TEST(CudaBackendErrors, ParsesCollectivesNames) {
+  EXPECT_EQ(parse_cuda_collectives("ring"), CudaCollectives::ring);
+  EXPECT_EQ(parse_cuda_collectives("nccl"), CudaCollectives::nccl);
+  try {
+    parse_cuda_collectives("mpi");
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("ring"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace cubesim::rt::testing
