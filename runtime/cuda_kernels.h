@@ -5,7 +5,8 @@
 // (kernels/elementwise.h's det_* on the device are the non-contracting __fadd_rn/__fmul_rn/
 // __fmaf_rn), and rounded once to the output dtype (RNE; CUDA's canonical NaNs, which the host's
 // conversions reproduce).
-//   reduce       dst = op(dst, src): sum as f32 a + b, max NaN-propagating (runtime/comm.cpp)
+//   reduce       dst = op(dst, src): sum as f32 a + b, max NaN-propagating (runtime/comm.cpp); an
+//                f32 sum with a NaN operand is NaN with the GPU's payload (the host keeps the operand's)
 //   gelu, gelu_backward, add, add_bias   elementwise in f32 (runtime/ops.cpp)
 //   bias_grad    db[n] = sum over rows m ascending from +0.0f (det_gemm_bias_grad)
 // Every launcher is asynchronous on `stream` and throws cubesim::cuda::CudaError naming the kernel
