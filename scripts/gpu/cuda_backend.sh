@@ -26,14 +26,14 @@ rc=0
 for w in $what; do
   case $w in
     smoke)
-      timeout 120 "$BIN/test_runtime_cuda" --gtest_filter='CudaBackendErrors.*:CudaKernels.*:CudaRing.*:*CudaRingCollectives*all_reduce_ring_bf16_4ranks_n1031*:*CudaNcclCollectives*all_reduce_ring_bf16_4ranks_n4160*:*CudaMlp*tp2_nosp*' \
+      timeout 90 "$BIN/test_runtime_cuda" --gtest_filter='CudaBackendErrors.*:CudaKernels.*:CudaRing.*:*CudaRingCollectives*all_reduce_ring_bf16_4ranks_n1031*:*CudaNcclCollectives*all_reduce_ring_bf16_4ranks_n4160*:*CudaMlp*tp2_nosp*' \
         > "$OUT/smoke.log" 2>&1 || rc=1
       grep -E '^\[  (PASSED|FAILED) |FAILED|Failure|error|rror:' "$OUT/smoke.log" | head -30 ;;
     xcheck)
-      timeout 300 "$BIN/cubesim-xcheck" --json "$OUT/xcheck.json" ${XCHECK_ARGS:-} > "$OUT/xcheck.log" 2>&1 || rc=1
+      timeout 240 "$BIN/cubesim-xcheck" --json "$OUT/xcheck.json" ${XCHECK_ARGS:-} > "$OUT/xcheck.log" 2>&1 || rc=1
       cat "$OUT/xcheck.log" | tail -80 ;;
     test)
-      timeout 240 "$BIN/test_runtime_cuda" --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test.log" 2>&1 || rc=1
+      timeout 200 "$BIN/test_runtime_cuda" --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/test.log" 2>&1 || rc=1
       grep -E '^\[  (PASSED|FAILED) |^\[  FAILED|tests ran|Failure' "$OUT/test.log" | head -40 ;;
   esac
 done
