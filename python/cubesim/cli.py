@@ -1,0 +1,680 @@
+"""The cubesim command line.
+
+    cubesim topo list | show NAME | validate FILE
+    cubesim run [--topology NAME|FILE] [--tp N] [--backend sim|host|cuda] [--trace FILE] [--json FILE] ...
+    cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
+
+Human output is aligned tables on stdout; --json FILE writes the same results for machines
+(--json - prints only the JSON, on stdout). Exit codes: 0 success; 1 the job ran and failed (a check
+failed, a topology is invalid, a simulation raised); 2 the request was wrong (bad arguments, an
+unknown topology, a tp the topology cannot hold, a backend this build lacks, a missing benchmark).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import cubesim as cs
+
+from ._progress import Progress
+from ._table import format_table
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+JSON_SCHEMA_RUN = "cubesim.run/1"
+
+BENCHES = {
+    "collectives": "bench_collectives",
+    "gemm": "bench_det_gemm_cpu",
+    "tp": "bench_tp_mlp",
+    "transfer": "bench_transfer",
+    "sim-core": "bench_sim_core",
+}
+
+
+class UsageError(Exception):
+    """A request the command cannot serve as asked (exit code 2)."""
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+
+
+def fmt_time(ps):
+    return cs.core.format_time(int(ps))
+
+
+def fmt_bytes(n):
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{n} B"
+
+
+def fmt_num(x):
+    return f"{x:g}"
+
+
+def fmt_err(x):
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def pct(part, whole):
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def ranges(values):
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    values = sorted(values)
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+class Output:
+    """Human text to stdout unless --json - asked for JSON only; JSON to the file --json names."""
+
+    def __init__(self, json_path):
+        self.json_path = json_path
+        self.quiet = json_path == "-"
+
+    def say(self, text=""):
+        if not self.quiet:
+            print(text)
+
+    def json(self, obj):
+        if not self.json_path:
+            return
+        text = json.dumps(obj, indent=2, sort_keys=False)
+        if self.json_path == "-":
+            print(text)
+            return
+        try:
+            Path(self.json_path).write_text(text + "\n")
+        except OSError as e:
+            raise UsageError(f"--json {self.json_path}: cannot write it ({e.strerror})") from e
+        self.say(f"json: {self.json_path}")
+
+
+def parse_sets(items):
+    """['cube.hbm.bandwidth_GBps=4096', 'network.kind="ring"'] -> [(path, value)]; values are JSON,
+    or taken as strings when they do not parse."""
+    out = []
+    for item in items or []:
+        path, sep, value = item.partition("=")
+        if not sep or not path:
+            raise UsageError(f"--set {item!r}: write it as PATH=VALUE, e.g. --set cube.hbm.bandwidth_GBps=4096")
+        try:
+            out.append((path.strip(), json.loads(value)))
+        except json.JSONDecodeError:
+            out.append((path.strip(), value))
+    return out
+
+
+# ---- topo ----------------------------------------------------------------------------------------
+
+
+def topology_summary(t):
+    cubes = t.cubes
+    pes = sorted({c["pes"] for c in cubes})
+    return {
+        "name": t.name,
+        "cubes": t.num_cubes,
+        "pes_per_cube": pes[0] if len(pes) == 1 else pes,
+        "network": t.network,
+        "links": len(t.links),
+        "description": t.description,
+    }
+
+
+def cmd_topo_list(args):
+    out = Output(args.json)
+    rows, items = [], []
+    for name in cs.list_topologies():
+        try:
+            s = topology_summary(cs.load_topology(name))
+        except cs.TopologyError as e:
+            s = {"name": name, "error": str(e)}
+        items.append(s)
+        if "error" in s:
+            rows.append([name, "-", "-", "invalid", s["error"][:60]])
+            continue
+        desc = s["description"]
+        if len(desc) > 70:
+            desc = desc[:67].rstrip() + "..."
+        rows.append([name, s["cubes"], s["pes_per_cube"], s["network"], desc])
+    out.say(f"shipped topologies ({cs.topology_dir()}); default: {cs.DEFAULT_TOPOLOGY}")
+    out.say(format_table(["name", "cubes", "PEs/cube", "network", "description"], rows))
+    out.json({"topology_dir": cs.topology_dir(), "default": cs.DEFAULT_TOPOLOGY, "topologies": items})
+    return EXIT_OK
+
+
+def _rate_text(rate):
+    per = ", ".join(f"{k} {fmt_num(v)}" for k, v in rate["per_cycle"].items())
+    return f"{per} per cycle at {fmt_num(rate['clock_GHz'])} GHz"
+
+
+def _cube_lines(c):
+    h, pe = c["hbm"], c["pe"]
+    lines = [
+        f"{c['pes']} PEs; HBM {fmt_bytes(h['capacity_bytes'])} at {fmt_num(h['bandwidth_GBps'])} GB/s "
+        f"({h['channels']} channels, {fmt_num(h['latency_ns'])} ns)"
+        + (f"; clock x{fmt_num(c['clock_scale'])}" if c["clock_scale"] != 1 else ""),
+        f"PE: {fmt_num(pe['clock_GHz'])} GHz; TCM {fmt_bytes(pe['tcm']['capacity_bytes'])} at "
+        f"{fmt_num(pe['tcm']['bandwidth_GBps'])} GB/s; DMA read/write {fmt_num(pe['dma']['read_GBps'])}/"
+        f"{fmt_num(pe['dma']['write_GBps'])} GB/s; tile {pe['tile']['m']}x{pe['tile']['n']}x{pe['tile']['k']}",
+        f"MAC: {_rate_text(pe['mac'])}",
+        f"vector: {_rate_text(pe['vector'])}",
+    ]
+    return lines
+
+
+def cmd_topo_show(args):
+    out = Output(args.json)
+    sets = parse_sets(args.set)
+    t = cs.load_topology(args.name, overrides=sets or None)
+    if args.doc:
+        if not out.quiet:
+            print(json.dumps(t.doc, indent=2))
+        out.json(t.doc)
+        return EXIT_OK
+    out.say(f"{t.name}: {t.description}")
+    out.say(f"  origin    {t.origin}")
+    net = t.network + (f" {'x'.join(map(str, t.dims))}" if t.dims else "")
+    out.say(f"  network   {net}; {len(t.links)} link directions; messages cut into {fmt_bytes(t.chunk_bytes)} chunks")
+    # Cubes with the same figures are listed once.
+    groups = {}
+    for c in t.cubes:
+        key = json.dumps({k: v for k, v in c.items() if k != "id"}, sort_keys=True)
+        groups.setdefault(key, []).append(c)
+    for cubes in groups.values():
+        ids = [c["id"] for c in cubes]
+        label = f"cube {ids[0]}" if len(ids) == 1 else f"cubes {ranges(ids)}"
+        for i, line in enumerate(_cube_lines(cubes[0])):
+            out.say(f"  {label if i == 0 else '':<9} {line}" if len(label) <= 9 else f"  {label}: {line}")
+    links = {}
+    for l in t.links:
+        key = (l["bandwidth_GBps"], l["latency_ns"], l["overhead_ns"])
+        links.setdefault(key, []).append(l["name"])
+    if links:
+        rows = []
+        for (bw, lat, ovh), names in links.items():
+            shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+            rows.append([fmt_num(bw), fmt_num(lat), fmt_num(ovh), shown])
+        out.say("  links")
+        out.say(format_table(["GB/s", "latency ns", "overhead ns", "links"], rows, indent="    "))
+    if t.host:
+        h = t.host
+        out.say(
+            f"  host      memory {fmt_bytes(h['capacity_bytes'])} at {fmt_num(h['bandwidth_GBps'])} GB/s; "
+            f"link per cube {fmt_num(h['link']['bandwidth_GBps'])} GB/s, {fmt_num(h['link']['latency_ns'])} ns"
+        )
+    if t.sources:
+        out.say("  sources")
+        for s in t.sources:
+            out.say(f"    - {s}")
+    out.json(
+        {
+            "name": t.name,
+            "description": t.description,
+            "origin": t.origin,
+            "sources": t.sources,
+            "network": t.network,
+            "dims": t.dims,
+            "num_cubes": t.num_cubes,
+            "chunk_bytes": t.chunk_bytes,
+            "cubes": t.cubes,
+            "links": t.links,
+            "host": t.host,
+            "doc": t.doc,
+        }
+    )
+    return EXIT_OK
+
+
+_PATH_RE = re.compile(r"^topology '[^']*' \(.*?\): ([A-Za-z_][\w.\-]*): ")
+_MISSING_RE = re.compile(r"^topology '[^']*' \(.*?\): missing required field '([^']+)'")
+_LINE_RE = re.compile(r"invalid JSON at (line \d+, column \d+)")
+_OVERRIDE_RE = re.compile(r"^override path '([^']+)'")
+
+
+def error_json_path(message):
+    """The JSON path a TopologyError message names ('network.link.bandwidth_GBps'), or where in
+    the file a syntax error is ('line 3, column 7'), or None."""
+    for rx in (_PATH_RE, _MISSING_RE, _LINE_RE, _OVERRIDE_RE):
+        m = rx.search(message)
+        if m:
+            return m.group(1)
+    return None
+
+
+def cmd_topo_validate(args):
+    out = Output(args.json)
+    sets = parse_sets(args.set)
+    try:
+        t = cs.load_topology(args.file, overrides=sets or None)
+    except cs.TopologyError as e:
+        msg = str(e)
+        path = error_json_path(msg)
+        print(f"{args.file}: invalid", file=sys.stderr)
+        if path:
+            print(f"  at: {path}", file=sys.stderr)
+        print(f"  {msg}", file=sys.stderr)
+        out.json({"file": args.file, "valid": False, "path": path, "message": msg})
+        return EXIT_FAILED
+    out.say(f"{args.file}: valid: '{t.name}', {t.num_cubes} cube(s), network {t.network}, {len(t.links)} link directions")
+    out.json({"file": args.file, "valid": True, "path": None, "message": None, "topology": topology_summary(t)})
+    return EXIT_OK
+
+
+# ---- run -----------------------------------------------------------------------------------------
+
+
+def valid_tps(limit, ffn, tokens, sequence_parallel):
+    return [p for p in range(1, limit + 1) if ffn % p == 0 and (not sequence_parallel or tokens % p == 0)]
+
+
+def choose_tp(args, limit, holder):
+    """The tp to run: --tp, checked against the devices (limit; None: any) and the model, else the
+    largest that fits. holder names the devices in messages ("topology 'ring4' has 4 cube(s)")."""
+    need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
+    if args.tp is None:
+        return valid_tps(limit, args.ffn, args.tokens, args.sequence_parallel)[-1] if limit else 1
+    if args.tp < 1:
+        raise UsageError(f"--tp {args.tp}: tp must be at least 1")
+    valid = valid_tps(limit or args.tp, args.ffn, args.tokens, args.sequence_parallel)
+    if limit is not None and args.tp > limit:
+        raise UsageError(
+            f"--tp {args.tp}: {holder}, one per rank; valid tp values here: {', '.join(map(str, valid))}"
+            + (" (or pick a topology with more cubes: cubesim topo list)" if "topology" in holder else "")
+        )
+    if args.tp not in valid:
+        raise UsageError(f"--tp {args.tp}: tp must divide {need}; valid tp values here: {', '.join(map(str, valid))}")
+    return args.tp
+
+
+def hardware_rows(report):
+    """Per hardware group (cubeN, links, host): active tracks, spans, the busiest track and how
+    busy it was over the run."""
+    groups = {}
+    for t in report.tracks:
+        if t.group.startswith("rank"):
+            continue
+        groups.setdefault(t.group, []).append(t)
+    rows = []
+    for group, tracks in groups.items():
+        top = max(tracks, key=lambda t: t.busy_ps)
+        rows.append(
+            {
+                "group": group,
+                "active_tracks": len(tracks),
+                "spans": sum(t.spans for t in tracks),
+                "busiest": top.name,
+                "busiest_busy_ps": top.busy_ps,
+            }
+        )
+    return rows
+
+
+def measured_rows(ctx, tp):
+    """Per rank, the GEMM and collective time CUDA events measured (cuda backend, record_ops)."""
+    rows = [{"rank": r, "gemm_s": 0.0, "gemms": 0, "collective_s": 0.0, "collectives": 0} for r in range(tp)]
+    for op in ctx.op_records():
+        if op["measured_s"] is None or not 0 <= op["rank"] < tp:
+            continue
+        row = rows[op["rank"]]
+        key = "gemm" if op["kind"] == "gemm" else "collective"
+        row[key + "_s"] += op["measured_s"]
+        row[key + "s"] += 1
+    return rows
+
+
+def cmd_run(args):
+    out = Output(args.json)
+    if args.timing_only and args.backend != "sim":
+        raise UsageError("--timing-only needs --backend sim (the host and cuda backends keep values)")
+    if args.dtype not in cs.DTYPES:
+        raise UsageError(f"--dtype {args.dtype}: use one of {', '.join(cs.DTYPES)}")
+    for flag in ("hidden", "ffn", "tokens"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    sets = parse_sets(args.set)
+    sim = args.backend == "sim"
+    topo = None
+    if sim:
+        topo = cs.load_topology(args.topology, overrides=sets or None)
+        tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {topo.num_cubes} cube(s)")
+    elif args.backend == "cuda":
+        gpus = cs.cuda_device_count()
+        if gpus == 0:
+            cs.Context("cuda", world_size=1)  # raises BackendUnavailableError saying why
+        tp = choose_tp(args, gpus, f"this machine has {gpus} GPU(s)")
+    else:
+        tp = choose_tp(args, None, "")
+
+    ctx = cs.Context(
+        args.backend,
+        world_size=tp,
+        topology=args.topology,
+        overrides=sets or None,
+        timing_only=args.timing_only,
+        trace=bool(args.trace),
+        algorithm=args.algorithm,
+        record_ops=args.backend == "cuda",
+    )
+    if args.trace:
+        ctx.declare_hardware_tracks()
+    model = dict(
+        tp=tp,
+        tokens=args.tokens,
+        hidden=args.hidden,
+        ffn=args.ffn,
+        dtype=args.dtype,
+        gelu=args.gelu,
+        bias=not args.no_bias,
+        sequence_parallel=args.sequence_parallel,
+        seed=args.seed,
+        data_seed=args.data_seed,
+    )
+    where = f"{tp} rank{'s' if tp > 1 else ''} on " + (f"'{topo.name}'" if topo else args.backend)
+    with Progress(f"ParallelMLP forward+backward, {where}"):
+        if args.timing_only:
+            eq = None
+            report = cs.tp.run_mlp(ctx, **model)
+        else:
+            eq = cs.tp.check_mlp_equivalence(ctx, **model)
+            report = eq.run
+    trace_info = None
+    if args.trace:
+        try:
+            ctx.save_trace(args.trace)
+        except RuntimeError as e:
+            raise UsageError(f"--trace {args.trace}: {e}") from e
+        stats = ctx.trace_stats()
+        trace_info = {
+            "path": args.trace,
+            "tracks": len(stats),
+            "spans": sum(s.spans for s in stats),
+            "pe_spans": sum(s.spans for s in stats if s.group.startswith("cube") and s.name.startswith("pe")),
+            "groups": sorted({s.group for s in stats}),
+        }
+
+    passed = eq.passed if eq is not None else None
+    result = {
+        "schema": JSON_SCHEMA_RUN,
+        "version": cs.__version__,
+        "command": "run",
+        "backend": args.backend,
+        "topology": topology_summary(topo) | {"origin": topo.origin} if topo else None,
+        "overrides": [{"path": p, "value": v} for p, v in sets] if sim else [],
+        "tp": tp,
+        "algorithm": args.algorithm,
+        "timing_only": args.timing_only,
+        "mlp": {k: model[k] for k in ("tokens", "hidden", "ffn", "dtype", "gelu", "bias", "sequence_parallel", "seed")},
+        "check": None
+        if eq is None
+        else {
+            "pass": eq.passed,
+            "max_abs": eq.max_abs,
+            "checks": [c.to_dict() for c in eq.checks],
+        },
+        "sim_time_ps": report.sim_time_ps,
+        "wall_s": report.wall_s,
+        "events": report.events,
+        "ranks": [
+            {"rank": r.rank, "compute_ps": r.compute_ps, "comm_ps": r.comm_ps, "finish_ps": r.finish_ps}
+            for r in report.ranks
+        ],
+        "measured": measured_rows(ctx, tp) if args.backend == "cuda" else None,
+        "hardware": hardware_rows(report),
+        "tracks": report.to_dict()["tracks"],
+        "trace": trace_info,
+        "pass": passed if passed is not None else True,
+    }
+    print_run(out, args, topo, tp, eq, report, result, trace_info)
+    out.json(result)
+    return EXIT_OK if result["pass"] else EXIT_FAILED
+
+
+def ctx_desc(tp):
+    return f"ranks 0-{tp - 1} on GPUs 0-{tp - 1}, exact GEMMs, ring collectives"
+
+
+def print_run(out, args, topo, tp, eq, report, result, trace_info):
+    what = "checked against the host reference" if eq is not None else "timing only (no values, no check)"
+    out.say(f"cubesim run: ParallelMLP forward + backward, {what}")
+    out.say()
+    if topo:
+        pes = result["topology"]["pes_per_cube"]
+        out.say(f"  topology  {topo.name}: {topo.num_cubes} cube(s) x {pes} PEs, network {topo.network} ({topo.origin})")
+        out.say(f"  backend   sim, tp {tp}: ranks 0-{tp - 1} on cubes 0-{tp - 1}, collectives {args.algorithm}")
+    else:
+        desc = "host (the reference: no simulated time)" if args.backend == "host" else f"cuda ({ctx_desc(tp)})"
+        out.say(f"  backend   {desc}, tp {tp}")
+    m = result["mlp"]
+    out.say(
+        f"  model     hidden {m['hidden']}, ffn {m['ffn']}, tokens {m['tokens']}, {m['dtype']}, GELU {m['gelu']}"
+        f"{', bias' if m['bias'] else ', no bias'}{', sequence parallel' if m['sequence_parallel'] else ''}"
+    )
+    for o in result["overrides"]:
+        out.say(f"  override  {o['path']} = {json.dumps(o['value'])}")
+    out.say()
+    if eq is not None:
+        n = len(eq.checks)
+        failed = [c for c in eq.checks if not c.passed]
+        verdict = "PASS" if eq.passed else "FAIL"
+        out.say(
+            f"check: {verdict}  ({n - len(failed)} of {n} comparisons hold; max abs error {fmt_err(eq.max_abs)})"
+        )
+        rows = []
+        for c in eq.checks:
+            claim = "bitwise" if c.bitwise_claim else f"rel <= {c.tolerance:.2g}"
+            if c.passed:
+                res = "pass (bitwise)" if c.bitwise else "pass"
+            else:
+                res = "FAIL"
+            rows.append([c.tensor, c.against, claim, fmt_err(c.max_abs), fmt_err(c.rel_norm), res])
+        out.say(format_table(["tensor", "against", "claim", "max abs", "rel norm", "result"], rows,
+                             align=["l", "l", "l", "r", "r", "l"]))
+        out.say(
+            "  unsharded: the tp=1 model on the host; host replay: the same tp program on the host (same "
+            "reduction order); ranks: every rank holds the same bits"
+        )
+        out.say()
+    if topo:
+        out.say(f"simulated time: {fmt_time(report.sim_time_ps)}  (simulator: {report.wall_s:.3f} s wall, "
+                f"{report.events} events)")
+        rows = []
+        for r in report.ranks:
+            rows.append([r.rank, fmt_time(r.compute_ps), fmt_time(r.comm_ps), fmt_time(r.finish_ps),
+                         pct(r.compute_ps, report.sim_time_ps), pct(r.comm_ps, report.sim_time_ps)])
+        out.say(format_table(["rank", "compute", "comm", "finish", "compute %", "comm %"], rows,
+                             align=["r", "r", "r", "r", "r", "r"]))
+        out.say("  compute: GEMMs (tile by tile on the cube's PEs, operands through TCM by DMA) and elementwise ops")
+        out.say("  (a roofline of the PEs' vector rate against HBM); comm: time inside collectives (asynchronous")
+        out.say("  ones overlap compute, so the two can sum past finish)")
+        hw = result["hardware"]
+        if hw:
+            out.say()
+            out.say("hardware activity (busiest track of each group, busy time over the run)")
+            rows = [[h["group"], h["active_tracks"], h["spans"], h["busiest"], pct(h["busiest_busy_ps"], report.sim_time_ps)]
+                    for h in hw[:16]]
+            out.say(format_table(["group", "active tracks", "spans", "busiest", "busy"], rows))
+            if len(hw) > 16:
+                out.say(f"  ... {len(hw) - 16} more groups (all in --json)")
+        else:
+            out.say("hardware activity: none recorded")
+    elif result["measured"] is not None:
+        out.say(f"measured on the GPUs (CUDA events around every GEMM and collective); wall {report.wall_s:.3f} s")
+        rows = [[m["rank"], f"{1e6 * m['gemm_s']:.1f} us", m["gemms"], f"{1e6 * m['collective_s']:.1f} us", m["collectives"]]
+                for m in result["measured"]]
+        out.say(format_table(["rank", "GEMMs", "count", "collectives", "count"], rows, align=["r"] * 5))
+    else:
+        out.say(f"wall time: {report.wall_s:.3f} s (the host backend keeps no simulated time)")
+    out.say()
+    if trace_info:
+        out.say(
+            f"trace: {trace_info['path']} ({trace_info['tracks']} tracks in {len(trace_info['groups'])} groups, "
+            f"{trace_info['spans']} spans); open it in https://ui.perfetto.dev"
+        )
+        if topo:
+            out.say("  tracks: per rank compute/comm; per cube HBM channels and each PE's MAC, vector and DMA "
+                    "read/write; links")
+            if trace_info["pe_spans"] == 0:
+                out.say("  note: the PE tracks are empty: this run charged its compute to the ranks' compute "
+                        "tracks without running it on the PEs")
+    else:
+        out.say("trace: not written (add --trace FILE for a Perfetto/Chrome trace)")
+
+
+# ---- bench ---------------------------------------------------------------------------------------
+
+
+def bench_dir():
+    env = os.environ.get("CUBESIM_BENCH_DIR")
+    if env:
+        return Path(env)
+    # build/python/cubesim/cli.py -> build/benches
+    return Path(__file__).resolve().parent.parent.parent / "benches"
+
+
+def cmd_bench(args):
+    exe_name = BENCHES[args.which]
+    exe = bench_dir() / exe_name
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(
+            f"bench {args.which}: {exe} is not built; build it with "
+            f"`cmake --build {exe.parent.parent} --target {exe_name}` (CUBESIM_BUILD_BENCHES=ON)"
+        )
+    cmd = [str(exe)] + list(args.args)
+    with Progress(f"{exe_name} running") as p:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+        for line in proc.stdout:
+            p.print(line)
+        rc = proc.wait()
+    if rc != 0:
+        print(f"cubesim: {exe_name} exited with status {rc}", file=sys.stderr)
+        return EXIT_FAILED if rc > 0 else rc
+    return EXIT_OK
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="cubesim",
+        description="cubesim: a discrete-event simulator of accelerator systems with a tensor-parallel runtime.",
+        epilog="Exit codes: 0 success; 1 the job ran and failed; 2 a wrong request. "
+        "See README.md, section 'Command line'.",
+    )
+    p.add_argument("--version", action="version", version=f"cubesim {cs.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def json_opt(sp):
+        sp.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': only JSON, on stdout)")
+
+    def set_opt(sp):
+        sp.add_argument("--set", action="append", metavar="PATH=VALUE",
+                        help="override a topology field by dotted path (repeatable), e.g. "
+                        "--set network.link.bandwidth_GBps=64 --set cubes.3.clock_scale=0.8")
+
+    topo = sub.add_parser("topo", help="list, show and validate topologies")
+    tsub = topo.add_subparsers(dest="topo_command", metavar="SUBCOMMAND")
+    tsub.required = True
+    tl = tsub.add_parser("list", help="the shipped topologies")
+    json_opt(tl)
+    tl.set_defaults(fn=cmd_topo_list)
+    ts = tsub.add_parser("show", help="the figures of a topology (a shipped name or a file)")
+    ts.add_argument("name", metavar="NAME|FILE")
+    ts.add_argument("--doc", action="store_true", help="print the resolved JSON document instead")
+    set_opt(ts)
+    json_opt(ts)
+    ts.set_defaults(fn=cmd_topo_show)
+    tv = tsub.add_parser("validate", help="check a topology file; exit 1 and name the JSON path if invalid")
+    tv.add_argument("file", metavar="FILE")
+    set_opt(tv)
+    json_opt(tv)
+    tv.set_defaults(fn=cmd_topo_validate)
+
+    run = sub.add_parser(
+        "run",
+        help="the main job: ParallelMLP forward + backward, checked against the host reference",
+        description="Runs a Megatron-style ParallelMLP forward and backward with tp ranks on the topology, checks "
+        "every tensor against the host reference (the unsharded model, and the same tp program replayed on the "
+        "host), and prints the check, the simulated time and its compute/communication split per rank.",
+    )
+    run.add_argument("--topology", default=cs.DEFAULT_TOPOLOGY, metavar="NAME|FILE",
+                     help=f"a shipped topology or a JSON file (default: {cs.DEFAULT_TOPOLOGY}; see cubesim topo list)")
+    run.add_argument("--tp", type=int, metavar="N",
+                     help="tensor-parallel ranks, one per cube (default: as many as the topology holds and ffn divides)")
+    run.add_argument("--backend", default="sim", choices=["sim", "host", "cuda"], help="where it runs (default: sim)")
+    run.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON (open in ui.perfetto.dev)")
+    json_opt(run)
+    run.add_argument("--hidden", type=int, default=512, metavar="N", help="hidden size (default 512)")
+    run.add_argument("--ffn", type=int, default=2048, metavar="N", help="feed-forward size (default 2048)")
+    run.add_argument("--tokens", type=int, default=256, metavar="N", help="tokens in the batch (default 256)")
+    run.add_argument("--dtype", default="bf16", help="f32 | bf16 | f16 (default bf16)")
+    run.add_argument("--gelu", default="tanh", choices=["tanh", "erf"], help="GELU form (default tanh)")
+    run.add_argument("--no-bias", action="store_true", help="linear layers without bias")
+    run.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    run.add_argument("--algorithm", default="ring", choices=["ring", "direct", "tree", "halving_doubling", "hierarchical"],
+                     help="collective algorithm (default ring)")
+    run.add_argument("--timing-only", action="store_true",
+                     help="sim only: move no values (same simulated time, much faster); skips the check")
+    run.add_argument("--seed", type=int, default=1234, help="weight seed (default 1234)")
+    run.add_argument("--data-seed", type=int, default=99, help="input seed (default 99)")
+    set_opt(run)
+    run.set_defaults(fn=cmd_run)
+
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark (collectives, gemm, tp, transfer, sim-core)",
+        description="Runs a benchmark executable from the build (build/benches/...): it prints a table and, with "
+        "--json FILE, writes JSON. Every option after the name goes to the benchmark, e.g. --quick, --json FILE, "
+        "--topology ring4.",
+    )
+    bench.add_argument("which", choices=list(BENCHES), help=", ".join(f"{k}: {v}" for k, v in BENCHES.items()))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="options for the benchmark (--quick, --json FILE, ...)")
+    bench.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"cubesim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except cs.BackendUnavailableError as e:
+        print(f"cubesim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except cs.TopologyError as e:
+        print(f"cubesim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except cs.RankError as e:
+        print(f"cubesim: the run failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as e:
+        print(f"cubesim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as e:
+        print(f"cubesim: the run failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("cubesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

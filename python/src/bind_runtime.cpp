@@ -1,0 +1,708 @@
+// Python bindings of the runtime: Context (sim and host backends), Tensor (numpy in and out),
+// spawn with a Python rank function, process groups, collectives, ops, run reports and trace, and
+// run_collective, a helper that runs one collective on every rank from numpy inputs.
+//
+// Rank functions written in Python run inside simulated processes (fibers on this thread). Each
+// rank gets a Python thread state of its own, so the interpreter's per-thread state (frame stack,
+// recursion depth, exception state) is never shared by two fibers; every binding that can block
+// releases the GIL (ReleaseGil), so while one rank waits another can run Python.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common.h"
+#include "runtime/collectives.h"
+#include "runtime/errors.h"
+#include "runtime/ops.h"
+#include "runtime/sim_backend.h"
+#include "sim/core/time.h"
+#ifdef CUBESIM_PY_HAVE_CUDA
+#include "runtime/cuda_backend.h"
+#endif
+
+namespace py = pybind11;
+using namespace cubesim;
+using namespace cubesim::pyb;
+
+namespace {
+
+using CtxPtr = std::shared_ptr<rt::Context>;
+
+int cuda_devices() {
+#ifdef CUBESIM_PY_HAVE_CUDA
+  return rt::cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const std::string& topology,
+                                          const py::object& overrides, bool timing_only, bool check_uninitialized,
+                                          const std::string& hazards, bool trace, const std::string& algorithm,
+                                          bool accumulate_f32, int hierarchy, std::size_t stack_size, bool record_ops,
+                                          const std::string& gemm_mode, const std::string& cuda_collectives) {
+  rt::ContextOptions o;
+  o.backend = rt::parse_backend(backend);
+  o.world_size = world_size;
+  o.trace = trace;
+  o.algorithm = rt::parse_algorithm(algorithm);
+  o.accumulate_f32 = accumulate_f32;
+  o.hierarchy = hierarchy;
+  o.stack_size = stack_size;
+  o.record_ops = record_ops;
+  switch (o.backend) {
+    case rt::BackendKind::host: return std::make_shared<rt::Context>(o);
+    case rt::BackendKind::cuda: {
+#ifdef CUBESIM_PY_HAVE_CUDA
+      if (rt::cuda_device_count() == 0) {
+        throw BackendUnavailable("backend 'cuda': no usable GPU here (" + rt::cuda_unavailable_reason() +
+                                 "); use backend 'sim' or 'host'");
+      }
+      rt::CudaBackendOptions co;
+      if (gemm_mode == "exact") co.gemm_mode = cuda::GemmMode::exact;
+      else if (gemm_mode == "tensor_core") co.gemm_mode = cuda::GemmMode::tensor_core;
+      else throw py::value_error("gemm_mode: '" + gemm_mode + "' is not valid; use 'exact' or 'tensor_core'");
+      co.collectives = rt::parse_cuda_collectives(cuda_collectives);
+      std::unique_ptr<rt::Context> c;
+      {
+        ReleaseGil nogil;
+        c = rt::make_cuda_context(o, co);
+      }
+      return CtxPtr(std::move(c));
+#else
+      throw BackendUnavailable(
+          "backend 'cuda' is not available in this build: cubesim was built without CUDA (configure with "
+          "-DCUBESIM_CUDA=ON on a machine with nvcc); use backend 'sim' or 'host'");
+#endif
+    }
+    case rt::BackendKind::sim: break;
+  }
+  rt::SimBackendOptions so;
+  so.topology = topology;
+  so.overrides = overrides_arg(overrides);
+  so.timing_only = timing_only;
+  so.check_uninitialized = check_uninitialized;
+  if (hazards == "throw") so.hazards = hw::HazardMode::kThrow;
+  else if (hazards == "record") so.hazards = hw::HazardMode::kRecord;
+  else if (hazards == "off") so.hazards = hw::HazardMode::kOff;
+  else throw py::value_error("hazards: '" + hazards + "' is not valid; use 'throw', 'record' or 'off'");
+  std::unique_ptr<rt::Context> c;
+  {
+    ReleaseGil nogil;  // building a large topology takes a while
+    c = rt::make_sim_context(o, so);
+  }
+  return CtxPtr(std::move(c));
+}
+
+rt::ReduceOp reduce_op_arg(const std::string& s) {
+  if (s == "sum") return rt::ReduceOp::sum;
+  if (s == "max") return rt::ReduceOp::max;
+  throw py::value_error("reduce op '" + s + "' is not valid; use 'sum' or 'max'");
+}
+
+rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
+                                int hierarchy, bool async_op) {
+  rt::CollectiveOptions o;
+  if (algorithm) o.algorithm = rt::parse_algorithm(*algorithm);
+  o.accumulate_f32 = accumulate_f32;
+  o.hierarchy = hierarchy;
+  o.async_op = async_op;
+  return o;
+}
+
+rt::Shape shape_arg(const std::vector<std::int64_t>& s) { return rt::Shape(s.begin(), s.end()); }
+
+PyTensor wrap(const CtxPtr& ctx, rt::Tensor t) { return PyTensor{std::move(t), ctx}; }
+
+// "ValueError: boom (at model.py:12 in rank_fn)"
+std::string describe_python_error(const py::error_already_set& e) {
+  std::string msg;
+  try {
+    msg = py::str(e.type().attr("__name__")).cast<std::string>();
+    const std::string text = py::str(e.value()).cast<std::string>();
+    if (!text.empty()) msg += ": " + text;
+    py::list tb = py::module_::import("traceback").attr("extract_tb")(e.trace());
+    if (py::len(tb) > 0) {
+      py::object last = tb[py::len(tb) - 1];
+      msg += fmt::format(" (at {}:{} in {})", py::str(last.attr("filename")).cast<std::string>(),
+                         last.attr("lineno").cast<int>(), py::str(last.attr("name")).cast<std::string>());
+    }
+  } catch (...) {
+    msg = "a Python exception (it could not be described)";
+  }
+  return msg;
+}
+
+// ctx.spawn(fn): fn(rank) for every rank, as a simulated process, in Python.
+PyRunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<int> nprocs_arg) {
+  const int nprocs = nprocs_arg.value_or(ctx->world_size());
+  if (nprocs < 1 || nprocs > ctx->world_size()) {
+    throw py::value_error(fmt::format("spawn: nprocs {} is not valid; the context has {} ranks; spawn between 1 and {}",
+                                      nprocs, ctx->world_size(), ctx->world_size()));
+  }
+  PyInterpreterState* interp = PyThreadState_Get()->interp;
+  std::vector<PyThreadState*> states(static_cast<std::size_t>(nprocs));
+  for (auto& s : states) s = PyThreadState_New(interp);
+  std::vector<py::object> causes(static_cast<std::size_t>(nprocs));  // what each rank's fn raised
+  const py::handle unwind = unwind_exception_type();
+  const auto before = track_snapshot(*ctx);
+  rt::RunReport rep;
+  std::exception_ptr failure;
+  {
+    ReleaseGil nogil;
+    try {
+      rep = ctx->spawn(nprocs, [&](int rank) {
+        PyThreadState* ts = states[static_cast<std::size_t>(rank)];
+        PyEval_RestoreThread(ts);
+        PybindThreadLocals{ts, nullptr}.set();  // this fiber's thread state; no bound call in progress yet
+        std::string message;
+        bool unwinding = false;
+        try {
+          fn(rank);
+        } catch (py::error_already_set& e) {
+          if (e.matches(unwind)) {
+            unwinding = true;
+          } else {
+            message = describe_python_error(e);
+            causes[static_cast<std::size_t>(rank)] = e.value();
+          }
+        }  // e is released here, with this rank's thread state current
+        PyEval_SaveThread();
+        if (unwinding) throw sim::detail::ProcessUnwind{};
+        if (!message.empty()) throw std::runtime_error(message);
+      });
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  for (auto* s : states) {
+    PyThreadState_Clear(s);
+    PyThreadState_Delete(s);
+  }
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const rt::RankError& e) {
+      py::handle cause;
+      for (const auto& f : e.failures()) {
+        if (f.rank >= 0 && f.rank < nprocs && causes[static_cast<std::size_t>(f.rank)]) {
+          cause = causes[static_cast<std::size_t>(f.rank)];
+          break;
+        }
+      }
+      set_rank_error(e, cause);
+      throw py::error_already_set();
+    }
+  }
+  return make_report(*ctx, rep, before);
+}
+
+struct CollectiveResult {
+  py::list outputs;
+  PyRunReport report;
+};
+
+CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, const py::sequence& inputs,
+                                const std::string& dtype_name, const std::string& op_name, int root,
+                                const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
+                                int hierarchy, bool bits) {
+  static const char* kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  if (std::find(std::begin(kNames), std::end(kNames), name) == std::end(kNames)) {
+    throw py::value_error("run_collective: '" + name +
+                          "' is not a collective; use all_reduce, all_gather, reduce_scatter or broadcast");
+  }
+  const DType dt = dtype_arg(dtype_name);
+  const rt::ReduceOp op = reduce_op_arg(op_name);
+  const int p = static_cast<int>(py::len(inputs));
+  if (p < 1 || p > ctx->world_size()) {
+    throw py::value_error(fmt::format("run_collective: {} inputs given; give one array per rank, 1 to {} (the "
+                                      "context's ranks)",
+                                      p, ctx->world_size()));
+  }
+  if (root < 0 || root >= p) throw py::value_error(fmt::format("run_collective: root {} is not a rank 0..{}", root, p - 1));
+  std::vector<std::vector<std::uint8_t>> in(static_cast<std::size_t>(p));
+  std::vector<py::ssize_t> shape0;
+  for (int k = 0; k < p; ++k) {
+    py::array a = py::array::ensure(inputs[static_cast<std::size_t>(k)]);
+    if (!a) throw py::type_error(fmt::format("run_collective: input {} is not array-like", k));
+    std::vector<py::ssize_t> sh(a.shape(), a.shape() + a.ndim());
+    if (sh.empty()) sh.push_back(1);
+    if (k == 0) shape0 = sh;
+    else if (sh != shape0) {
+      throw py::value_error(fmt::format("run_collective: input {} has shape ({}) but input 0 has ({}); every rank "
+                                        "contributes the same shape",
+                                        k, fmt::join(sh, ", "), fmt::join(shape0, ", ")));
+    }
+    in[static_cast<std::size_t>(k)] = array_to_bytes(a, dt, "run_collective");
+  }
+  std::int64_t n_in = 1;
+  for (auto d : shape0) n_in *= d;
+  std::vector<std::int64_t> out_shape(shape0.begin(), shape0.end());
+  std::int64_t n_out = n_in;
+  if (name == "all_gather") {
+    n_out = n_in * p;
+    out_shape[0] *= p;
+  } else if (name == "reduce_scatter") {
+    if (n_in % p != 0) {
+      throw py::value_error(fmt::format("run_collective: reduce_scatter over {} ranks needs inputs whose size is a "
+                                        "multiple of {}; got {} elements",
+                                        p, p, n_in));
+    }
+    n_out = n_in / p;
+    if (out_shape[0] % p == 0) out_shape[0] /= p;
+    else out_shape = {n_out};
+  }
+  const rt::CollectiveOptions o = coll_opts(algorithm, accumulate_f32, hierarchy, false);
+  std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(p));
+  const auto before = track_snapshot(*ctx);
+  rt::RunReport rep;
+  {
+    ReleaseGil nogil;
+    std::vector<int> members;
+    for (int k = 0; k < p; ++k) members.push_back(k);
+    rt::ProcessGroup* g = p == ctx->world_size() ? &ctx->world() : &ctx->new_group(members);
+    // Outputs start as NaN, so elements a collective failed to write show.
+    const std::vector<float> poison(static_cast<std::size_t>(n_out), std::numeric_limits<float>::quiet_NaN());
+    rep = ctx->spawn(p, [&](int r) {
+      const auto& bytes = in[static_cast<std::size_t>(r)];
+      rt::Tensor t = ctx->from_host_bytes(r, {n_in}, dt, bytes.data(), bytes.size());
+      rt::Tensor result = t;
+      if (name == "all_reduce") {
+        rt::all_reduce(t, op, g, o);
+      } else if (name == "broadcast") {
+        rt::broadcast(t, root, g, o);
+      } else {
+        result = ctx->from_host_f32(r, {n_out}, dt, poison);
+        if (name == "all_gather") rt::all_gather(result, t, g, o);
+        else rt::reduce_scatter(result, t, op, g, o);
+      }
+      out[static_cast<std::size_t>(r)] = result.to_host_bytes();
+    });
+  }
+  CollectiveResult res;
+  for (const auto& b : out) res.outputs.append(bytes_to_array(b, dt, out_shape, bits));
+  res.report = make_report(*ctx, rep, before);
+  return res;
+}
+
+// Names the tracks of every rank and of the hardware the ranks run on (each cube's HBM channels, each PE's
+// MAC array, vector unit and DMA channels, the links between the cubes), so the trace shows the
+// whole machine; spans appear on them only where something ran.
+void declare_hardware_tracks(rt::Context& ctx) {
+  sim::Trace& tr = ctx.trace();
+  for (int r = 0; r < ctx.world_size(); ++r) {
+    ctx.compute_track(r);
+    ctx.comm_track(r);
+  }
+  if (ctx.backend().kind() != rt::BackendKind::sim) return;
+  auto& be = static_cast<rt::SimBackend&>(ctx.backend());
+  const hw::Topology& topo = be.topology();
+  const int cubes = ctx.world_size();
+  for (int c = 0; c < cubes; ++c) {
+    const std::string group = fmt::format("cube{}", c);
+    // Named as sim/hw names them: a channel's track, or the memory's own when it has one channel.
+    const auto channels = topo.cubes[static_cast<std::size_t>(c)].hbm.channels;
+    if (channels > 1) {
+      for (std::uint32_t ch = 0; ch < channels; ++ch) tr.track(fmt::format("hbm.ch{}", ch), group);
+    } else {
+      tr.track("hbm", group);
+    }
+    for (int i = 0; i < topo.cubes[static_cast<std::size_t>(c)].pes; ++i) {
+      for (const char* unit : {"mac", "vector", "dma.read", "dma.write"}) tr.track(fmt::format("pe{}.{}", i, unit), group);
+    }
+  }
+  auto in_world = [&](int node) { return node >= 0 ? node < cubes : true; };
+  for (const auto& l : topo.links) {
+    if (l.from == hw::kHostNode || l.to == hw::kHostNode) continue;
+    if (in_world(l.from) && in_world(l.to)) tr.track("link " + l.name, "links");
+  }
+}
+
+py::dict report_dict(const PyRunReport& r) {
+  py::dict d;
+  d["sim_time_ps"] = r.run.sim_time;
+  d["wall_s"] = r.run.wall_s;
+  d["events"] = r.run.events;
+  py::list ranks;
+  for (const auto& t : r.run.ranks) {
+    py::dict x;
+    x["rank"] = t.rank;
+    x["compute_ps"] = t.compute;
+    x["comm_ps"] = t.comm;
+    x["finish_ps"] = t.finish;
+    ranks.append(x);
+  }
+  d["ranks"] = ranks;
+  py::list tracks;
+  for (const auto& s : r.tracks) {
+    py::dict x;
+    x["group"] = s.group;
+    x["name"] = s.name;
+    x["spans"] = s.spans;
+    x["busy_ps"] = s.busy;
+    tracks.append(x);
+  }
+  d["tracks"] = tracks;
+  return d;
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  using sim::Trace;
+
+  py::class_<rt::RankTimeline>(m, "RankTimeline", "Simulated time one rank spent, split by what it was doing.")
+      .def_readonly("rank", &rt::RankTimeline::rank)
+      .def_readonly("compute_ps", &rt::RankTimeline::compute, "Charged compute (GEMMs, elementwise), picoseconds.")
+      .def_readonly("comm_ps", &rt::RankTimeline::comm,
+                    "Inside collectives and send/recv (waiting included), picoseconds. Asynchronous collectives "
+                    "overlap compute, so compute + comm can exceed finish.")
+      .def_readonly("finish_ps", &rt::RankTimeline::finish, "When the rank's function returned, picoseconds.")
+      .def("__repr__", [](const rt::RankTimeline& t) {
+        return fmt::format("<RankTimeline rank {}: compute {}, comm {}, finish {}>", t.rank, sim::format_time(t.compute),
+                           sim::format_time(t.comm), sim::format_time(t.finish));
+      });
+
+  py::class_<Trace::TrackStats>(m, "TrackStats", "Activity on one trace track: span count and busy time.")
+      .def_readonly("name", &Trace::TrackStats::name)
+      .def_readonly("group", &Trace::TrackStats::group, "'rank3', 'cube0', 'links', ...")
+      .def_readonly("spans", &Trace::TrackStats::spans)
+      .def_readonly("busy_ps", &Trace::TrackStats::busy, "Sum of span lengths, picoseconds.")
+      .def("__repr__", [](const Trace::TrackStats& s) {
+        return fmt::format("<TrackStats {}/{}: {} spans, busy {}>", s.group, s.name, s.spans, sim::format_time(s.busy));
+      });
+
+  py::class_<PyRunReport>(m, "RunReport",
+                          "What a run produced: simulated time (picoseconds), host wall time, events executed, "
+                          "each rank's compute/communication split, and the per-track statistics of this run.")
+      .def_property_readonly("sim_time_ps", [](const PyRunReport& r) { return r.run.sim_time; },
+                             "Simulated time when the last rank finished, picoseconds (0 on the host backend).")
+      .def_property_readonly("sim_time_us", [](const PyRunReport& r) { return sim::to_us(r.run.sim_time); })
+      .def_property_readonly("wall_s", [](const PyRunReport& r) { return r.run.wall_s; })
+      .def_property_readonly("events", [](const PyRunReport& r) { return r.run.events; })
+      .def_property_readonly("ranks", [](const PyRunReport& r) { return r.run.ranks; })
+      .def_property_readonly("tracks", [](const PyRunReport& r) { return r.tracks; },
+                             "Tracks with activity during this run (spans and busy time counted over this run).")
+      .def("to_dict", &report_dict, "The report as plain values (for JSON).")
+      .def("__repr__", [](const PyRunReport& r) {
+        return fmt::format("<RunReport sim_time {} ({} ranks, {} events, {:.3f} s wall)>", sim::format_time(r.run.sim_time),
+                           r.run.ranks.size(), r.run.events, r.run.wall_s);
+      });
+
+  py::class_<rt::ProcessGroup>(m, "ProcessGroup",
+                               "A set of ranks that run collectives together (Context.world(), Context.new_group()).")
+      .def_property_readonly("id", &rt::ProcessGroup::id)
+      .def_property_readonly("name", &rt::ProcessGroup::name)
+      .def_property_readonly("ranks", &rt::ProcessGroup::ranks)
+      .def_property_readonly("size", &rt::ProcessGroup::size)
+      .def("index_of", &rt::ProcessGroup::index_of, py::arg("rank"), "Position of a global rank in the group, or -1.")
+      .def("__contains__", &rt::ProcessGroup::contains)
+      .def_property(
+          "default_algorithm",
+          [](const rt::ProcessGroup& g) -> std::optional<std::string> {
+            if (!g.default_algorithm) return std::nullopt;
+            return std::string(rt::algorithm_name(*g.default_algorithm));
+          },
+          [](rt::ProcessGroup& g, const std::optional<std::string>& a) {
+            if (a) g.default_algorithm = rt::parse_algorithm(*a);
+            else g.default_algorithm.reset();
+          },
+          "The algorithm collectives on this group use when a call names none (None: the context's).")
+      .def("__repr__", [](const rt::ProcessGroup& g) { return "<ProcessGroup " + g.name() + ">"; });
+
+  py::class_<rt::Work>(m, "Work", "The handle of a collective; a synchronous call returns a completed one.")
+      .def("wait", &rt::Work::wait, py::call_guard<ReleaseGil>(),
+           "Blocks the calling rank until the collective finished.")
+      .def("is_completed", &rt::Work::is_completed);
+
+  py::class_<PyTensor>(m, "Tensor",
+                       "A strided view of f32/bf16/f16 elements on one rank (made by Context.tensor/empty/zeros, "
+                       "or returned by layers).\n\n"
+                       "numpy(): float32 values (exact widening of bf16/f16); numpy(bits=True): the stored bit "
+                       "patterns, uint16 for bf16/f16 and uint32 for f32 (view uint16 f16 bits as numpy.float16 "
+                       "with .view(numpy.float16)). Host access is untimed.")
+      .def_property_readonly("shape", [](const PyTensor& t) { return py::tuple(py::cast(t.t.shape())); })
+      .def_property_readonly("strides", [](const PyTensor& t) { return py::tuple(py::cast(t.t.strides())); },
+                             "In elements.")
+      .def_property_readonly("dtype", [](const PyTensor& t) { return dtype_str(t.t.dtype()); })
+      .def_property_readonly("device", [](const PyTensor& t) { return t.t.device(); }, "The rank it lives on.")
+      .def_property_readonly("numel", [](const PyTensor& t) { return t.t.numel(); })
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.t.nbytes(); })
+      .def_property_readonly("ndim", [](const PyTensor& t) { return t.t.dim(); })
+      .def("is_contiguous", [](const PyTensor& t) { return t.t.is_contiguous(); })
+      .def("numpy", [](const PyTensor& t, bool bits) { return bytes_to_array(t.t.to_host_bytes(), t.t.dtype(), t.t.shape(), bits); },
+           py::arg("bits") = false,
+           "The values as a numpy array: float32 (exact), or with bits=True the raw bit patterns.")
+      .def("__array__", [](const PyTensor& t, py::object dtype) {
+             py::array a = bytes_to_array(t.t.to_host_bytes(), t.t.dtype(), t.t.shape(), false);
+             return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
+           }, py::arg("dtype") = py::none())
+      .def("copy_from",
+           [](const PyTensor& t, const py::array& a) {
+             if (a.size() != t.t.numel()) {
+               throw py::value_error(fmt::format("copy_from: {} values for {} ({} elements)", a.size(), t.t.describe(),
+                                                 t.t.numel()));
+             }
+             const auto bytes = array_to_bytes(a, t.t.dtype(), "copy_from");
+             t.t.copy_from_host_bytes(bytes.data(), bytes.size());
+           },
+           py::arg("array"),
+           "Writes values into the tensor (untimed), converted to its dtype by the rules of Context.tensor.")
+      .def("narrow", [](const PyTensor& t, std::int64_t d, std::int64_t s, std::int64_t n) { return PyTensor{t.t.narrow(d, s, n), t.ctx}; },
+           py::arg("dim"), py::arg("start"), py::arg("length"), "A view of `length` entries of dimension `dim`.")
+      .def("chunk",
+           [](const PyTensor& t, std::int64_t n, std::int64_t d) {
+             std::vector<PyTensor> out;
+             for (auto& c : t.t.chunk(n, d)) out.push_back(PyTensor{c, t.ctx});
+             return out;
+           },
+           py::arg("n"), py::arg("dim") = 0, "n equal views along dim (its size must divide by n).")
+      .def("reshape", [](const PyTensor& t, const std::vector<std::int64_t>& s) { return PyTensor{t.t.reshape(shape_arg(s)), t.ctx}; },
+           py::arg("shape"), "Contiguous tensors only.")
+      .def("t", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; }, "The transposed view of a 2-D tensor.")
+      .def_property_readonly("T", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; })
+      .def("flatten", [](const PyTensor& t) { return PyTensor{t.t.flatten(), t.ctx}; })
+      .def("__repr__", [](const PyTensor& t) { return "<cubesim.Tensor " + t.t.describe() + ">"; });
+
+  py::class_<CollectiveResult>(m, "CollectiveResult", "Outputs of Context.run_collective, one array per rank, and the run report.")
+      .def_readonly("outputs", &CollectiveResult::outputs)
+      .def_readonly("report", &CollectiveResult::report);
+
+  py::class_<rt::Context, CtxPtr>(m, "Context",
+                                  "A backend plus the ranks that run on it: the runtime's entry point.\n\n"
+                                  "  ctx = cubesim.Context('sim', topology='ring4')      # one rank per cube\n"
+                                  "  ctx = cubesim.Context('host', world_size=4)         # the reference, no time\n"
+                                  "  report = ctx.spawn(lambda rank: ...)                # fn(rank) on every rank\n\n"
+                                  "backend: 'sim' | 'host' | 'cuda' (cuda raises BackendUnavailableError in this "
+                                  "build). world_size 0 (sim): one rank per cube. topology, overrides (dict of "
+                                  "dotted paths), timing_only (no values, same times), check_uninitialized, hazards "
+                                  "('throw' | 'record' | 'off') apply to sim. trace records spans for save_trace(). "
+                                  "algorithm, accumulate_f32, hierarchy: collective defaults. stack_size: bytes per "
+                                  "rank process (Python rank functions need room; 1 MiB by default). record_ops keeps "
+                                  "a record of every GEMM and collective (op_records()). gemm_mode ('exact' | "
+                                  "'tensor_core') and cuda_collectives ('ring' | 'nccl') apply to cuda.")
+      .def(py::init(&make_context), py::arg("backend") = "sim", py::arg("world_size") = 0, py::kw_only(),
+           py::arg("topology") = "single_cube", py::arg("overrides") = py::none(), py::arg("timing_only") = false,
+           py::arg("check_uninitialized") = false, py::arg("hazards") = "throw", py::arg("trace") = false,
+           py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
+           py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = "exact",
+           py::arg("cuda_collectives") = "ring")
+      .def_property_readonly("backend", [](rt::Context& c) { return std::string(rt::backend_name(c.backend().kind())); })
+      .def_property_readonly("world_size", &rt::Context::world_size)
+      .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })
+      .def_property_readonly("trace_enabled", [](rt::Context& c) { return c.trace().enabled(); })
+      .def_property_readonly("now_ps", [](rt::Context& c) { return c.simulator().now(); },
+                             "Simulated time so far (runs follow one another on one clock).")
+      .def_property_readonly("topology",
+                             [](rt::Context& c) -> py::object {
+                               if (c.backend().kind() != rt::BackendKind::sim) return py::none();
+                               return py::cast(static_cast<rt::SimBackend&>(c.backend()).topology());
+                             },
+                             "The Topology of a sim context (None for host).")
+      .def("describe", [](rt::Context& c) { return c.backend().describe(); })
+      .def("__repr__", [](rt::Context& c) {
+        return fmt::format("<cubesim.Context {} ({} ranks)>", c.backend().describe(), c.world_size());
+      })
+      .def("spawn", &py_spawn, py::arg("fn"), py::arg("nprocs") = py::none(),
+           "Runs fn(rank) for rank in range(nprocs) (default: every rank), each as a simulated process, and returns "
+           "a RunReport. Blocking calls inside fn (collectives, ops, layers, Work.wait) yield to the other ranks; "
+           "the GIL is released while C++ runs. An exception in any rank stops its siblings and raises RankError "
+           "naming each failing rank, with the rank's Python exception as __cause__.")
+      .def("empty",
+           [](const CtxPtr& c, int rank, const std::vector<std::int64_t>& shape, const std::string& dtype) {
+             return wrap(c, c->empty(rank, shape_arg(shape), dtype_arg(dtype)));
+           },
+           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32", "An uninitialised tensor on `rank`.")
+      .def("zeros",
+           [](const CtxPtr& c, int rank, const std::vector<std::int64_t>& shape, const std::string& dtype) {
+             return wrap(c, c->zeros(rank, shape_arg(shape), dtype_arg(dtype)));
+           },
+           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32")
+      .def("tensor",
+           [](const CtxPtr& c, int rank, const py::array& a, const std::optional<std::string>& dtype) {
+             DType dt = DType::f32;
+             if (dtype) dt = dtype_arg(*dtype);
+             else if (a.dtype().kind() == 'f' && a.itemsize() == 2) dt = DType::f16;
+             else if (a.dtype().kind() == 'u' && a.itemsize() == 2) {
+               throw py::value_error("tensor: a uint16 array holds bf16 or f16 bit patterns; say which with "
+                                     "dtype='bf16' or dtype='f16'");
+             }
+             const auto bytes = array_to_bytes(a, dt, "tensor");
+             rt::Shape shape(a.shape(), a.shape() + a.ndim());
+             return wrap(c, c->from_host_bytes(rank, shape, dt, bytes.data(), bytes.size()));
+           },
+           py::arg("rank"), py::arg("array"), py::arg("dtype") = py::none(),
+           "A tensor on `rank` holding the array's values (untimed).\n\n"
+           "Conversion: float and integer arrays are converted by value: to float32 first (float64 rounds once "
+           "there), then rounded to nearest even to dtype (bf16/f16, as CUDA's __float2bfloat16_rn/"
+           "__float2half_rn). uint16 arrays are taken as bf16/f16 bit patterns and uint32 arrays as f32 bit "
+           "patterns, unchanged. dtype defaults to 'f16' for float16 arrays and 'f32' otherwise.")
+      .def("world", &rt::Context::world, py::return_value_policy::reference_internal)
+      .def("new_group", &rt::Context::new_group, py::arg("ranks"), py::return_value_policy::reference_internal,
+           "The group of these global ranks (the same ranks again return the same group).")
+      .def("run_collective", &run_collective, py::arg("name"), py::arg("inputs"), py::kw_only(), py::arg("dtype") = "f32",
+           py::arg("op") = "sum", py::arg("root") = 0, py::arg("algorithm") = py::none(),
+           py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0, py::arg("bits") = false,
+           "Runs one collective ('all_reduce', 'all_gather', 'reduce_scatter', 'broadcast') on ranks "
+           "0..len(inputs)-1, rank k contributing inputs[k] (numpy arrays of one shape, converted to dtype as "
+           "Context.tensor does), and returns a CollectiveResult: outputs (one float32 array per rank, or bit "
+           "patterns with bits=True) and report. all_gather concatenates along the first dimension; reduce_scatter "
+           "gives rank k chunk k of the reduction.")
+      .def("op_records",
+           [](rt::Context& c) {
+             py::list l;
+             for (const auto& r : c.op_records()) {
+               py::dict d;
+               d["rank"] = r.rank;
+               d["kind"] = r.kind;
+               d["name"] = r.name;
+               d["detail"] = r.detail;
+               d["start_ps"] = r.start;
+               d["end_ps"] = r.end;
+               const double s = r.region ? c.backend().measured_seconds(r.region) : -1.0;
+               d["measured_s"] = s >= 0 ? py::object(py::float_(s)) : py::object(py::none());
+               l.append(d);
+             }
+             return l;
+           },
+           "With record_ops=True: every GEMM and collective of the last run, per rank in program order, as dicts "
+           "(rank, kind 'gemm'|'collective', name, detail, start_ps, end_ps in simulated time, measured_s: seconds "
+           "measured by CUDA events on the cuda backend, else None).")
+      .def("trace_stats", [](rt::Context& c) { return c.trace().stats(); },
+           "Every track's statistics since the context was made (kept even when trace=False).")
+      .def("save_trace", [](rt::Context& c, const std::string& path) { c.trace().save(path); }, py::arg("path"),
+           "Writes the recorded spans as Chrome/Perfetto trace JSON (open in ui.perfetto.dev): a process row per "
+           "group (rankN, cubeN, links), a thread row per track.")
+      .def("declare_hardware_tracks", &declare_hardware_tracks,
+           "Names the tracks of every rank and of the hardware they run on (each cube's HBM, each PE's MAC, "
+           "vector unit and DMA read/write channels, the links between the ranks' cubes), so a saved trace shows "
+           "the whole machine; spans appear only where something ran.");
+
+  m.def("backends", [] {
+    py::dict d;
+    d["sim"] = true;
+    d["host"] = true;
+    d["cuda"] = cuda_devices() > 0;
+    return d;
+  }, "Which backends can run here: sim and host always; cuda when this build has it and a GPU is visible.");
+  m.def("cuda_built", [] {
+#ifdef CUBESIM_PY_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+  }, "Whether this build has the cuda backend.");
+  m.def("cuda_device_count", &cuda_devices, "GPUs the cuda backend can use (0 without a CUDA build, driver or GPU).");
+
+  // ---- collectives: called from inside a rank function ----
+  m.def("all_reduce",
+        [](const PyTensor& t, const std::string& op, rt::ProcessGroup* g, std::optional<std::string> alg,
+           std::optional<bool> acc, int hier, bool async_op) {
+          const auto o = coll_opts(alg, acc, hier, async_op);
+          const auto rop = reduce_op_arg(op);
+          ReleaseGil nogil;
+          return rt::all_reduce(t.t, rop, g, o);
+        },
+        py::arg("tensor"), py::arg("op") = "sum", py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
+        py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0, py::arg("async_op") = false,
+        "In place: every member's tensor becomes the reduction ('sum' or 'max') over the group (default: the "
+        "world). algorithm: ring | direct | tree | halving_doubling | hierarchical. Returns Work.");
+  m.def("all_gather",
+        [](const PyTensor& out, const PyTensor& in, rt::ProcessGroup* g, std::optional<std::string> alg,
+           std::optional<bool> acc, int hier, bool async_op) {
+          const auto o = coll_opts(alg, acc, hier, async_op);
+          ReleaseGil nogil;
+          return rt::all_gather(out.t, in.t, g, o);
+        },
+        py::arg("out"), py::arg("input"), py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
+        py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0, py::arg("async_op") = false,
+        "out (p*n elements) = the members' inputs (n elements each) in group order.");
+  m.def("reduce_scatter",
+        [](const PyTensor& out, const PyTensor& in, const std::string& op, rt::ProcessGroup* g,
+           std::optional<std::string> alg, std::optional<bool> acc, int hier, bool async_op) {
+          const auto o = coll_opts(alg, acc, hier, async_op);
+          const auto rop = reduce_op_arg(op);
+          ReleaseGil nogil;
+          return rt::reduce_scatter(out.t, in.t, rop, g, o);
+        },
+        py::arg("out"), py::arg("input"), py::arg("op") = "sum", py::arg("group") = nullptr,
+        py::arg("algorithm") = py::none(), py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0,
+        py::arg("async_op") = false, "out (n elements) = this member's chunk of the reduction of the inputs (p*n each).");
+  m.def("broadcast",
+        [](const PyTensor& t, int root, rt::ProcessGroup* g, std::optional<std::string> alg, bool async_op) {
+          const auto o = coll_opts(alg, std::nullopt, 0, async_op);
+          ReleaseGil nogil;
+          return rt::broadcast(t.t, root, g, o);
+        },
+        py::arg("tensor"), py::arg("root"), py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
+        py::arg("async_op") = false, "Every member's tensor becomes the root's (root: a global rank).");
+  m.def("barrier", &rt::barrier, py::arg("group") = nullptr, py::call_guard<ReleaseGil>());
+  m.def("send", [](const PyTensor& t, int dst, int tag, rt::ProcessGroup* g) {
+          ReleaseGil nogil;
+          rt::send(t.t, dst, tag, g);
+        },
+        py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("group") = nullptr,
+        "Blocks until the data has landed at dst's matching recv.");
+  m.def("recv", [](const PyTensor& t, int src, int tag, rt::ProcessGroup* g) {
+          ReleaseGil nogil;
+          rt::recv(t.t, src, tag, g);
+        },
+        py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("group") = nullptr);
+  m.def("supported_algorithms",
+        [](const std::string& coll) {
+          std::vector<std::string> v;
+          for (auto a : rt::supported_algorithms(coll)) v.emplace_back(rt::algorithm_name(a));
+          return v;
+        },
+        py::arg("collective"), "Algorithms a collective supports, e.g. supported_algorithms('all_gather').");
+  m.def("current_rank", [] { return rt::Context::current_rank("cubesim.current_rank()"); },
+        "The calling rank, inside a rank function.");
+
+  // ---- ops: inside a rank function; time is charged on sim ----
+  m.def("matmul",
+        [](const PyTensor& a, const PyTensor& b, const PyTensor& c, const PyTensor* bias, const std::string& name) {
+          ReleaseGil nogil;
+          rt::matmul(a.t, b.t, bias ? &bias->t : nullptr, c.t, name.c_str());
+        },
+        py::arg("a"), py::arg("b"), py::arg("out"), py::arg("bias") = nullptr, py::arg("name") = "gemm",
+        "out[M,N] = a[M,K] . b[K,N] (+ bias[N]) under the numerics contract (det_gemm). Views work: "
+        "matmul(x, w.t(), y) is y = x . w^T.");
+  m.def("bias_grad", [](const PyTensor& dy, const PyTensor& db) {
+          ReleaseGil nogil;
+          rt::bias_grad(dy.t, db.t);
+        },
+        py::arg("dy"), py::arg("db"), "db[n] = sum over m of dy[m, n], ascending m.");
+  m.def("gelu", [](const PyTensor& x, const PyTensor& y, const std::string& kind) {
+          const auto k = kernels::parse_gelu_kind(kind);
+          ReleaseGil nogil;
+          rt::gelu(k, x.t, y.t);
+        },
+        py::arg("x"), py::arg("out"), py::arg("kind") = "tanh", "out = gelu(x); kind 'tanh' or 'erf'.");
+  m.def("gelu_backward", [](const PyTensor& x, const PyTensor& dy, const PyTensor& dx, const std::string& kind) {
+          const auto k = kernels::parse_gelu_kind(kind);
+          ReleaseGil nogil;
+          rt::gelu_backward(k, x.t, dy.t, dx.t);
+        },
+        py::arg("x"), py::arg("dy"), py::arg("dx"), py::arg("kind") = "tanh");
+  m.def("add_bias", [](const PyTensor& x, const PyTensor& b, const PyTensor& y) {
+          ReleaseGil nogil;
+          rt::add_bias(x.t, b.t, y.t);
+        },
+        py::arg("x"), py::arg("bias"), py::arg("out"), "out = x + bias (per column).");
+  m.def("add", [](const PyTensor& a, const PyTensor& b, const PyTensor& y) {
+          ReleaseGil nogil;
+          rt::add(a.t, b.t, y.t);
+        },
+        py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("copy", [](const PyTensor& src, const PyTensor& dst) {
+          ReleaseGil nogil;
+          rt::copy(src.t, dst.t);
+        },
+        py::arg("src"), py::arg("dst"), "A timed device copy (same shape and dtype).");
+}

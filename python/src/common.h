@@ -1,0 +1,125 @@
+// common.h — what the binding translation units share: the GIL discipline for code that runs
+// inside simulated processes, the Python-side holders of tensors and run reports, and conversions
+// (dtype names, numpy arrays, JSON documents).
+//
+// GIL rules (the reason this file exists):
+//   - every binding that may run a simulation or block a simulated process (spawn, collectives,
+//     ops, layers, Work.wait) releases the GIL with ReleaseGil, never with py::gil_scoped_release:
+//     a rank function written in Python runs in a fiber with a Python thread state of its own, and
+//     pybind11 finds "this thread's" state through a thread-local that ReleaseGil saves and restores
+//     per fiber (see bind_runtime.cpp, py_spawn);
+//   - a binding that blocks while holding the GIL would deadlock the other ranks: when in doubt,
+//     release.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/dtype.h"
+#include "runtime/context.h"
+#include "runtime/errors.h"
+#include "runtime/tensor.h"
+#include "sim/core/trace.h"
+
+namespace cubesim::pyb {
+
+namespace py = pybind11;
+
+// pybind11's thread-local state, which must follow a fiber rather than the OS thread: the thread
+// state gil_scoped_acquire uses, and the stack of argument-loader frames of the calls in progress
+// (each bound call pushes one and checks, on return, that it is on top).
+struct PybindThreadLocals {
+  void* tstate = nullptr;
+  void* loader_stack = nullptr;
+
+  static auto& loader_key() {
+#if PYBIND11_INTERNALS_VERSION == 4
+    return py::detail::get_local_internals().loader_life_support_tls_key;
+#else
+    return py::detail::get_internals().loader_life_support_tls_key;
+#endif
+  }
+  static PybindThreadLocals get() {
+    return {PYBIND11_TLS_GET_VALUE(py::detail::get_internals().tstate), PYBIND11_TLS_GET_VALUE(loader_key())};
+  }
+  void set() const {
+    PYBIND11_TLS_REPLACE_VALUE(py::detail::get_internals().tstate, tstate);
+    PYBIND11_TLS_REPLACE_VALUE(loader_key(), loader_stack);
+  }
+};
+
+// Releases the GIL for the duration of a C++ call; afterwards restores the calling fiber's (or
+// thread's) Python thread state and pybind11's thread-locals as they were.
+class ReleaseGil {
+ public:
+  ReleaseGil() : saved_(PybindThreadLocals::get()), state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() {
+    PyEval_RestoreThread(state_);
+    saved_.set();
+  }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PybindThreadLocals saved_;
+  PyThreadState* state_;
+};
+
+// The backend is not part of this build (cuda, until it exists): Python's BackendUnavailableError.
+class BackendUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor as Python holds it: the tensor plus its context, which owns the memory it lives in
+// (so a tensor keeps its context alive, never the other way round).
+struct PyTensor {
+  rt::Tensor t;
+  std::shared_ptr<rt::Context> ctx;
+};
+
+// A run report plus the per-track statistics of that run (spans and busy time accrued during it).
+struct PyRunReport {
+  rt::RunReport run;
+  std::vector<sim::Trace::TrackStats> tracks;
+};
+
+// Statistics of every track so far; pass the result to make_report after the run.
+std::vector<sim::Trace::TrackStats> track_snapshot(rt::Context& ctx);
+PyRunReport make_report(rt::Context& ctx, const rt::RunReport& run, const std::vector<sim::Trace::TrackStats>& before);
+
+// "f32" | "bf16" | "f16" (and the aliases kernels::parse_dtype takes); ValueError otherwise.
+DType dtype_arg(const std::string& name);
+std::string dtype_str(DType d);
+
+// Host values of an array in `dtype`'s storage format (bytes, row-major), following the documented
+// rules: uint16 arrays are bf16/f16 bit patterns, uint32 arrays f32 bit patterns, every other
+// numeric array is converted by value (to f32, then rounded to nearest even to dtype).
+std::vector<std::uint8_t> array_to_bytes(const py::array& a, DType dtype, const char* what);
+// The inverse: float32 values (exact widening), or with bits=true the raw bit patterns
+// (uint16 for bf16/f16, uint32 for f32).
+py::array bytes_to_array(const std::vector<std::uint8_t>& bytes, DType dtype, const std::vector<std::int64_t>& shape,
+                         bool bits);
+
+// JSON <-> Python (dict, list, str, int, float, bool, None).
+nlohmann::json to_json(const py::handle& h);
+py::object from_json(const nlohmann::json& j);
+// Topology overrides from Python: None, a dict {dotted path: value} (in insertion order), or a
+// sequence of (path, value) pairs.
+std::vector<std::pair<std::string, nlohmann::json>> overrides_arg(const py::handle& h);
+
+// The Python exception class a rank's cancelled Python code unwinds with (a BaseException, so
+// `except Exception` does not stop it).
+py::handle unwind_exception_type();
+
+// Sets Python's RankError for `e` (its `failures` attribute lists (rank, message) pairs), with
+// `cause` (may be null) as __cause__: the Python exception a rank function raised.
+void set_rank_error(const rt::RankError& e, py::handle cause);
+
+}  // namespace cubesim::pyb
