@@ -1,7 +1,7 @@
 // bench_collectives — collectives on the shipped topologies, in the manner of nccl-tests.
 //
 // For each topology (every shipped one with at least two cubes), collective, algorithm and size
-// (1 KiB to 1 GiB in x8 steps) it reports the simulated time (latest rank's end minus earliest
+// (1 KiB to 1 GiB in x4 steps) it reports the simulated time (latest rank's end minus earliest
 // rank's start, the ranks starting together after a barrier), algbw = bytes / time, busbw = algbw x
 // the nccl-tests factor (all_reduce 2(p-1)/p, reduce_scatter and all_gather (p-1)/p, broadcast 1)
 // and the simulator's wall time for the collective. "bytes" is nccl-tests' size: the buffer for
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     for (const auto& topo : topologies) {
       for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
         for (Algorithm a : supported_algorithms(coll)) {
-          for (std::uint64_t b = 1024; b <= max_bytes; b *= 8) {
+          for (std::uint64_t b = 1024; b <= max_bytes; b *= 4) {
             Row r;
             try {
               r = run_one(topo, {}, coll, a, b, DType::bf16, false);

@@ -4,6 +4,13 @@
 
 namespace cubesim::rt::testing {
 
+std::unique_ptr<Context> host_context(int ranks) {
+  ContextOptions o;
+  o.world_size = ranks;
+  o.stack_size = 64 * 1024;
+  return std::make_unique<Context>(o);
+}
+
 std::string CollCase::name() const {
   return fmt::format("{}_{}_{}_{}ranks_n{}_{}{}_seed{}", coll, algorithm_name(algo), dtype_name(dtype), ranks, n,
                      reduce_op_name(op), acc_f32 ? "_accf32" : "", seed);

@@ -16,6 +16,9 @@ namespace cubesim::rt::testing {
 
 using Factory = std::function<std::unique_ptr<Context>(int ranks)>;
 
+// The host backend with `ranks` ranks: the reference every other backend is compared with.
+std::unique_ptr<Context> host_context(int ranks);
+
 struct CollCase {
   std::string coll;  // all_reduce, reduce_scatter, all_gather, broadcast
   Algorithm algo;

@@ -10,13 +10,6 @@
 namespace cubesim::rt::testing {
 namespace {
 
-std::unique_ptr<Context> host(int ranks) {
-  ContextOptions o;
-  o.world_size = ranks;
-  o.stack_size = 64 * 1024;
-  return std::make_unique<Context>(o);
-}
-
 Factory sim_on(std::string topo, bool timing_only = false) {
   return [topo, timing_only](int ranks) {
     ContextOptions o;
@@ -34,7 +27,7 @@ class SimCollectives : public ::testing::TestWithParam<CollCase> {};
 
 TEST_P(SimCollectives, BitwiseEqualToHostReplay) {
   const CollCase c = GetParam();
-  const CollResult h = run_collective(host, c);
+  const CollResult h = run_collective(host_context, c);
   const CollResult s = run_collective(sim_on("mesh4x4"), c);
   for (int k = 0; k < c.ranks; ++k) {
     ASSERT_EQ(s.out_bytes[static_cast<std::size_t>(k)], h.out_bytes[static_cast<std::size_t>(k)]) << "rank " << k;

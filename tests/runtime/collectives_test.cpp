@@ -12,13 +12,6 @@
 namespace cubesim::rt::testing {
 namespace {
 
-std::unique_ptr<Context> host(int ranks) {
-  ContextOptions o;
-  o.world_size = ranks;
-  o.stack_size = 64 * 1024;
-  return std::make_unique<Context>(o);
-}
-
 double unit_roundoff(DType d) { return d == DType::f32 ? std::ldexp(1.0, -24) : d == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
 double rel_norm(const std::vector<float>& got, const std::vector<double>& ref) {
@@ -57,7 +50,7 @@ class Collectives : public ::testing::TestWithParam<CollCase> {};
 
 TEST_P(Collectives, MatchReferenceOnHost) {
   const CollCase c = GetParam();
-  const CollResult r = run_collective(host, c);
+  const CollResult r = run_collective(host_context, c);
   const int p = c.ranks;
   const std::size_t in_n = r.inputs[0].size();
   for (int k = 0; k < p; ++k) {
@@ -113,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(AllCases, Collectives, ::testing::ValuesIn(all_cases())
                          [](const auto& info) { return info.param.name(); });
 
 TEST(CollectiveErrors, UnsupportedAlgorithmListsValidOnes) {
-  auto ctx = host(2);
+  auto ctx = host_context(2);
   try {
     ctx->spawn(2, [&](int r) {
       Tensor t = ctx->zeros(r, {8}, DType::f32);
@@ -128,7 +121,7 @@ TEST(CollectiveErrors, UnsupportedAlgorithmListsValidOnes) {
 }
 
 TEST(CollectiveErrors, HalvingDoublingReduceScatterNeedsPowerOfTwo) {
-  auto ctx = host(3);
+  auto ctx = host_context(3);
   try {
     ctx->spawn(3, [&](int r) {
       Tensor in = ctx->zeros(r, {9}, DType::f32), out = ctx->zeros(r, {3}, DType::f32);
@@ -141,7 +134,7 @@ TEST(CollectiveErrors, HalvingDoublingReduceScatterNeedsPowerOfTwo) {
 }
 
 TEST(CollectiveErrors, MismatchedSizesNameBothRanks) {
-  auto ctx = host(4);
+  auto ctx = host_context(4);
   try {
     ctx->spawn(4, [&](int r) {
       Tensor t = ctx->zeros(r, {r == 2 ? 16 : 8}, DType::bf16);
@@ -159,7 +152,7 @@ TEST(CollectiveErrors, MismatchedSizesNameBothRanks) {
 }
 
 TEST(CollectiveErrors, SkippedCollectiveNamesWhoArrivedAndWhoDidNot) {
-  auto ctx = host(4);
+  auto ctx = host_context(4);
   try {
     ctx->spawn(4, [&](int r) {
       Tensor t = ctx->zeros(r, {64}, DType::f32);
@@ -176,7 +169,7 @@ TEST(CollectiveErrors, SkippedCollectiveNamesWhoArrivedAndWhoDidNot) {
 }
 
 TEST(CollectiveErrors, TensorOnAnotherRankIsRejected) {
-  auto ctx = host(2);
+  auto ctx = host_context(2);
   try {
     ctx->spawn(2, [&](int r) {
       Tensor t = ctx->zeros(1 - r, {8}, DType::f32);
@@ -189,7 +182,7 @@ TEST(CollectiveErrors, TensorOnAnotherRankIsRejected) {
 }
 
 TEST(CollectiveErrors, ARankExceptionStopsSiblingsAndNamesTheRank) {
-  auto ctx = host(4);
+  auto ctx = host_context(4);
   int finished = 0;
   try {
     ctx->spawn(4, [&](int r) {
@@ -207,7 +200,7 @@ TEST(CollectiveErrors, ARankExceptionStopsSiblingsAndNamesTheRank) {
 }
 
 TEST(Collectives, AsyncSubgroupsAndPointToPoint) {
-  auto ctx = host(4);
+  auto ctx = host_context(4);
   std::vector<std::vector<float>> got(4);
   ctx->spawn(4, [&](int r) {
     ProcessGroup& pair = ctx->new_group({r / 2 * 2, r / 2 * 2 + 1});
