@@ -19,8 +19,10 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job: `cubesim run` on the default topology (a ParallelMLP step checked against the host
+# reference). DEMO_ARGS go to it, e.g. make demo DEMO_ARGS="--topology ring4 --trace run.json".
 demo: build
-	$(BUILD)/examples/cubesim_demo $(DEMO_ARGS)
+	$(BUILD)/bin/cubesim run $(DEMO_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

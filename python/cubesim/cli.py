@@ -65,6 +65,10 @@ def pct(part, whole):
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
+def plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def ranges(values):
     """[0, 1, 2, 5] -> '0-2, 5'."""
     values = sorted(values)
@@ -198,7 +202,9 @@ def cmd_topo_show(args):
         ids = [c["id"] for c in cubes]
         label = f"cube {ids[0]}" if len(ids) == 1 else f"cubes {ranges(ids)}"
         for i, line in enumerate(_cube_lines(cubes[0])):
-            out.say(f"  {label if i == 0 else '':<9} {line}" if len(label) <= 9 else f"  {label}: {line}")
+            if len(label) > 10 and i == 0:
+                out.say(f"  {label}")
+            out.say(f"  {label if i == 0 and len(label) <= 10 else '':<10}{line}")
     links = {}
     for l in t.links:
         key = (l["bandwidth_GBps"], l["latency_ns"], l["overhead_ns"])
@@ -269,7 +275,7 @@ def cmd_topo_validate(args):
         print(f"  {msg}", file=sys.stderr)
         out.json({"file": args.file, "valid": False, "path": path, "message": msg})
         return EXIT_FAILED
-    out.say(f"{args.file}: valid: '{t.name}', {t.num_cubes} cube(s), network {t.network}, {len(t.links)} link directions")
+    out.say(f"{args.file}: valid: '{t.name}', {plural(t.num_cubes, 'cube')}, network {t.network}, {len(t.links)} link directions")
     out.json({"file": args.file, "valid": True, "path": None, "message": None, "topology": topology_summary(t)})
     return EXIT_OK
 
@@ -283,7 +289,7 @@ def valid_tps(limit, ffn, tokens, sequence_parallel):
 
 def choose_tp(args, limit, holder):
     """The tp to run: --tp, checked against the devices (limit; None: any) and the model, else the
-    largest that fits. holder names the devices in messages ("topology 'ring4' has 4 cube(s)")."""
+    largest that fits. holder names the devices in messages ("topology 'ring4' has 4 cubes")."""
     need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
     if args.tp is None:
         return valid_tps(limit, args.ffn, args.tokens, args.sequence_parallel)[-1] if limit else 1
@@ -350,12 +356,12 @@ def cmd_run(args):
     topo = None
     if sim:
         topo = cs.load_topology(args.topology, overrides=sets or None)
-        tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {topo.num_cubes} cube(s)")
+        tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
     elif args.backend == "cuda":
         gpus = cs.cuda_device_count()
         if gpus == 0:
             cs.Context("cuda", world_size=1)  # raises BackendUnavailableError saying why
-        tp = choose_tp(args, gpus, f"this machine has {gpus} GPU(s)")
+        tp = choose_tp(args, gpus, f"this machine has {plural(gpus, 'GPU')}")
     else:
         tp = choose_tp(args, None, "")
 
@@ -365,7 +371,9 @@ def cmd_run(args):
         topology=args.topology,
         overrides=sets or None,
         timing_only=args.timing_only,
-        trace=bool(args.trace),
+        # Links, HBM and DMA count their activity only while a trace records: record one on sim for
+        # the hardware table, and save it when --trace asks.
+        trace=bool(args.trace) or (sim and not args.no_hardware_stats),
         algorithm=args.algorithm,
         record_ops=args.backend == "cuda",
     )
@@ -453,7 +461,8 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
     out.say()
     if topo:
         pes = result["topology"]["pes_per_cube"]
-        out.say(f"  topology  {topo.name}: {topo.num_cubes} cube(s) x {pes} PEs, network {topo.network} ({topo.origin})")
+        out.say(f"  topology  {topo.name}: {plural(topo.num_cubes, 'cube')} x {pes} PEs, network {topo.network} "
+                f"({topo.origin})")
         out.say(f"  backend   sim, tp {tp}: ranks 0-{tp - 1} on cubes 0-{tp - 1}, collectives {args.algorithm}")
     else:
         desc = "host (the reference: no simulated time)" if args.backend == "host" else f"cuda ({ctx_desc(tp)})"
@@ -483,20 +492,29 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
             rows.append([c.tensor, c.against, claim, fmt_err(c.max_abs), fmt_err(c.rel_norm), res])
         out.say(format_table(["tensor", "against", "claim", "max abs", "rel norm", "result"], rows,
                              align=["l", "l", "l", "r", "r", "l"]))
-        out.say(
-            "  unsharded: the tp=1 model on the host; host replay: the same tp program on the host (same "
-            "reduction order); ranks: every rank holds the same bits"
-        )
+        out.say("  unsharded: the tp=1 model on the host; host replay: the same tp program on the host (same")
+        out.say("  reduction order); ranks: every rank holds the same bits. Sums of tp partials (output, input_grad")
+        out.say("  vs unsharded) round differently from the unsharded sum: they are held to a tolerance.")
         out.say()
     if topo:
         out.say(f"simulated time: {fmt_time(report.sim_time_ps)}  (simulator: {report.wall_s:.3f} s wall, "
                 f"{report.events} events)")
-        rows = []
-        for r in report.ranks:
-            rows.append([r.rank, fmt_time(r.compute_ps), fmt_time(r.comm_ps), fmt_time(r.finish_ps),
-                         pct(r.compute_ps, report.sim_time_ps), pct(r.comm_ps, report.sim_time_ps)])
+        def row(label, compute, comm, finish):
+            return [label, fmt_time(compute), fmt_time(comm), fmt_time(finish), pct(compute, report.sim_time_ps),
+                    pct(comm, report.sim_time_ps)]
+
+        ranks = report.ranks
+        shown = ranks if len(ranks) <= 16 else ranks[:6] + ranks[-2:]
+        rows = [row(r.rank, r.compute_ps, r.comm_ps, r.finish_ps) for r in shown]
+        if len(ranks) > 16:
+            rows.insert(6, ["...", "", "", "", "", ""])
+            for name, agg in (("min", min), ("max", max)):
+                rows.append(row(name, agg(r.compute_ps for r in ranks), agg(r.comm_ps for r in ranks),
+                                agg(r.finish_ps for r in ranks)))
         out.say(format_table(["rank", "compute", "comm", "finish", "compute %", "comm %"], rows,
                              align=["r", "r", "r", "r", "r", "r"]))
+        if len(ranks) > 16:
+            out.say(f"  ({len(ranks) - 8} ranks not shown: every rank is in --json)")
         out.say("  compute: GEMMs (tile by tile on the cube's PEs, operands through TCM by DMA) and elementwise ops")
         out.say("  (a roofline of the PEs' vector rate against HBM); comm: time inside collectives (asynchronous")
         out.say("  ones overlap compute, so the two can sum past finish)")
@@ -630,6 +648,9 @@ def build_parser():
                      help="collective algorithm (default ring)")
     run.add_argument("--timing-only", action="store_true",
                      help="sim only: move no values (same simulated time, much faster); skips the check")
+    run.add_argument("--no-hardware-stats", action="store_true",
+                     help="sim: skip the per-track hardware statistics (they record a trace in memory; large runs "
+                     "save memory and time without it)")
     run.add_argument("--seed", type=int, default=1234, help="weight seed (default 1234)")
     run.add_argument("--data-seed", type=int, default=99, help="input seed (default 99)")
     set_opt(run)

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common.h"
 #include "runtime/collectives.h"
@@ -259,6 +260,15 @@ CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, cons
     else out_shape = {n_out};
   }
   const rt::CollectiveOptions o = coll_opts(algorithm, accumulate_f32, hierarchy, false);
+  if (o.algorithm) {
+    const auto ok = rt::supported_algorithms(name);
+    if (std::find(ok.begin(), ok.end(), *o.algorithm) == ok.end()) {
+      std::vector<std::string_view> names;
+      for (auto a : ok) names.push_back(rt::algorithm_name(a));
+      throw py::value_error(fmt::format("run_collective: {} has no algorithm '{}'; valid: {}", name, *algorithm,
+                                        fmt::join(names, ", ")));
+    }
+  }
   std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(p));
   const auto before = track_snapshot(*ctx);
   rt::RunReport rep;

@@ -82,6 +82,7 @@ class BackendUnavailable : public std::runtime_error {
 struct PyTensor {
   rt::Tensor t;
   std::shared_ptr<rt::Context> ctx;
+  ~PyTensor() { t = rt::Tensor(); }  // the storage goes back to the context's memory before the context may go
 };
 
 // A run report plus the per-track statistics of that run (spans and busy time accrued during it).

@@ -1,0 +1,266 @@
+"""The command line: exit codes, human and JSON output, the trace file, topo and bench commands.
+Most cases call cli.main() in-process (fast); a few run the real `python3 -m cubesim` and the
+build's launcher script."""
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubesim as cs
+from cubesim import cli
+from cubesim._progress import Progress
+from cubesim._table import format_table
+
+SMALL = ["--hidden", "64", "--ffn", "256", "--tokens", "32"]
+PKG_ROOT = Path(cs.__file__).resolve().parent.parent  # build/python
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ---- run --------------------------------------------------------------------------------------------
+
+
+def test_run_default_passes_and_reports(capsys):
+    rc, out, err = run_cli(capsys, "run", *SMALL)
+    assert rc == 0, err
+    assert "check: PASS" in out and "max abs error" in out
+    assert f"topology  {cs.DEFAULT_TOPOLOGY}" in out
+    assert "simulated time:" in out and "compute %" in out
+    assert "trace: not written" in out
+
+
+def test_run_json_schema(capsys, tmp_path):
+    path = tmp_path / "run.json"
+    rc, out, _ = run_cli(capsys, "run", "--topology", "ring4", "--tp", "2", "--json", str(path), *SMALL)
+    assert rc == 0
+    assert f"json: {path}" in out
+    d = json.loads(path.read_text())
+    assert d["schema"] == "cubesim.run/1" and d["command"] == "run" and d["pass"] is True
+    assert d["backend"] == "sim" and d["tp"] == 2 and d["timing_only"] is False
+    assert d["topology"]["name"] == "ring4" and d["topology"]["cubes"] == 4
+    assert d["mlp"] == {"tokens": 32, "hidden": 64, "ffn": 256, "dtype": "bf16", "gelu": "tanh", "bias": True,
+                        "sequence_parallel": False, "seed": 1234}
+    assert d["check"]["pass"] is True and d["check"]["max_abs"] > 0  # tp 2 sums partials
+    c0 = d["check"]["checks"][0]
+    assert set(c0) == {"tensor", "against", "claim", "bitwise", "max_abs", "rel_norm", "tolerance", "pass"}
+    assert isinstance(d["sim_time_ps"], int) and d["sim_time_ps"] > 0
+    assert [r["rank"] for r in d["ranks"]] == [0, 1]
+    assert set(d["ranks"][0]) == {"rank", "compute_ps", "comm_ps", "finish_ps"}
+    assert all(r["comm_ps"] > 0 for r in d["ranks"])
+    assert {h["group"] for h in d["hardware"]} >= {"cube0", "cube1", "links"}
+    assert d["trace"] is None and d["measured"] is None
+
+
+def test_run_json_to_stdout_is_only_json(capsys):
+    rc, out, _ = run_cli(capsys, "run", "--json", "-", *SMALL)
+    assert rc == 0
+    d = json.loads(out)
+    assert d["pass"] is True and d["tp"] == 1
+
+
+def test_run_trace_file_parses_and_has_the_tracks(capsys, tmp_path):
+    path = tmp_path / "trace.json"
+    rc, out, _ = run_cli(capsys, "run", "--topology", "ring4", "--trace", str(path), *SMALL)
+    assert rc == 0
+    assert f"trace: {path}" in out and "ui.perfetto.dev" in out
+    doc = json.loads(path.read_text())
+    ev = doc["traceEvents"]
+    groups = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+    tracks = {(groups[e["pid"]], e["args"]["name"]) for e in ev if e.get("name") == "thread_name"}
+    for c in range(4):
+        assert {(f"rank{c}", "compute"), (f"rank{c}", "comm"), (f"cube{c}", "pe0.mac"), (f"cube{c}", "pe0.vector"),
+                (f"cube{c}", "pe0.dma.read"), (f"cube{c}", "pe0.dma.write"), (f"cube{c}", "hbm.ch0")} <= tracks
+    assert ("links", "link c0->c1") in tracks
+    assert sum(1 for e in ev if e.get("ph") == "X") > 0
+
+
+def test_run_timing_only_and_host(capsys):
+    rc, out, _ = run_cli(capsys, "run", "--topology", "ring4", "--timing-only", *SMALL)
+    assert rc == 0 and "timing only" in out and "check:" not in out
+    rc, out, _ = run_cli(capsys, "run", "--backend", "host", "--tp", "2", *SMALL)
+    assert rc == 0 and "check: PASS" in out and "backend   host" in out and "simulated time:" not in out
+
+
+def test_run_with_overrides(capsys):
+    rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--timing-only",
+                         "--set", "network.link.bandwidth_GBps=16", *SMALL)
+    slow = json.loads(out)
+    rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--timing-only", *SMALL)
+    fast = json.loads(out)
+    assert slow["overrides"] == [{"path": "network.link.bandwidth_GBps", "value": 16}]
+    assert sum(r["comm_ps"] for r in slow["ranks"]) > sum(r["comm_ps"] for r in fast["ranks"])
+
+
+def test_run_usage_errors_exit_2(capsys):
+    rc, _, err = run_cli(capsys, "run", "--topology", "ring4", "--tp", "8", *SMALL)
+    assert rc == 2 and "--tp 8: topology 'ring4' has 4 cubes, one per rank; valid tp values here: 1, 2, 4" in err
+    rc, _, err = run_cli(capsys, "run", "--topology", "ring4", "--tp", "3", *SMALL)
+    assert rc == 2 and "tp must divide ffn 256; valid tp values here: 1, 2, 4" in err
+    rc, _, err = run_cli(capsys, "run", "--topology", "nosuch")
+    assert rc == 2 and "unknown topology 'nosuch'" in err
+    rc, _, err = run_cli(capsys, "run", "--set", "cube.hbm.bandwdth_GBps=1")
+    assert rc == 2 and "did you mean 'bandwidth_GBps'" in err
+    rc, _, err = run_cli(capsys, "run", "--backend", "host", "--timing-only")
+    assert rc == 2 and "--timing-only needs --backend sim" in err
+    rc, _, err = run_cli(capsys, "run", "--dtype", "fp8")
+    assert rc == 2 and "f32, bf16, f16" in err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--backend", "tpu"])
+    assert e.value.code == 2
+
+
+def test_run_cuda_without_gpu_says_unavailable(capsys):
+    if cs.backends()["cuda"]:
+        pytest.skip("a GPU is usable here")
+    rc, _, err = run_cli(capsys, "run", "--backend", "cuda")
+    assert rc == 2 and "cuda" in err and ("not available in this build" in err or "no usable GPU" in err)
+
+
+# ---- topo -------------------------------------------------------------------------------------------
+
+
+def test_topo_list(capsys):
+    rc, out, _ = run_cli(capsys, "topo", "list")
+    assert rc == 0
+    for name in cs.list_topologies():
+        assert name in out
+    rc, out, _ = run_cli(capsys, "topo", "list", "--json", "-")
+    d = json.loads(out)
+    assert d["default"] == cs.DEFAULT_TOPOLOGY
+    assert {t["name"] for t in d["topologies"]} == set(cs.list_topologies())
+    assert {"name", "cubes", "pes_per_cube", "network", "links", "description"} <= set(d["topologies"][0])
+
+
+def test_topo_show(capsys):
+    rc, out, _ = run_cli(capsys, "topo", "show", "mesh4x4")
+    assert rc == 0 and "mesh4x4" in out and "network   mesh 4x4" in out and "HBM" in out and "links" in out
+    rc, out, _ = run_cli(capsys, "topo", "show", "ring4", "--set", "cubes.2.clock_scale=0.5", "--json", "-")
+    d = json.loads(out)
+    assert d["num_cubes"] == 4 and d["cubes"][2]["clock_scale"] == 0.5 and d["doc"]["name"] == "ring4"
+    rc, out, _ = run_cli(capsys, "topo", "show", "single_cube", "--doc")
+    assert json.loads(out)["name"] == "single_cube"
+    rc, _, err = run_cli(capsys, "topo", "show", "nosuch")
+    assert rc == 2 and "unknown topology" in err
+
+
+def test_topo_validate(capsys, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(cs.load_topology_json("ring4")))
+    rc, out, _ = run_cli(capsys, "topo", "validate", str(good))
+    assert rc == 0 and "valid" in out
+    doc = cs.load_topology_json("ring4")
+    doc["network"]["link"]["latency_ns"] = -3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    rc, out, err = run_cli(capsys, "topo", "validate", str(bad))
+    assert rc == 1 and "invalid" in err and "at: network.link.latency_ns" in err
+    rc, out, err = run_cli(capsys, "topo", "validate", str(bad), "--json", "-")
+    d = json.loads(out)
+    assert rc == 1 and d == {"file": str(bad), "valid": False, "path": "network.link.latency_ns", "message": d["message"]}
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"name": "x",\n "cube": }')
+    rc, _, err = run_cli(capsys, "topo", "validate", str(broken))
+    assert rc == 1 and "at: line 2, column" in err
+
+
+@pytest.mark.parametrize(
+    "message,path",
+    [
+        ("topology 'small' (t): network.links.1.to: cube 7 does not exist; cube ids are 0..3", "network.links.1.to"),
+        ("topology 'x' (a.json): missing required field 'network' (...)", "network"),
+        ("topology 'small' (t): cube.pe.tcm: TCM of 16.00 KiB is smaller", "cube.pe.tcm"),
+        ("topology file 'b.json': invalid JSON at line 1, column 2: ...", "line 1, column 2"),
+        ("topology file 'nosuch.json' does not exist", None),
+    ],
+)
+def test_error_json_path(message, path):
+    assert cli.error_json_path(message) == path
+
+
+# ---- bench ------------------------------------------------------------------------------------------
+
+
+def fake_bench(tmp_path, name, rc):
+    exe = tmp_path / name
+    exe.write_text(f'#!/bin/sh\necho "{name} got: $*"\nexit {rc}\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def test_bench_passes_options_through(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBESIM_BENCH_DIR", str(tmp_path))
+    fake_bench(tmp_path, "bench_tp_mlp", 0)
+    rc, out, _ = run_cli(capsys, "bench", "tp", "--quick", "--json", "x.json", "--topology", "ring4")
+    assert rc == 0 and "bench_tp_mlp got: --quick --json x.json --topology ring4" in out
+    fake_bench(tmp_path, "bench_collectives", 3)
+    rc, out, err = run_cli(capsys, "bench", "collectives")
+    assert rc == 1 and "bench_collectives exited with status 3" in err
+
+
+def test_bench_missing_executable_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBESIM_BENCH_DIR", str(tmp_path))
+    rc, _, err = run_cli(capsys, "bench", "gemm")
+    assert rc == 2 and "bench_det_gemm_cpu is not built" in err and "--target bench_det_gemm_cpu" in err
+
+
+def test_bench_dir_is_the_builds():
+    os.environ.pop("CUBESIM_BENCH_DIR", None)
+    assert cli.bench_dir() == PKG_ROOT.parent / "benches"
+
+
+# ---- the real command ---------------------------------------------------------------------------------
+
+
+def test_python_m_cubesim(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(PKG_ROOT))
+    r = subprocess.run([sys.executable, "-m", "cubesim", "--version"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == f"cubesim {cs.__version__}"
+    r = subprocess.run([sys.executable, "-m", "cubesim", "run", "--topology", "ring4", "--tp", "5"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "valid tp values here" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "cubesim"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_launcher_script():
+    launcher = PKG_ROOT.parent / "bin" / "cubesim"
+    assert launcher.is_file() and os.access(launcher, os.X_OK)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(launcher), "topo", "list", "--json", "-"], capture_output=True, text=True, env=env, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert cs.DEFAULT_TOPOLOGY in {t["name"] for t in json.loads(r.stdout)["topologies"]}
+
+
+# ---- output helpers ---------------------------------------------------------------------------------
+
+
+def test_progress_draws_only_when_enabled_and_clears():
+    buf = io.StringIO()
+    with Progress("job", total=4, delay=0.0, stream=buf, enabled=True, interval=0.01) as p:
+        p.update(2)
+        import time
+
+        time.sleep(0.05)
+    text = buf.getvalue()
+    assert "job [" in text and "2/4" in text and text.endswith("\r\x1b[K")
+    quiet = io.StringIO()
+    with Progress("job", stream=quiet, enabled=False, delay=0.0):
+        pass
+    assert quiet.getvalue() == ""
+    assert Progress("spin").render(1.0).startswith("spin [")
+    assert "====" in Progress("spin").render(0.35)
+
+
+def test_table_alignment():
+    t = format_table(["name", "time"], [["a", "1.5 us"], ["bbb", "12.000 ms"]])
+    lines = t.splitlines()
+    assert lines[0].split() == ["name", "time"]
+    assert lines[2].endswith("   1.5 us") and lines[3].endswith("12.000 ms")

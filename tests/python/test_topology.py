@@ -1,0 +1,95 @@
+"""Topologies from Python: list, load, override by dotted path, validate; errors name the JSON path."""
+import json
+
+import pytest
+
+import cubesim as cs
+
+
+def test_list_has_the_shipped_topologies():
+    names = cs.list_topologies()
+    for n in ("single_cube", "ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"):
+        assert n in names
+    assert names == sorted(names)
+    assert cs.DEFAULT_TOPOLOGY in names
+
+
+def test_load_exposes_figures():
+    t = cs.load_topology("ring4")
+    assert t.name == "ring4"
+    assert t.num_cubes == 4 and len(t.cubes) == 4
+    assert t.network == "ring"
+    assert [c["id"] for c in t.cubes] == [0, 1, 2, 3]
+    c = t.cubes[0]
+    assert c["pes"] > 0 and c["hbm"]["bandwidth_GBps"] > 0 and c["hbm"]["channels"] >= 1
+    assert set(c["pe"]) >= {"clock_GHz", "tcm", "dma", "mac", "vector", "tile"}
+    assert "bf16" in c["pe"]["mac"]["per_cycle"]
+    names = {l["name"] for l in t.links}
+    assert "c0->c1" in names and "c1->c0" in names
+    assert all(isinstance(l["from"], (int, str)) for l in t.links)
+    assert t.doc["name"] == "ring4"
+    assert "ring4" in repr(t)
+    json.dumps({"cubes": t.cubes, "links": t.links, "host": t.host, "doc": t.doc})  # plain values
+
+
+def test_overrides_change_figures():
+    base = cs.load_topology("ring4")
+    t = cs.load_topology("ring4", overrides={"network.link.bandwidth_GBps": 64, "cubes.2.clock_scale": 0.5})
+    assert all(l["bandwidth_GBps"] == 64 for l in t.links if l["from"] != "host" and l["to"] != "host")
+    assert t.cubes[2]["clock_scale"] == 0.5 and t.cubes[1]["clock_scale"] == 1.0
+    assert t.cubes[2]["pe"]["clock_GHz"] == pytest.approx(base.cubes[2]["pe"]["clock_GHz"] * 0.5)
+    # A list of pairs works too, applied in order.
+    t2 = cs.load_topology("ring4", overrides=[("network.link.bandwidth_GBps", 32), ("network.link.bandwidth_GBps", 16)])
+    assert {l["bandwidth_GBps"] for l in t2.links if l["from"] != "host" and l["to"] != "host"} == {16}
+
+
+def test_apply_override_returns_a_copy():
+    doc = cs.load_topology_json("single_cube")
+    before = json.dumps(doc, sort_keys=True)
+    new = cs.apply_override(doc, "cube.hbm.bandwidth_GBps", 4096)
+    assert json.dumps(doc, sort_keys=True) == before
+    assert new["cube"]["hbm"]["bandwidth_GBps"] == 4096
+    t = cs.topology_from_json(new, "sweep point")
+    assert t.cubes[0]["hbm"]["bandwidth_GBps"] == 4096
+    assert cs.validate_topology(new).cubes[0]["hbm"]["bandwidth_GBps"] == 4096
+
+
+def test_unknown_override_path_names_the_path_and_suggests():
+    doc = cs.load_topology_json("single_cube")
+    with pytest.raises(cs.TopologyError, match=r"cube\.hbm.*bandwdth_GBps.*did you mean 'bandwidth_GBps'"):
+        cs.apply_override(doc, "cube.hbm.bandwdth_GBps", 1)
+    with pytest.raises(cs.TopologyError, match="bandwdth_GBps"):
+        cs.load_topology("single_cube", overrides={"cube.hbm.bandwdth_GBps": 1})
+
+
+def test_invalid_values_name_the_json_path():
+    doc = cs.apply_override(cs.load_topology_json("single_cube"), "network.chunk_bytes", 0)
+    with pytest.raises(cs.TopologyError) as e:
+        cs.topology_from_json(doc, "mine")
+    assert "(mine): network.chunk_bytes: 0 is not valid" in str(e.value)
+    assert isinstance(e.value, ValueError)  # TopologyError is a ValueError
+
+
+def test_validate_file(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(cs.load_topology_json("ring4")))
+    assert cs.validate_topology(str(good)).num_cubes == 4
+    bad = tmp_path / "bad.json"
+    doc = cs.load_topology_json("ring4")
+    doc["network"]["link"]["bandwidth_GBps"] = -5
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(cs.TopologyError, match=r"network\.link\.bandwidth_GBps: -5"):
+        cs.validate_topology(str(bad))
+
+
+def test_unknown_name_lists_the_shipped_ones():
+    with pytest.raises(cs.TopologyError, match="unknown topology 'nosuch'.*single_cube"):
+        cs.load_topology("nosuch")
+
+
+def test_json_conversion_rejects_what_json_cannot_hold():
+    doc = cs.load_topology_json("single_cube")
+    with pytest.raises(TypeError, match="cannot convert"):
+        cs.apply_override(doc, "cube.hbm.bandwidth_GBps", object())
+    with pytest.raises(TypeError, match="overrides"):
+        cs.load_topology("single_cube", overrides="cube.hbm.bandwidth_GBps=3")
