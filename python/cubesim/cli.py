@@ -306,27 +306,33 @@ def choose_tp(args, limit, holder):
     return args.tp
 
 
-def hardware_rows(report):
-    """Per hardware group (cubeN, links, host): active tracks, spans, the busiest track and how
-    busy it was over the run."""
-    groups = {}
-    for t in report.tracks:
-        if t.group.startswith("rank"):
-            continue
-        groups.setdefault(t.group, []).append(t)
-    rows = []
-    for group, tracks in groups.items():
-        top = max(tracks, key=lambda t: t.busy_ps)
-        rows.append(
-            {
-                "group": group,
-                "active_tracks": len(tracks),
-                "spans": sum(t.spans for t in tracks),
-                "busiest": top.name,
-                "busiest_busy_ps": top.busy_ps,
-            }
-        )
-    return rows
+def hardware_summary(report, topo, tp):
+    """How busy the hardware was over the run, as fractions of the simulated time: per cube the
+    mean over its PEs of the MAC array, vector unit and DMA channels, and its busiest HBM channel;
+    for the links between the ranks' cubes, how many carried traffic and the busiest."""
+    total = report.sim_time_ps
+    busy = {(t.group, t.name): t.busy_ps for t in report.tracks}
+
+    def frac(ps):
+        return ps / total if total else 0.0
+
+    cubes = []
+    for c in range(tp):
+        group, pes = f"cube{c}", topo.cubes[c]["pes"]
+
+        def mean(unit):
+            return frac(sum(busy.get((group, f"pe{i}.{unit}"), 0) for i in range(pes)) / max(pes, 1))
+
+        hbm = max((v for (g, n), v in busy.items() if g == group and n.startswith("hbm")), default=0)
+        cubes.append({"cube": c, "pe_mac": mean("mac"), "pe_vector": mean("vector"), "pe_dma_read": mean("dma.read"),
+                      "pe_dma_write": mean("dma.write"), "hbm_busiest_channel": frac(hbm)})
+    names = [f"link {l['name']}" for l in topo.links
+             if isinstance(l["from"], int) and isinstance(l["to"], int) and l["from"] < tp and l["to"] < tp]
+    active = [(n, v) for (g, n), v in busy.items() if g == "links" and v > 0]
+    top = max(active, key=lambda x: x[1], default=(None, 0))
+    links = {"directions": len(names), "active": len(active), "busiest": top[0], "busiest_busy": frac(top[1]),
+             "mean_busy_active": frac(sum(v for _, v in active) / len(active)) if active else 0.0}
+    return {"cubes": cubes, "links": links}
 
 
 def measured_rows(ctx, tp):
@@ -441,7 +447,7 @@ def cmd_run(args):
             for r in report.ranks
         ],
         "measured": measured_rows(ctx, tp) if args.backend == "cuda" else None,
-        "hardware": hardware_rows(report),
+        "hardware": hardware_summary(report, topo, tp) if topo else None,
         "tracks": report.to_dict()["tracks"],
         "trace": trace_info,
         "pass": passed if passed is not None else True,
@@ -463,7 +469,8 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
         pes = result["topology"]["pes_per_cube"]
         out.say(f"  topology  {topo.name}: {plural(topo.num_cubes, 'cube')} x {pes} PEs, network {topo.network} "
                 f"({topo.origin})")
-        out.say(f"  backend   sim, tp {tp}: ranks 0-{tp - 1} on cubes 0-{tp - 1}, collectives {args.algorithm}")
+        placement = "rank 0 on cube 0" if tp == 1 else f"ranks 0-{tp - 1} on cubes 0-{tp - 1}"
+        out.say(f"  backend   sim, tp {tp}: {placement}, collectives {args.algorithm}")
     else:
         desc = "host (the reference: no simulated time)" if args.backend == "host" else f"cuda ({ctx_desc(tp)})"
         out.say(f"  backend   {desc}, tp {tp}")
@@ -493,8 +500,10 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
         out.say(format_table(["tensor", "against", "claim", "max abs", "rel norm", "result"], rows,
                              align=["l", "l", "l", "r", "r", "l"]))
         out.say("  unsharded: the tp=1 model on the host; host replay: the same tp program on the host (same")
-        out.say("  reduction order); ranks: every rank holds the same bits. Sums of tp partials (output, input_grad")
-        out.say("  vs unsharded) round differently from the unsharded sum: they are held to a tolerance.")
+        out.say("  reduction order); ranks: every rank holds the same bits.")
+        if tp > 1:
+            out.say("  output and input_grad sum tp partials, which round differently from the unsharded sum:")
+            out.say("  against the unsharded model they are held to a tolerance, everywhere else to the bit.")
         out.say()
     if topo:
         out.say(f"simulated time: {fmt_time(report.sim_time_ps)}  (simulator: {report.wall_s:.3f} s wall, "
@@ -519,16 +528,24 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
         out.say("  (a roofline of the PEs' vector rate against HBM); comm: time inside collectives (asynchronous")
         out.say("  ones overlap compute, so the two can sum past finish)")
         hw = result["hardware"]
-        if hw:
-            out.say()
-            out.say("hardware activity (busiest track of each group, busy time over the run)")
-            rows = [[h["group"], h["active_tracks"], h["spans"], h["busiest"], pct(h["busiest_busy_ps"], report.sim_time_ps)]
-                    for h in hw[:16]]
-            out.say(format_table(["group", "active tracks", "spans", "busiest", "busy"], rows))
-            if len(hw) > 16:
-                out.say(f"  ... {len(hw) - 16} more groups (all in --json)")
+        out.say()
+        out.say("hardware: share of the simulated time each unit was busy (PE columns: mean over the cube's PEs)")
+        cubes = hw["cubes"]
+        shown = cubes if len(cubes) <= 16 else cubes[:6] + cubes[-2:]
+        rows = [[c["cube"], pct(c["pe_mac"], 1), pct(c["pe_vector"], 1), pct(c["pe_dma_read"], 1),
+                 pct(c["pe_dma_write"], 1), pct(c["hbm_busiest_channel"], 1)] for c in shown]
+        if len(cubes) > 16:
+            rows.insert(6, ["...", "", "", "", "", ""])
+        out.say(format_table(["cube", "PE MAC", "PE vector", "PE DMA read", "PE DMA write", "HBM (busiest channel)"],
+                             rows, align=["r"] * 6))
+        l = hw["links"]
+        if l["active"]:
+            out.say(f"  links: {l['active']} of {l['directions']} directions carried traffic; busiest {l['busiest']} "
+                    f"{pct(l['busiest_busy'], 1)}, mean of the active ones {pct(l['mean_busy_active'], 1)}")
+        elif l["directions"]:
+            out.say(f"  links: none of the {l['directions']} directions carried traffic")
         else:
-            out.say("hardware activity: none recorded")
+            out.say("  links: none between the ranks' cubes (one rank)")
     elif result["measured"] is not None:
         out.say(f"measured on the GPUs (CUDA events around every GEMM and collective); wall {report.wall_s:.3f} s")
         rows = [[m["rank"], f"{1e6 * m['gemm_s']:.1f} us", m["gemms"], f"{1e6 * m['collective_s']:.1f} us", m["collectives"]]

@@ -55,7 +55,11 @@ def test_run_json_schema(capsys, tmp_path):
     assert [r["rank"] for r in d["ranks"]] == [0, 1]
     assert set(d["ranks"][0]) == {"rank", "compute_ps", "comm_ps", "finish_ps"}
     assert all(r["comm_ps"] > 0 for r in d["ranks"])
-    assert {h["group"] for h in d["hardware"]} >= {"cube0", "cube1", "links"}
+    hw = d["hardware"]
+    assert [c["cube"] for c in hw["cubes"]] == [0, 1]
+    assert set(hw["cubes"][0]) == {"cube", "pe_mac", "pe_vector", "pe_dma_read", "pe_dma_write", "hbm_busiest_channel"}
+    assert all(0 < c["pe_mac"] <= 1 and 0 < c["hbm_busiest_channel"] <= 1 for c in hw["cubes"])
+    assert hw["links"]["directions"] == 2 and hw["links"]["active"] >= 1 and 0 < hw["links"]["busiest_busy"] <= 1
     assert d["trace"] is None and d["measured"] is None
 
 
