@@ -215,8 +215,8 @@ def test_bench_missing_executable_exit_2(capsys, tmp_path, monkeypatch):
     assert rc == 2 and "bench_det_gemm_cpu is not built" in err and "--target bench_det_gemm_cpu" in err
 
 
-def test_bench_dir_is_the_builds():
-    os.environ.pop("CUBESIM_BENCH_DIR", None)
+def test_bench_dir_is_the_builds(monkeypatch):
+    monkeypatch.delenv("CUBESIM_BENCH_DIR", raising=False)
     assert cli.bench_dir() == PKG_ROOT.parent / "benches"
 
 

@@ -330,6 +330,33 @@ def test_python_ranks_interleave_and_run_deterministically(rng):
     assert a[0][:4] == [(0, 0), (1, 0), (2, 0), (3, 0)]  # every rank reached step 0 before any finished
 
 
+def test_simulations_in_several_python_threads_at_once(rng):
+    xs = [rng.standard_normal(777).astype(np.float32) for _ in range(16)]
+
+    def job(out, key):
+        ctx = cs.Context("sim", topology="mesh4x4")
+        got = {}
+
+        def rank_fn(rank):
+            t = ctx.tensor(rank, xs[rank], "bf16")
+            cs.all_reduce(t, algorithm="tree")
+            cs.all_reduce(t, algorithm="ring")
+            got[rank] = t.numpy(bits=True)
+
+        rep = ctx.spawn(rank_fn)
+        out[key] = (rep.sim_time_ps, [got[r].tobytes() for r in range(16)])
+
+    alone = {}
+    job(alone, 0)
+    out = {}
+    threads = [threading.Thread(target=job, args=(out, k)) for k in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert out == {0: alone[0], 1: alone[0], 2: alone[0]}
+
+
 def test_deep_python_code_in_a_rank_has_stack_room():
     ctx = cs.Context("host", world_size=2)
 
