@@ -29,12 +29,6 @@ namespace {
                                   << (have_ == 0 ? " (" + cuda_unavailable_reason() + ")" : ""); \
   } while (0)
 
-std::unique_ptr<Context> host(int ranks) {
-  ContextOptions o;
-  o.world_size = ranks;
-  return std::make_unique<Context>(o);
-}
-
 Factory cuda_with(cuda::GemmMode g, CudaCollectives c) {
   return [g, c](int ranks) {
     ContextOptions o;
@@ -59,7 +53,7 @@ class CudaRingCollectives : public ::testing::TestWithParam<CollCase> {};
 TEST_P(CudaRingCollectives, BitwiseEqualToHostReplay) {
   const CollCase c = GetParam();
   NEED_GPUS(c.ranks);
-  const CollResult h = run_collective(host, c);
+  const CollResult h = run_collective(host_context, c);
   const CollResult g = run_collective(cuda_ring, c);
   for (int k = 0; k < c.ranks; ++k) {
     ASSERT_EQ(g.out_bytes[static_cast<std::size_t>(k)], h.out_bytes[static_cast<std::size_t>(k)]) << "rank " << k;
@@ -73,7 +67,7 @@ TEST(CudaRing, OneRankLeavesTheTensorAsItIs) {
   NEED_GPUS(1);
   for (const char* coll : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) {
     CollCase c{coll, Algorithm::ring, DType::bf16, 1, 1000};
-    const CollResult h = run_collective(host, c);
+    const CollResult h = run_collective(host_context, c);
     const CollResult g = run_collective(cuda_ring, c);
     EXPECT_EQ(g.out_bytes[0], h.out_bytes[0]) << coll;
   }
@@ -95,7 +89,7 @@ class CudaNcclCollectives : public ::testing::TestWithParam<CollCase> {};
 TEST_P(CudaNcclCollectives, AgreeWithHostReplay) {
   const CollCase c = GetParam();
   NEED_GPUS(c.ranks);
-  const CollResult h = run_collective(host, c);
+  const CollResult h = run_collective(host_context, c);
   const CollResult g = run_collective(cuda_nccl, c);
   // Moving data and max involve no rounding: bitwise. Sums: NCCL's own order, within tolerance.
   const bool exact = c.coll == "all_gather" || c.coll == "broadcast" || c.op == ReduceOp::max;
@@ -143,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(UpTo4Gpus, CudaNcclCollectives, ::testing::ValuesIn(ncc
 TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   NEED_GPUS(1);
   auto g = cuda_ring(1);
-  auto h = host(1);
+  auto h = host_context(1);
   std::mt19937_64 rng(42);
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
     const std::int64_t R = 67, C = 129;
