@@ -11,12 +11,14 @@
 //               a transposed view (Eigen gets the same transposed map): QKV, MLP up, MLP down at
 //               512 and 2048 tokens, and a 16-token decode step
 //
-// Each figure is the best of several timed runs after a warm-up, ours and Eigen's interleaved: at
+// Each figure is the best of several timed runs after a warm-up, ours and Eigen's interleaved (in
+// ~50 ms blocks, paused between, so that one's idle spinning threads don't slow the other): at
 // least --reps (3), and as many as fit in about 0.5 s per side for small shapes.
 // Target (issue 5): det_gemm >= 0.9x Eigen.
 //
 //   bench_det_gemm_cpu [--quick] [--json FILE] [--threads 1,2] [--reps N]
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <Eigen/Core>
@@ -105,10 +108,17 @@ Result run_shape(const Shape& s, DType dtype, int threads, int reps, double budg
   const double t_ours = time(ours), t_eigen = time(eigen);
   const double per_rep = std::max(t_ours, t_eigen);
   const int n = std::max(reps, static_cast<int>(std::min(20000.0, budget_s / std::max(per_rep, 1e-7))));
+  // Interleaved in blocks of ~50 ms with a 20 ms pause between them: OpenMP's idle threads keep
+  // spinning for milliseconds after Eigen returns, and on a machine with as many cores as threads
+  // they would take a core from det_gemm's next call (and det_gemm's from Eigen's, for 0.2 ms).
+  const int block = std::max(1, static_cast<int>(0.05 / std::max(per_rep, 1e-7)));
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
   double best_ours = 1e30, best_eigen = 1e30;
-  for (int r = 0; r < n; ++r) {
-    best_ours = std::min(best_ours, time(ours));
-    best_eigen = std::min(best_eigen, time(eigen));
+  for (int done = 0; done < n; done += block) {
+    pause();
+    for (int r = 0; r < block; ++r) best_ours = std::min(best_ours, time(ours));
+    pause();
+    for (int r = 0; r < block; ++r) best_eigen = std::min(best_eigen, time(eigen));
   }
   // Sanity: both computed the same product (Eigen's order differs, so only approximately).
   double num = 0, den = 0;
