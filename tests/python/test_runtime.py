@@ -302,7 +302,7 @@ def test_the_gil_is_released_while_the_simulator_runs():
     th.start()
     try:
         before = len(ticks)
-        cs.tp.run_mlp(ctx, tp=4, tokens=256, hidden=512, ffn=2048)  # C++ the whole time
+        cs.tp.run_mlp(ctx, tp=4, tokens=512, hidden=512, ffn=2048)  # C++ the whole time (a few tenths of a second)
         during = len(ticks) - before
     finally:
         stop.set()
