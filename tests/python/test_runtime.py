@@ -413,3 +413,20 @@ def test_report_to_dict_is_plain_json():
     assert set(d["ranks"][0]) == {"rank", "compute_ps", "comm_ps", "finish_ps"}
     assert set(d["tracks"][0]) == {"group", "name", "spans", "busy_ps"}
     assert "RunReport" in repr(rep) and "RankTimeline" in repr(rep.ranks[0])
+
+
+@pytest.mark.xfail(reason="runtime: Context::spawn does not reset the groups' collective sequence numbers, so "
+                   "after a failed run where ranks stopped at different collectives the next run's collectives "
+                   "pair up wrongly (a C++ fix: reset every ProcessGroup's sequences at the start of spawn)",
+                   strict=False)
+def test_a_context_runs_collectives_again_after_a_failed_run():
+    ctx = cs.Context("host", world_size=2)
+
+    def failing(rank):
+        if rank == 1:
+            raise ValueError("rank 1 stops before the barrier")
+        cs.barrier()
+
+    with pytest.raises(cs.RankError):
+        ctx.spawn(failing)
+    ctx.spawn(lambda rank: cs.barrier())
