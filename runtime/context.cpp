@@ -132,6 +132,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   mail_.clear();
   p2p_count_.clear();
   extensions_.clear();  // fresh per-rank state, as spawn() starts fresh processes
+  for (auto& g : groups_) g->reset_sequences();
   op_records_.clear();
   const sim::Time start = sim_->now();
   const std::uint64_t events0 = sim_->events_executed();

@@ -5,6 +5,7 @@
 // given; a collective's "index" of a rank is its position here.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ class ProcessGroup {
 
   // Per-member count of collectives issued (the next call's sequence number).
   std::uint64_t next_sequence(int index) { return seq_[static_cast<std::size_t>(index)]++; }
+  // Every spawn starts counting afresh (after a failed run, ranks may have stopped at different calls).
+  void reset_sequences() { std::fill(seq_.begin(), seq_.end(), 0); }
 
  private:
   int id_;

@@ -580,24 +580,47 @@ def bench_dir():
     return Path(__file__).resolve().parent.parent.parent / "benches"
 
 
-def cmd_bench(args):
-    exe_name = BENCHES[args.which]
-    exe = bench_dir() / exe_name
+def _run_built(exe, exe_name, argv, target):
+    """Runs an executable of the build with `argv`, streaming its output; returns its exit status."""
     if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UsageError(
-            f"bench {args.which}: {exe} is not built; build it with "
-            f"`cmake --build {exe.parent.parent} --target {exe_name}` (CUBESIM_BUILD_BENCHES=ON)"
-        )
-    cmd = [str(exe)] + list(args.args)
+        raise UsageError(f"{exe} is not built; build it with `cmake --build {exe.parent.parent} --target {target}`")
     with Progress(f"{exe_name} running") as p:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+        proc = subprocess.Popen([str(exe)] + list(argv), stdout=subprocess.PIPE, text=True, bufsize=1)
         for line in proc.stdout:
             p.print(line)
-        rc = proc.wait()
+        return proc.wait()
+
+
+def cmd_bench(args):
+    exe_name = BENCHES[args.which]
+    rc = _run_built(bench_dir() / exe_name, exe_name, args.args, exe_name)
     if rc != 0:
         print(f"cubesim: {exe_name} exited with status {rc}", file=sys.stderr)
         return EXIT_FAILED if rc > 0 else rc
     return EXIT_OK
+
+
+# ---- xcheck --------------------------------------------------------------------------------------
+
+
+def xcheck_exe():
+    env = os.environ.get("CUBESIM_XCHECK")
+    if env:
+        return Path(env)
+    # build/python/cubesim/cli.py -> build/bin/cubesim-xcheck
+    return Path(__file__).resolve().parent.parent.parent / "bin" / "cubesim-xcheck"
+
+
+def cmd_xcheck(args):
+    # The cross-check is a C++ program (it drives the GPUs, and it runs on GPU machines whose Python
+    # cannot load this module); this subcommand runs it with the arguments given.
+    argv = ["--topology", args.topology] + [a for tp in args.tp for a in ("--tp", str(tp))] + list(args.args)
+    rc = _run_built(xcheck_exe(), "cubesim-xcheck", argv, "cubesim-xcheck")
+    if rc == 3:
+        print("cubesim: xcheck: no usable GPU here; the simulator side was printed above "
+              "(run it on a machine with GPUs, see scripts/gpu/cuda_backend.sh)", file=sys.stderr)
+        return EXIT_FAILED
+    return {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_FAILED)
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -683,12 +706,31 @@ def build_parser():
     bench.add_argument("which", choices=list(BENCHES), help=", ".join(f"{k}: {v}" for k, v in BENCHES.items()))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options for the benchmark (--quick, --json FILE, ...)")
     bench.set_defaults(fn=cmd_bench)
+
+    xc = sub.add_parser(
+        "xcheck",
+        help="run the same MLP on the simulator and on real GPUs: bits, and simulated against measured time",
+        description="Runs build/bin/cubesim-xcheck: the ParallelMLP on the simulated topology and on the cuda backend "
+        "(exact GEMM with the deterministic ring, then tensor-core GEMM with NCCL); prints per tensor whether the bits "
+        "match (or the max error where a mode has no bitwise claim) and, per GEMM and collective, the simulated time "
+        "beside the measured GPU time with the error in percent. Exits 1 when a claim fails or no GPU is usable.",
+    )
+    xc.add_argument("--topology", default="h200x4", help="simulated system (default h200x4)")
+    xc.add_argument("--tp", type=int, action="append", default=[], help="tensor-parallel size; repeatable (default: "
+                    "every power of two up to the GPUs present)")
+    xc.add_argument("args", nargs=argparse.REMAINDER, help="more options for cubesim-xcheck (--json FILE, --tokens N, "
+                    "--sim-only, ...)")
+    xc.set_defaults(fn=cmd_xcheck)
     return p
 
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # only xcheck forwards options it does not know itself
+        if getattr(args, "command", None) != "xcheck":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = extra + list(args.args)
     try:
         return args.fn(args)
     except UsageError as e:

@@ -268,3 +268,29 @@ def test_table_alignment():
     lines = t.splitlines()
     assert lines[0].split() == ["name", "time"]
     assert lines[2].endswith("   1.5 us") and lines[3].endswith("12.000 ms")
+
+
+# ---- xcheck -----------------------------------------------------------------------------------------
+
+XSMALL = ["--tp", "1", "--tokens", "64", "--hidden", "128", "--ffn", "256",
+          "--check-tokens", "32", "--check-hidden", "64", "--check-ffn", "128"]
+
+
+def test_xcheck_runs_the_cross_check_program(capsys):
+    rc, out, err = run_cli(capsys, "xcheck", "--sim-only", *XSMALL)
+    assert rc == 0, err
+    assert "simulated step" in out and "column fprop" in out and "row wgrad" in out
+
+
+def test_xcheck_without_a_gpu_says_so_and_fails(capsys):
+    rc, out, err = run_cli(capsys, "xcheck", *XSMALL)
+    if rc == 0:
+        pytest.skip("a usable GPU is present: the cross-check ran")
+    assert rc == 1
+    assert "no usable GPU" in err
+
+
+def test_xcheck_forwards_only_its_own_unknown_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--no-such-option"])
+    assert e.value.code == 2

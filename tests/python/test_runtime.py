@@ -415,10 +415,6 @@ def test_report_to_dict_is_plain_json():
     assert "RunReport" in repr(rep) and "RankTimeline" in repr(rep.ranks[0])
 
 
-@pytest.mark.xfail(reason="runtime: Context::spawn does not reset the groups' collective sequence numbers, so "
-                   "after a failed run where ranks stopped at different collectives the next run's collectives "
-                   "pair up wrongly (a C++ fix: reset every ProcessGroup's sequences at the start of spawn)",
-                   strict=False)
 def test_a_context_runs_collectives_again_after_a_failed_run():
     ctx = cs.Context("host", world_size=2)
 

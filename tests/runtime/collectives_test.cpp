@@ -199,6 +199,26 @@ TEST(CollectiveErrors, ARankExceptionStopsSiblingsAndNamesTheRank) {
   EXPECT_EQ(finished, 0);
 }
 
+// After a run in which ranks stopped at different collectives, the next spawn starts every group's
+// call count afresh (else its calls would pair with the failed run's).
+TEST(CollectiveErrors, AContextRunsCollectivesAgainAfterAFailedRun) {
+  auto ctx = host_context(3);
+  EXPECT_THROW(ctx->spawn(3, [&](int r) {
+    Tensor t = ctx->zeros(r, {4}, DType::f32);
+    if (r == 2) throw std::runtime_error("rank 2 stops early");
+    all_reduce(t);
+    all_reduce(t);
+  }),
+               RankError);
+  std::vector<float> got;
+  ctx->spawn(3, [&](int r) {
+    Tensor t = ctx->from_host_f32(r, {4}, DType::f32, std::vector<float>(4, 1.0f + r));
+    all_reduce(t);
+    if (r == 0) got = t.to_host_f32();
+  });
+  EXPECT_EQ(got, std::vector<float>(4, 6.0f));
+}
+
 TEST(Collectives, AsyncSubgroupsAndPointToPoint) {
   auto ctx = host_context(4);
   std::vector<std::vector<float>> got(4);
