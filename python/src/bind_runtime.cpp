@@ -350,14 +350,7 @@ py::dict report_dict(const PyRunReport& r) {
   }
   d["ranks"] = ranks;
   py::list tracks;
-  for (const auto& s : r.tracks) {
-    py::dict x;
-    x["group"] = s.group;
-    x["name"] = s.name;
-    x["spans"] = s.spans;
-    x["busy_ps"] = s.busy;
-    tracks.append(x);
-  }
+  for (const auto& s : r.tracks) tracks.append(pyb::track_stats_dict(s));
   d["tracks"] = tracks;
   return d;
 }

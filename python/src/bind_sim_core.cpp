@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "sim/core/barrier.h"
 #include "sim/core/event.h"
 #include "sim/core/resource.h"
@@ -65,14 +66,7 @@ py::dict run_pipeline(std::vector<double> service_ns, int items, bool trace) {
   out["events"] = sim.events_executed();
   out["processes"] = sim.processes_spawned();
   py::list tracks;
-  for (const auto& s : sim.trace().stats()) {
-    py::dict t;
-    t["name"] = s.name;
-    t["group"] = s.group;
-    t["spans"] = s.spans;
-    t["busy_ps"] = s.busy;
-    tracks.append(t);
-  }
+  for (const auto& s : sim.trace().stats()) tracks.append(cubesim::pyb::track_stats_dict(s));
   out["tracks"] = tracks;
   return out;
 }

@@ -123,4 +123,14 @@ py::handle unwind_exception_type();
 // `cause` (may be null) as __cause__: the Python exception a rank function raised.
 void set_rank_error(const rt::RankError& e, py::handle cause);
 
+// A trace track's statistics as a dict: {"group", "name", "spans", "busy_ps"}.
+inline py::dict track_stats_dict(const sim::Trace::TrackStats& s) {
+  py::dict d;
+  d["group"] = s.group;
+  d["name"] = s.name;
+  d["spans"] = s.spans;
+  d["busy_ps"] = s.busy;
+  return d;
+}
+
 }  // namespace cubesim::pyb
