@@ -18,13 +18,7 @@ namespace {
 
 using testing::small_doc;
 using testing::small_topology;
-
-std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xff);
-  return v;
-}
+using testing::random_bytes;
 
 TEST(SparseStore, PagesAppearOnFirstWriteAndTrackWrittenBytes) {
   SparseStore s;

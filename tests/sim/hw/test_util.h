@@ -1,8 +1,13 @@
-// test_util.h — helpers shared by the sim/hw tests: small topologies and running one process.
+// test_util.h — helpers shared by the sim/hw tests: small topologies, running one process, random
+// bytes.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +16,14 @@
 #include "sim/hw/topology.h"
 
 namespace cubesim::hw::testing {
+
+// n random bytes from a seeded generator (never a constant fill).
+inline std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xff);
+  return v;
+}
 
 // A complete, valid document with round figures, for tests to mutate.
 inline nlohmann::json small_doc() {

@@ -20,13 +20,7 @@ using sim::Duration;
 using sim::Time;
 using testing::run_process;
 using testing::small_topology;
-
-std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng() & 0xff);
-  return v;
-}
+using testing::random_bytes;
 
 // The time one transfer takes on an otherwise idle system.
 Duration time_one(System& sys, MemRef src, MemRef dst, std::uint64_t bytes) {
