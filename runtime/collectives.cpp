@@ -174,7 +174,7 @@ bool backend_runs(Comm& comm, CollectiveRequest::Kind k, const Tensor& buf, Redu
   return comm.context().backend().collective(r);
 }
 
-std::string sig(const char* what, const Tensor& t, const Call& c, std::string extra = {}) {
+std::string sig(const Tensor& t, const Call& c, std::string extra = {}) {
   return fmt::format("({}{}[{}], {}{})", extra, dtype_name(t.dtype()), t.numel(), algorithm_name(c.algorithm),
                      c.acc_f32 ? ", f32 accumulation" : "");
 }
@@ -194,7 +194,7 @@ void all_reduce_body(Comm& comm, const Tensor& buf, ReduceOp op, Algorithm a, in
 
 Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
   const Call c = prologue("all_reduce", {&t}, group, o);
-  const std::string s = sig("all_reduce", t, c, fmt::format("{}, ", reduce_op_name(op)));
+  const std::string s = sig(t, c, fmt::format("{}, ", reduce_op_name(op)));
   return launch(c, "all_reduce", s, o.async_op, [t, op, c](Comm& comm) {
     Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
     if (!backend_runs(comm, CollectiveRequest::Kind::all_reduce, w.buf, op)) {
@@ -212,7 +212,7 @@ Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGro
                                    "of the output's dtype; output is {}",
                                    c.group.name(), p, in.describe(), p, out.numel(), out.numel() * p, out.describe()));
   }
-  const std::string s = sig("reduce_scatter", in, c, fmt::format("{}, ", reduce_op_name(op)));
+  const std::string s = sig(in, c, fmt::format("{}, ", reduce_op_name(op)));
   return launch(c, "reduce_scatter", s, o.async_op, [in, out, op, c](Comm& comm) {
     // Works on a copy of the input (the input is left as it was, as torch does).
     Tensor buf = comm.scratch(in.numel(), in.dtype());
@@ -239,7 +239,7 @@ Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, Collec
                                    "the input's dtype; input is {}",
                                    c.group.name(), p, out.describe(), p, in.numel(), in.numel() * p, in.describe()));
   }
-  const std::string s = sig("all_gather", in, c);
+  const std::string s = sig(in, c);
   return launch(c, "all_gather", s, o.async_op, [in, out, c](Comm& comm) {
     const Tensor flat = out.flatten();
     comm.copy_local(algo::region(flat, chunk_range(flat.numel(), comm.size(), comm.me())), in.flatten());
@@ -260,7 +260,7 @@ Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions
     throw RuntimeError(fmt::format("broadcast: root rank {} is not in group '{}' (members: {})", root, c.group.name(),
                                    fmt::join(c.group.ranks(), ", ")));
   }
-  const std::string s = sig("broadcast", t, c, fmt::format("root {}, ", root));
+  const std::string s = sig(t, c, fmt::format("root {}, ", root));
   return launch(c, "broadcast", s, o.async_op, [t, ri, c](Comm& comm) {
     algo::Members m;
     const int p = comm.size();
@@ -297,7 +297,24 @@ void barrier(ProcessGroup* group) {
 }
 
 namespace {
-void check_p2p(const char* what, Context& ctx, ProcessGroup& g, int peer, const Tensor& t, int rank) {
+// What send and recv share: the calling rank, the checks, and the pairing of the k-th send from a
+// to b with a tag with the k-th recv at b from a with that tag (mailboxes of group -(g+1), sequence k).
+struct P2p {
+  Context& ctx;
+  int rank;
+  int peer;
+  int tag;
+  std::uint64_t k;
+  int gid, src_i, dst_i;
+  sim::Time t0;
+  Context::Mailbox& mailbox() { return ctx.mailbox(gid, k, src_i, dst_i, static_cast<std::uint64_t>(tag)); }
+  void done() { ctx.add_comm(rank, ctx.simulator().now() - t0); }
+};
+
+P2p p2p_begin(const char* what, bool sending, const Tensor& t, int peer, int tag, ProcessGroup* group) {
+  Context& ctx = Context::current(what);
+  const int rank = Context::current_rank(what);
+  ProcessGroup& g = group ? *group : ctx.world();
   if (!g.contains(peer) || peer == rank) {
     throw RuntimeError(fmt::format("{} on rank {}: peer rank {} must be another member of group '{}' (members: {})", what,
                                    rank, peer, g.name(), fmt::join(g.ranks(), ", ")));
@@ -306,45 +323,36 @@ void check_p2p(const char* what, Context& ctx, ProcessGroup& g, int peer, const 
     throw RuntimeError(fmt::format("{} on rank {}: tensor {} must be a contiguous tensor of the calling rank", what, rank,
                                    t.describe()));
   }
+  const int src_i = g.index_of(sending ? rank : peer), dst_i = g.index_of(sending ? peer : rank);
+  const std::uint64_t k = ctx.next_p2p(sending, g.id(), src_i, dst_i, tag);
+  return P2p{ctx, rank, peer, tag, k, -1 - g.id(), src_i, dst_i, ctx.simulator().now()};
 }
 }  // namespace
 
 void send(const Tensor& t, int dst, int tag, ProcessGroup* group) {
-  Context& ctx = Context::current("send");
-  const int rank = Context::current_rank("send");
-  ProcessGroup& g = group ? *group : ctx.world();
-  check_p2p("send", ctx, g, dst, t, rank);
-  const int src_i = g.index_of(rank), dst_i = g.index_of(dst);
-  const std::uint64_t k = ctx.next_p2p(true, g.id(), src_i, dst_i, tag);
-  const sim::Time t0 = ctx.simulator().now();
-  Context::Mailbox& mb = ctx.mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
+  P2p p = p2p_begin("send", true, t, dst, tag, group);
+  Context::Mailbox& mb = p.mailbox();
   mb.posted.wait();
   if (mb.dst.nbytes() != t.nbytes()) {
     throw CollectiveError(fmt::format("send from rank {} to rank {} (tag {}, message #{}): {} bytes sent, but the "
                                       "receiver's tensor holds {}",
-                                      rank, dst, tag, k, t.nbytes(), mb.dst.nbytes()));
+                                      p.rank, dst, tag, p.k, t.nbytes(), mb.dst.nbytes()));
   }
-  mb.t_start = ctx.simulator().now();
-  ctx.backend().copy(t.storage(), t.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), t.nbytes());
-  mb.t_end = ctx.simulator().now();
+  mb.t_start = p.ctx.simulator().now();
+  p.ctx.backend().copy(t.storage(), t.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), t.nbytes());
+  mb.t_end = p.ctx.simulator().now();
   mb.delivered.trigger();
-  ctx.add_comm(rank, ctx.simulator().now() - t0);
+  p.done();
 }
 
 void recv(const Tensor& t, int src, int tag, ProcessGroup* group) {
-  Context& ctx = Context::current("recv");
-  const int rank = Context::current_rank("recv");
-  ProcessGroup& g = group ? *group : ctx.world();
-  check_p2p("recv", ctx, g, src, t, rank);
-  const int src_i = g.index_of(src), dst_i = g.index_of(rank);
-  const std::uint64_t k = ctx.next_p2p(false, g.id(), src_i, dst_i, tag);
-  const sim::Time t0 = ctx.simulator().now();
-  Context::Mailbox& mb = ctx.mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
+  P2p p = p2p_begin("recv", false, t, src, tag, group);
+  Context::Mailbox& mb = p.mailbox();
   mb.dst = t;
   mb.posted.trigger();
   mb.delivered.wait();
-  ctx.drop_mailbox(-1 - g.id(), k, src_i, dst_i, static_cast<std::uint64_t>(tag));
-  ctx.add_comm(rank, ctx.simulator().now() - t0);
+  p.ctx.drop_mailbox(p.gid, p.k, p.src_i, p.dst_i, static_cast<std::uint64_t>(tag));
+  p.done();
 }
 
 }  // namespace cubesim::rt

@@ -110,7 +110,6 @@ struct FiberEntry {
     }
     sim->unlink(p);
     sim->finished_sp_ = p->stack_sp_;
-    sim->finished_size_ = p->stack_size_;
     p->~Process();  // the record lives on this stack: destroy it before leaving for good
 #ifdef CUBESIM_ASAN
     __sanitizer_start_switch_fiber(nullptr, sim->asan_main_bottom_, sim->asan_main_size_);

@@ -202,7 +202,6 @@ class Simulator {
   std::uint64_t live_count_ = 0;
   std::uint64_t next_id_ = 0;
   void* finished_sp_ = nullptr;  // stack of the process that just finished, to recycle
-  std::size_t finished_size_ = 0;
   std::vector<ProcessFailure> failures_;
   Time failure_time_ = 0;
   Time stop_at_ = kTimeMax;  // the run loop's limit; a failure lowers it to the failure's instant
