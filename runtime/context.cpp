@@ -154,6 +154,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   rep.wall_s = wall_now() - w0;
   rep.sim_time = sim_->now() - start;
   rep.events = sim_->events_executed() - events0;
+  rep.event_hash = sim_->event_order_hash();
   rep.ranks.assign(timelines_.begin(), timelines_.begin() + nprocs);
   for (auto& t : rep.ranks) t.finish -= start;
   return rep;

@@ -62,6 +62,9 @@ struct RunReport {
   sim::Time sim_time = 0;      // simulated time when the last rank finished
   double wall_s = 0;           // host seconds spent in spawn()
   std::uint64_t events = 0;
+  // The simulator's event-order fingerprint after the run (a hash of every event's time and key
+  // since the context was made): equal runs give equal hashes; the golden tests pin it.
+  std::uint64_t event_hash = 0;
   std::vector<RankTimeline> ranks;
 };
 

@@ -442,6 +442,7 @@ def cmd_run(args):
         "sim_time_ps": report.sim_time_ps,
         "wall_s": report.wall_s,
         "events": report.events,
+        "event_hash": f"{report.event_hash:016x}",
         "ranks": [
             {"rank": r.rank, "compute_ps": r.compute_ps, "comm_ps": r.comm_ps, "finish_ps": r.finish_ps}
             for r in report.ranks

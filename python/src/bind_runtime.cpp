@@ -339,6 +339,7 @@ py::dict report_dict(const PyRunReport& r) {
   d["sim_time_ps"] = r.run.sim_time;
   d["wall_s"] = r.run.wall_s;
   d["events"] = r.run.events;
+  d["event_hash"] = r.run.event_hash;
   py::list ranks;
   for (const auto& t : r.run.ranks) {
     py::dict x;
@@ -389,6 +390,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("sim_time_us", [](const PyRunReport& r) { return sim::to_us(r.run.sim_time); })
       .def_property_readonly("wall_s", [](const PyRunReport& r) { return r.run.wall_s; })
       .def_property_readonly("events", [](const PyRunReport& r) { return r.run.events; })
+      .def_property_readonly("event_hash", [](const PyRunReport& r) { return r.run.event_hash; },
+                             "The simulator's event-order fingerprint after the run: equal runs give equal hashes.")
       .def_property_readonly("ranks", [](const PyRunReport& r) { return r.run.ranks; })
       .def_property_readonly("tracks", [](const PyRunReport& r) { return r.tracks; },
                              "Tracks with activity during this run (spans and busy time counted over this run).")
