@@ -33,7 +33,7 @@
 
 #include "bench_util.h"
 #include "kernels/det_gemm.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 using namespace cubesim;
 using namespace cubesim::kernels;

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace cubesim::kernels {
 

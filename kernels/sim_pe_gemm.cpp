@@ -13,10 +13,6 @@ namespace cubesim::kernels {
 
 namespace {
 
-hw::Dtype hw_dtype(DType d) {
-  return d == DType::f32 ? hw::Dtype::kF32 : d == DType::bf16 ? hw::Dtype::kBf16 : hw::Dtype::kF16;
-}
-
 void check_layout(const HbmMatrix& x, const char* name) {
   if (x.memory == nullptr) throw std::invalid_argument(fmt::format("sim_pe_gemm: {} has no memory", name));
   if (x.col_stride != 1 && x.row_stride != 1) {
@@ -124,7 +120,7 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
         const MatrixView bv{b_host.data(), B.dtype, st.kt, st.nt, tb.view_row_stride, tb.view_col_stride};
         det_gemm_accumulate(av, bv, acc.data(), sh.tn);
       }
-      pe.compute(static_cast<std::uint64_t>(st.mt * st.nt * st.kt), hw_dtype(A.dtype), "gemm");
+      pe.compute(static_cast<std::uint64_t>(st.mt * st.nt * st.kt), A.dtype, "gemm");
     }
     if (st.k0 + sh.tk >= K) {  // the tile's last k-block: bias, round, write back
       const int oslot = static_cast<int>(st.tile % 2);
@@ -142,7 +138,7 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
                        MutableMatrixView{c_host.data(), C.dtype, st.mt, st.nt, tc.view_row_stride, tc.view_col_stride});
         tcm.write(tc.dst.addr, std::span<const std::byte>(reinterpret_cast<const std::byte*>(c_host.data()), c_host.size()));
       }
-      pe.vector_op(static_cast<std::uint64_t>(st.mt * st.nt), hw_dtype(C.dtype), "bias+round");
+      pe.vector_op(static_cast<std::uint64_t>(st.mt * st.nt), C.dtype, "bias+round");
       writes[oslot] = sys.start_transfer(tcm, tc.dst, *C.memory, tc.src);
       sh.dma_bytes += tc.src.bytes();
     }
@@ -222,7 +218,7 @@ SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& 
   r.tile_m = sh.tm;
   r.tile_n = sh.tn;
   r.tile_k = sh.tk;
-  r.compute_bound = pes[0]->mac().time((r.macs + pes.size() - 1) / pes.size(), hw_dtype(A.dtype));
+  r.compute_bound = pes[0]->mac().time((r.macs + pes.size() - 1) / pes.size(), A.dtype);
   r.min_bytes = static_cast<std::uint64_t>(A.rows * A.cols) * dtype_size(A.dtype) +
                 static_cast<std::uint64_t>(B.rows * B.cols) * dtype_size(B.dtype) +
                 static_cast<std::uint64_t>(C.rows * C.cols) * dtype_size(C.dtype) +

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "sim/core/time.h"
 #include "sim/hw/system.h"
 

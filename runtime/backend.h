@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
 #include "runtime/storage.h"

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
 

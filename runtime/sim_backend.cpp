@@ -10,17 +10,6 @@
 
 namespace cubesim::rt {
 
-namespace {
-hw::Dtype hw_dtype(DType d) {
-  switch (d) {
-    case DType::f32: return hw::Dtype::kF32;
-    case DType::bf16: return hw::Dtype::kBf16;
-    case DType::f16: return hw::Dtype::kF16;
-  }
-  return hw::Dtype::kF32;
-}
-}  // namespace
-
 SimStorage::SimStorage(int rank, std::uint64_t bytes, hw::Memory& mem, std::uint64_t addr)
     : Storage(rank, bytes), mem_(&mem), addr_(addr) {}
 
@@ -70,7 +59,7 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
   auto& sys = const_cast<hw::System&>(*system_);
   hw::Cube& cube = sys.cube(rank);
   const int pes = cube.num_pes();
-  const hw::Dtype d = hw_dtype(c.dtype);
+  const DType d = c.dtype;
   const sim::Duration mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
   sim::Duration work = 0;
   if (pes > 0) {

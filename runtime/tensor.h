@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/det_gemm.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "runtime/storage.h"
 
 namespace cubesim::rt {

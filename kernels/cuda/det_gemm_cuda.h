@@ -34,7 +34,7 @@
 #include <cstdint>
 
 #include "kernels/det_gemm.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace cubesim::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace cubesim::cuda::detail {
 

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace {
 

@@ -16,8 +16,8 @@ double ns_of(sim::Duration d) { return sim::to_ns(d); }
 
 py::dict rate_dict(const hw::RateSpec& r) {
   py::dict per;
-  for (hw::Dtype d : hw::kAllDtypes) {
-    if (r.rate(d) > 0) per[py::str(std::string(hw::dtype_name(d)))] = r.rate(d);
+  for (DType d : kAllDTypes) {
+    if (r.rate(d) > 0) per[py::str(std::string(dtype_name(d)))] = r.rate(d);
   }
   py::dict o;
   o["clock_GHz"] = static_cast<double>(r.clock_hz) / 1e9;

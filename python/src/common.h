@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "runtime/context.h"
 #include "runtime/errors.h"
 #include "runtime/tensor.h"

@@ -5,7 +5,7 @@
 // until the previous piece ends); Pe::compute() blocks the calling process until its piece is done.
 //
 //   ComputeUnit mac(spec.pe.mac, "cube0.pe3.mac");
-//   Duration d = mac.time(128 * 128 * 64, Dtype::kBf16);   // one tile's MACs
+//   Duration d = mac.time(128 * 128 * 64, DType::bf16);   // one tile's MACs
 #pragma once
 
 #include <cmath>
@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "sim/core/time.h"
-#include "sim/hw/dtype.h"
+#include "base/dtype.h"
 #include "sim/hw/server.h"
 #include "sim/hw/topology.h"
 
@@ -28,14 +28,14 @@ class ComputeUnit {
 
   const RateSpec& spec() const { return spec_; }
   const std::string& name() const { return name_; }
-  bool supports(Dtype d) const { return spec_.rate(d) > 0; }
+  bool supports(DType d) const { return spec_.rate(d) > 0; }
 
   // Cycles for n operations; throws std::invalid_argument if the unit has no rate for d.
-  std::uint64_t cycles(std::uint64_t n, Dtype d) const {
+  std::uint64_t cycles(std::uint64_t n, DType d) const {
     const double r = spec_.rate(d);
     if (!(r > 0)) {
       std::string have;
-      for (Dtype x : kAllDtypes) {
+      for (DType x : kAllDTypes) {
         if (supports(x)) have += fmt::format("{}{}", have.empty() ? "" : ", ", dtype_name(x));
       }
       throw std::invalid_argument(fmt::format("{}: no rate for dtype {} in the topology; this unit supports {}", name_,
@@ -47,12 +47,12 @@ class ComputeUnit {
     }
     return static_cast<std::uint64_t>(std::ceil(static_cast<double>(n) / r));
   }
-  sim::Duration time(std::uint64_t n, Dtype d) const {
+  sim::Duration time(std::uint64_t n, DType d) const {
     return sim::transfer_time(cycles(n, d), sim::Bandwidth{spec_.clock_hz});  // cycles at clock_hz per second
   }
 
   // Books n operations starting no earlier than `now`; returns {start, end}.
-  std::pair<Time, Time> book(Time now, std::uint64_t n, Dtype d) {
+  std::pair<Time, Time> book(Time now, std::uint64_t n, DType d) {
     const Time start = std::max(now, server_.free);
     const Time end = start + time(n, d);
     server_.free = end;

@@ -20,15 +20,15 @@ Pe::Pe(System& sys, int cube, int index, const PeSpec& spec, Memory& tcm)
   dma_.write.server.bandwidth = spec.dma.write;
 }
 
-sim::Time Pe::compute(std::uint64_t macs, Dtype d, std::string_view label) {
+sim::Time Pe::compute(std::uint64_t macs, DType d, std::string_view label) {
   return run_on(mac_, "mac", macs, d, label);
 }
 
-sim::Time Pe::vector_op(std::uint64_t ops, Dtype d, std::string_view label) {
+sim::Time Pe::vector_op(std::uint64_t ops, DType d, std::string_view label) {
   return run_on(vector_, "vector", ops, d, label);
 }
 
-sim::Time Pe::run_on(ComputeUnit& u, const char* track, std::uint64_t n, Dtype d, std::string_view label) {
+sim::Time Pe::run_on(ComputeUnit& u, const char* track, std::uint64_t n, DType d, std::string_view label) {
   sim::Simulator& sim = sys_->simulator();
   sim::Process& p = sim.require_process(track[0] == 'm' ? "Pe::compute()" : "Pe::vector_op()");
   const auto [start, end] = u.book(sim.now(), n, d);

@@ -6,7 +6,7 @@
 //
 //   Pe& pe = sys.pe(0, 3);
 //   sys.transfer(sys.hbm(0).at(a), pe.tcm().at(0), a_tile_bytes);      // DMA read channel
-//   pe.compute(uint64_t{128} * 128 * 64, Dtype::kBf16);                 // MAC array
+//   pe.compute(uint64_t{128} * 128 * 64, DType::bf16);                 // MAC array
 //   std::uint32_t m = pe.spec().tile.m;
 #pragma once
 
@@ -39,12 +39,12 @@ class Pe {
 
   // Blocks the calling process while the MAC array performs `macs` multiply-accumulates in dtype
   // d, after the work already queued on it. Returns the end time (now, on return).
-  sim::Time compute(std::uint64_t macs, Dtype d, std::string_view label = "mac");
+  sim::Time compute(std::uint64_t macs, DType d, std::string_view label = "mac");
   // The same on the vector unit, for `ops` element operations.
-  sim::Time vector_op(std::uint64_t ops, Dtype d, std::string_view label = "vector");
+  sim::Time vector_op(std::uint64_t ops, DType d, std::string_view label = "vector");
 
  private:
-  sim::Time run_on(ComputeUnit& u, const char* track, std::uint64_t n, Dtype d, std::string_view label);
+  sim::Time run_on(ComputeUnit& u, const char* track, std::uint64_t n, DType d, std::string_view label);
   System* sys_;
   int cube_, index_;
   std::string name_;

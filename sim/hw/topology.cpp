@@ -276,7 +276,7 @@ RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::u
   if (const json* c = o.get("clock_GHz")) r.clock_hz = o.as_clock("clock_GHz", *c);
   Obj t(o.ctx(), o.need(table, fmt::format("{} per dtype, e.g. {{\"bf16\": 1024}}", unit)), o.at(table));
   bool any = false;
-  for (Dtype d : kAllDtypes) {
+  for (DType d : kAllDTypes) {
     const std::string key(dtype_name(d));
     if (const json* v = t.get(key)) {
       const double x = t.as_number(key, *v);
@@ -324,9 +324,9 @@ PeSpec read_pe(Obj o) {
   // The smallest tile the PE can run: A and B double-buffered in its narrowest input dtype, C in f32.
   std::uint32_t in_bytes = 4;
   std::string in_name = "f32";
-  for (Dtype d : kAllDtypes) {
-    if (pe.mac.rate(d) > 0 && dtype_bytes(d) < in_bytes) {
-      in_bytes = dtype_bytes(d);
+  for (DType d : kAllDTypes) {
+    if (pe.mac.rate(d) > 0 && dtype_size(d) < in_bytes) {
+      in_bytes = dtype_size(d);
       in_name = std::string(dtype_name(d));
     }
   }
@@ -838,7 +838,7 @@ const std::set<std::string>& schema_paths() {
       cube.push_back("pe.tcm." + c);
       s.insert("host.memory." + c);
     }
-    for (Dtype d : kAllDtypes) {
+    for (DType d : kAllDTypes) {
       cube.push_back(fmt::format("pe.mac.macs_per_cycle.{}", dtype_name(d)));
       cube.push_back(fmt::format("pe.vector.ops_per_cycle.{}", dtype_name(d)));
     }

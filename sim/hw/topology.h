@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/core/time.h"
-#include "sim/hw/dtype.h"
+#include "base/dtype.h"
 
 namespace cubesim::hw {
 
@@ -54,8 +54,8 @@ struct DmaSpec {
 // A rate per dtype and a clock: the MAC array (MACs per cycle) or the vector unit (ops per cycle).
 struct RateSpec {
   std::uint64_t clock_hz = 0;
-  std::array<double, kNumDtypes> per_cycle{};  // 0: the unit does not support that dtype
-  double rate(Dtype d) const { return per_cycle[static_cast<std::size_t>(d)]; }
+  std::array<double, kNumDTypes> per_cycle{};  // 0: the unit does not support that dtype
+  double rate(DType d) const { return per_cycle[static_cast<std::size_t>(d)]; }
 };
 
 struct TileSpec {

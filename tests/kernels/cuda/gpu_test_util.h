@@ -22,7 +22,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/det_gemm.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace cubesim::cuda::test {
 

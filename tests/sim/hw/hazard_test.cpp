@@ -97,7 +97,7 @@ std::vector<HazardReport> double_buffered(bool wait_before_use) {
       }
       std::vector<std::byte> tile(kTile);
       tcm.read(buf[k % 2], tile);  // the PE computes on tile k
-      pe.compute(64 * 64 * 64, Dtype::kBf16);
+      pe.compute(64 * 64 * 64, DType::bf16);
       if (wait_before_use) store.wait();  // the output buffer is free again
       tcm.write(out, std::span<const std::byte>(tile).first(4096));
       store = sys.start_transfer(tcm.at(out), hbm.at((1 << 20) + k * 4096), 4096);

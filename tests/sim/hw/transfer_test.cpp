@@ -323,7 +323,7 @@ TEST(Transfer, TraceTracksAreGroupedByCubeAndLink) {
   run_process(sim, [&] {
     sys.transfer(sys.hbm(0).at(0), sys.hbm(1).at(0), 256 << 10);
     sys.transfer(sys.hbm(1).at(0), sys.tcm(1, 1).at(0), 64 << 10);
-    sys.pe(1, 1).compute(1 << 20, Dtype::kBf16);
+    sys.pe(1, 1).compute(1 << 20, DType::bf16);
   });
   std::vector<std::string> tracks;
   for (const auto& s : sim.trace().stats()) tracks.push_back(s.group + "/" + s.name);

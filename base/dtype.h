@@ -1,4 +1,5 @@
-// dtype.h — the element types of the project (f32, bf16, f16) and the conversions between them.
+// dtype.h — the element types of the project (f32, bf16, f16) and the conversions between them: the
+// one DType every layer uses (sim/hw's rate tables, kernels, tensors, the CUDA kernels).
 //
 // Narrowing rounds to nearest, ties to even, bit for bit as CUDA's __float2bfloat16_rn and
 // __float2half_rn do (their host code and their sm_80+ `cvt.rn` instructions agree):
@@ -25,6 +26,9 @@
 namespace cubesim {
 
 enum class DType : std::uint8_t { f32, bf16, f16 };
+inline constexpr std::size_t kNumDTypes = 3;
+// Every DType in enum order (an index into per-dtype tables such as hw::RateSpec::per_cycle).
+inline constexpr DType kAllDTypes[kNumDTypes] = {DType::f32, DType::bf16, DType::f16};
 
 constexpr std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
