@@ -107,7 +107,7 @@ class Backend {
     return false;
   }
 
-  // dst = op(dst, src) with reduce_values' arithmetic (runtime/comm.h), on the calling rank; both
+  // dst = op(dst, src) with kernels::reduce_values' arithmetic (kernels/reduce.h), on the calling rank; both
   // contiguous, same dtype and size. false: the runtime computes it on host values.
   virtual bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) { return false; }
 

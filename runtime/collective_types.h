@@ -6,14 +6,18 @@
 #include <optional>
 #include <string_view>
 
+#include "kernels/reduce.h"
+
 namespace cubesim::sim {
 class Event;
 }
 
 namespace cubesim::rt {
 
-enum class ReduceOp { sum, max };
-std::string_view reduce_op_name(ReduceOp op);
+// The reduce ops and their arithmetic live with the kernels (kernels/reduce.h).
+using kernels::ReduceOp;
+using kernels::reduce_op_name;
+using kernels::parse_reduce_op;
 
 // How a collective moves and combines data. Each has a header in runtime/algorithms/ documenting
 // its chunking and reduction order; the simulated data path follows it exactly, so a host run of

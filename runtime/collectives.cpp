@@ -14,8 +14,6 @@
 
 namespace cubesim::rt {
 
-std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
-
 std::string_view collective_kind_name(CollectiveRequest::Kind k) {
   switch (k) {
     case CollectiveRequest::Kind::all_reduce: return "all_reduce";

@@ -15,41 +15,6 @@ Range chunk_range(std::int64_t n, int parts, int i) {
   return Range{begin, base + (i < rem ? 1 : 0)};
 }
 
-namespace {
-template <class Load, class Store>
-void reduce_loop(void* dst, const void* src, std::int64_t count, ReduceOp op, Load load, Store store) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const float a = load(dst, i), b = load(src, i);
-    float r;
-    if (op == ReduceOp::sum) {
-      r = a + b;
-    } else {
-      r = (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<float>::quiet_NaN() : (a < b ? b : a);
-    }
-    store(dst, i, r);
-  }
-}
-}  // namespace
-
-void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
-  switch (dtype) {
-    case DType::f32:
-      reduce_loop(dst, src, count, op, [](const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; },
-                  [](void* p, std::int64_t i, float v) { static_cast<float*>(p)[i] = v; });
-      break;
-    case DType::bf16:
-      reduce_loop(
-          dst, src, count, op, [](const void* p, std::int64_t i) { return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
-          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v); });
-      break;
-    case DType::f16:
-      reduce_loop(
-          dst, src, count, op, [](const void* p, std::int64_t i) { return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
-          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v); });
-      break;
-  }
-}
-
 Comm::Comm(Context& ctx, ProcessGroup& g, const std::string& name, const std::string& signature)
     : ctx_(ctx), group_(g) {
   rank_ = Context::current_rank(name.c_str());
@@ -144,7 +109,7 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
     void* d = dst.storage().host_ptr();
     void* s = src.storage().host_ptr();
     if (d && s) {
-      reduce_values(static_cast<std::uint8_t*>(d) + dst.byte_offset(), static_cast<std::uint8_t*>(s) + src.byte_offset(),
+      kernels::reduce_values(static_cast<std::uint8_t*>(d) + dst.byte_offset(), static_cast<std::uint8_t*>(s) + src.byte_offset(),
                     dst.dtype(), n, op);
     } else {
       // Grow-only scratch, reused: fresh large vectors cost a page fault and a zeroed page per 4 KiB.
@@ -158,7 +123,7 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
       std::uint8_t* b = a + bytes;
       dst.storage().read(dst.byte_offset(), a, bytes);
       src.storage().read(src.byte_offset(), b, bytes);
-      reduce_values(a, b, dst.dtype(), n, op);
+      kernels::reduce_values(a, b, dst.dtype(), n, op);
       dst.storage().write(dst.byte_offset(), a, bytes);
     }
   }

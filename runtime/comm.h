@@ -91,8 +91,4 @@ struct Range {
 };
 Range chunk_range(std::int64_t n, int parts, int i);
 
-// Elementwise dst = op(dst, src) on host values, rounding once to dst's dtype (the reduction
-// arithmetic every backend that computes on the host shares).
-void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
-
 }  // namespace cubesim::rt

@@ -12,7 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "runtime/cuda_kernels.h"
+#include "kernels/cuda/elementwise_cuda.h"
 #include "runtime/errors.h"
 #include "runtime/nccl_library.h"
 #include "runtime/process_group.h"
@@ -388,7 +388,7 @@ bool CudaBackend::reduce(const Tensor& dst, const Tensor& src, ReduceOp op) {
   }
   Device& d = impl_->dev(dst.device());
   d.use();
-  cudak::reduce(dptr(dst), dptr(src), dst.dtype(), dst.numel(), op, d.stream);
+  cuda::reduce(dptr(dst), dptr(src), dst.dtype(), dst.numel(), op, d.stream);
   return true;
 }
 
@@ -403,19 +403,19 @@ bool CudaBackend::elementwise(const ElementwiseRequest& r) {
   d.use();
   const Tensor& x = *r.x;
   switch (r.kind) {
-    case K::gelu: cudak::gelu(r.gelu, dptr(x), x.dtype(), dptr(out), out.dtype(), out.numel(), d.stream); break;
+    case K::gelu: cuda::gelu(r.gelu, dptr(x), x.dtype(), dptr(out), out.dtype(), out.numel(), d.stream); break;
     case K::gelu_backward:
-      cudak::gelu_backward(r.gelu, dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(),
+      cuda::gelu_backward(r.gelu, dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(),
                            d.stream);
       break;
     case K::add:
-      cudak::add(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(), d.stream);
+      cuda::add(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), out.numel(), d.stream);
       break;
     case K::add_bias:
-      cudak::add_bias(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
+      cuda::add_bias(dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
       break;
     case K::bias_grad:
-      cudak::bias_grad(dptr(x), x.dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
+      cuda::bias_grad(dptr(x), x.dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
       break;
     case K::copy:
       if (x.dtype() != out.dtype() || x.nbytes() != out.nbytes()) return false;

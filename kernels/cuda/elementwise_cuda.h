@@ -1,13 +1,13 @@
-// cuda_kernels.h — the cuda backend's device kernels for everything but GEMMs (internal).
+// elementwise_cuda.h — the cuda backend's device kernels for everything but GEMMs.
 //
 // Each computes exactly what the host path of the runtime computes, so a cuda run gives the host's
 // bits: elements are widened exactly to f32, combined with the same correctly rounded operations
 // (kernels/elementwise.h's det_* on the device are the non-contracting __fadd_rn/__fmul_rn/
 // __fmaf_rn), and rounded once to the output dtype (RNE; CUDA's canonical NaNs, which the host's
 // conversions reproduce).
-//   reduce       dst = op(dst, src): sum as f32 a + b, max NaN-propagating (runtime/comm.cpp); an
+//   reduce       dst = op(dst, src): sum as f32 a + b, max NaN-propagating (kernels/reduce.h); an
 //                f32 sum with a NaN operand is NaN with the GPU's payload (the host keeps the operand's)
-//   gelu, gelu_backward, add, add_bias   elementwise in f32 (runtime/ops.cpp)
+//   gelu, gelu_backward, add, add_bias   elementwise in f32 (kernels/elementwise.h, as runtime/ops.cpp)
 //   bias_grad    db[n] = sum over rows m ascending from +0.0f (det_gemm_bias_grad)
 // Every launcher is asynchronous on `stream` and throws cubesim::cuda::CudaError naming the kernel
 // when the launch fails. Tensors are contiguous; n may be 0.
@@ -19,9 +19,11 @@
 
 #include "base/dtype.h"
 #include "kernels/elementwise.h"
-#include "runtime/collective_types.h"
+#include "kernels/reduce.h"
 
-namespace cubesim::rt::cudak {
+namespace cubesim::cuda {
+
+using kernels::ReduceOp;
 
 void reduce(void* dst, const void* src, DType dtype, std::int64_t n, ReduceOp op, cudaStream_t stream);
 void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n, cudaStream_t stream);
@@ -34,4 +36,4 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
 void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                cudaStream_t stream);
 
-}  // namespace cubesim::rt::cudak
+}  // namespace cubesim::cuda

@@ -1,6 +1,6 @@
-// The cuda backend's elementwise, reduction and bias-gradient kernels (runtime/cuda_kernels.h).
+// The cuda backend's elementwise, reduction and bias-gradient kernels (kernels/cuda/elementwise_cuda.h).
 // Grid-stride loops over contiguous buffers; memory-bound, one element per thread per step.
-#include "runtime/cuda_kernels.h"
+#include "kernels/cuda/elementwise_cuda.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,7 +9,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 
-namespace cubesim::rt::cudak {
+namespace cubesim::cuda {
 
 namespace {
 
@@ -18,16 +18,17 @@ __device__ __forceinline__ float load(const void* p, DType t, std::int64_t i) {
   switch (t) {
     case DType::bf16: return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[i]) << 16);
     case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::f32: break;
   }
+  return static_cast<const float*>(p)[i];
 }
 
-// One rounding, RNE; CUDA's canonical NaNs equal kernels/dtype.h's.
+// One rounding, RNE; CUDA's canonical NaNs equal base/dtype.h's.
 __device__ __forceinline__ void store(void* p, DType t, std::int64_t i, float v) {
   switch (t) {
     case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); return;
     case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); return;
-    default: static_cast<float*>(p)[i] = v; return;
+    case DType::f32: static_cast<float*>(p)[i] = v; return;
   }
 }
 
@@ -46,7 +47,7 @@ __global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t 
     if (op == ReduceOp::sum) {
       r = __fadd_rn(a, b);
     } else {
-      // As runtime/comm.cpp: NaN in either operand gives the quiet NaN; else b when a < b, else a
+      // As kernels/reduce.cpp: NaN in either operand gives the quiet NaN; else b when a < b, else a
       // (so max(-0, +0) keeps dst's zero, as on the host).
       r = (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : (a < b ? b : a);
     }
@@ -137,4 +138,4 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
   CUBESIM_CUDA_CHECK_LAUNCH("bias_grad_kernel");
 }
 
-}  // namespace cubesim::rt::cudak
+}  // namespace cubesim::cuda

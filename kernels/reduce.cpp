@@ -1,0 +1,60 @@
+#include "kernels/reduce.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace cubesim::kernels {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(std::string_view s) {
+  for (ReduceOp op : kAllReduceOps) {
+    if (s == reduce_op_name(op)) return op;
+  }
+  throw std::invalid_argument("reduce op '" + std::string(s) + "' is not valid; use 'sum' or 'max'");
+}
+
+namespace {
+template <class Load, class Store>
+void reduce_loop(void* dst, const void* src, std::int64_t count, ReduceOp op, Load load, Store store) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float a = load(dst, i), b = load(src, i);
+    float r;
+    if (op == ReduceOp::sum) {
+      r = a + b;
+    } else {
+      r = (std::isnan(a) || std::isnan(b)) ? std::numeric_limits<float>::quiet_NaN() : (a < b ? b : a);
+    }
+    store(dst, i, r);
+  }
+}
+}  // namespace
+
+void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
+  switch (dtype) {
+    case DType::f32:
+      reduce_loop(dst, src, count, op, [](const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; },
+                  [](void* p, std::int64_t i, float v) { static_cast<float*>(p)[i] = v; });
+      break;
+    case DType::bf16:
+      reduce_loop(
+          dst, src, count, op, [](const void* p, std::int64_t i) { return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
+          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v); });
+      break;
+    case DType::f16:
+      reduce_loop(
+          dst, src, count, op, [](const void* p, std::int64_t i) { return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]); },
+          [](void* p, std::int64_t i, float v) { static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v); });
+      break;
+  }
+}
+
+}  // namespace cubesim::kernels
