@@ -12,11 +12,6 @@
 
 namespace cubesim::rt {
 
-struct RankSlotAccess {
-  static int rank_of(const sim::Process* p) { return static_cast<Context::RankSlot*>(p->user())->rank; }
-  static Context& ctx_of(const sim::Process* p) { return *static_cast<Context::RankSlot*>(p->user())->ctx; }
-};
-
 namespace {
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -85,12 +80,12 @@ int Context::current_rank(const char* what) {
   if (p == nullptr || p->user() == nullptr) {
     throw RuntimeError(fmt::format("{} must be called from a rank's function inside Context::spawn()", what));
   }
-  return RankSlotAccess::rank_of(p);
+  return static_cast<const RankSlot*>(p->user())->rank;
 }
 
 Context& Context::current(const char* what) {
   current_rank(what);
-  return RankSlotAccess::ctx_of(sim::Simulator::active()->current());
+  return *static_cast<const RankSlot*>(sim::Simulator::active()->current()->user())->ctx;
 }
 
 void Context::add_compute(int rank, sim::Duration d) { timelines_.at(static_cast<std::size_t>(rank)).compute += d; }
@@ -102,22 +97,13 @@ sim::Trace::TrackId Context::compute_track(int rank) {
 sim::Trace::TrackId Context::comm_track(int rank) { return trace().track("comm", fmt::format("rank{}", rank)); }
 
 void Context::spawn_for_rank(int rank, std::string name, std::function<void()> fn) {
-  sim_->spawn(std::move(name), [this, rank, fn = std::move(fn)] {
-    sim_->current()->set_user(slots_[static_cast<std::size_t>(rank)].get());
-    fn();
-  });
+  sim_->spawn(std::move(name), std::move(fn), slots_[static_cast<std::size_t>(rank)].get());
 }
 
 namespace {
-// Every process the runtime spawns is named "rank<r>" or "rank<r>/<what>".
-int rank_from_name(const std::string& name) {
-  if (name.rfind("rank", 0) != 0) return -1;
-  int r = 0;
-  std::size_t i = 4;
-  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) r = r * 10 + (name[i] - '0');
-  return r;
-}
+// The rank a process acts for: every process the runtime spawns carries its rank's slot as its
+// user pointer (-1 for a process of someone else's).
+int rank_of(void* user) { return user ? static_cast<const Context::RankSlot*>(user)->rank : -1; }
 }  // namespace
 
 RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
@@ -180,7 +166,7 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     const auto& pe = static_cast<const sim::ProcessError&>(e);
     std::set<int> ranks;
     for (const auto& f : pe.failures()) {
-      const int r = rank_from_name(f.process);
+      const int r = rank_of(f.user);
       ranks.insert(r);
       failures.push_back(RankFailure{r, f.message, f.error});
     }
@@ -194,7 +180,7 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     if (!pend.empty()) msg += ": a collective was not called by every rank of its group:" + pend;
     msg += "\n  blocked processes:";
     for (const auto& b : de.blocked()) msg += fmt::format("\n    '{}' waits on {}", b.process, b.waits_on);
-    for (const auto& b : de.blocked()) failures.push_back(RankFailure{rank_from_name(b.process), "blocked: " + b.waits_on, nullptr});
+    for (const auto& b : de.blocked()) failures.push_back(RankFailure{rank_of(b.user), "blocked: " + b.waits_on, nullptr});
   }
   pending_.clear();
   mail_.clear();

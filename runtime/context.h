@@ -122,6 +122,12 @@ class Context {
 
   // Spawns a helper process acting for `rank` (async collectives, sends in flight).
   void spawn_for_rank(int rank, std::string name, std::function<void()> fn);
+  // What every process of a rank carries as its sim::Process::user(): how current_rank() and
+  // failure reports find the rank.
+  struct RankSlot {
+    Context* ctx;
+    int rank;
+  };
 
   // Collective bookkeeping (collectives.cpp).
   struct Pending;
@@ -150,12 +156,7 @@ class Context {
   std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
   std::map<std::string, std::shared_ptr<void>> extensions_;
   std::vector<OpRecord> op_records_;
-  struct RankSlot {
-    Context* ctx;
-    int rank;
-  };
   std::vector<std::unique_ptr<RankSlot>> slots_;
-  friend struct RankSlotAccess;
 };
 
 }  // namespace cubesim::rt

@@ -29,6 +29,7 @@ struct ProcessFailure {
   Time time = 0;        // simulated time of the throw
   std::string message;  // what() of the exception, or a note for non-std exceptions
   std::exception_ptr error;
+  void* user = nullptr;  // the process's Process::user(): the layer above finds its own record there
 };
 
 class ProcessError : public SimError {
@@ -45,6 +46,7 @@ struct BlockedProcess {
   std::uint64_t process_id = 0;
   std::string waits_on;  // "Event 'ar0.arrive'", "Resource 'hbm' (2 units)", ...
   Time since = 0;
+  void* user = nullptr;  // the process's Process::user()
 };
 
 class DeadlockError : public SimError {

@@ -274,7 +274,7 @@ void Simulator::record_failure(Process& p, std::exception_ptr e) {
     failure_time_ = now();
     if (stop_at_ > now()) stop_at_ = now();  // finish this instant, then stop
   }
-  failures_.push_back(ProcessFailure{p.name_, p.id_, now(), std::move(msg), e});
+  failures_.push_back(ProcessFailure{.process = p.name_, .process_id = p.id_, .time = now(), .message = std::move(msg), .error = e, .user = p.user_});
 }
 
 namespace {
@@ -334,7 +334,7 @@ void Simulator::throw_deadlock() {
         what = fmt::format("{} of [{}]", g->mode ? g->mode : "one", fmt::join(parts, ", "));
       }
     }
-    blocked.push_back(BlockedProcess{p->name_, p->id_, std::move(what), p->blocked_since_});
+    blocked.push_back(BlockedProcess{.process = p->name_, .process_id = p->id_, .waits_on = std::move(what), .since = p->blocked_since_, .user = p->user_});
   }
   const Time t = now();
   unwind_all();

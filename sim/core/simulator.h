@@ -106,8 +106,9 @@ class Simulator {
   Time now() const { return queue_.now(); }
 
   // Starts a process at the current time (after processes and events already due now).
+  // `user` becomes the process's Process::user() (failure and deadlock reports carry it).
   template <class F>
-  std::uint64_t spawn(std::string name, F&& fn);
+  std::uint64_t spawn(std::string name, F&& fn, void* user = nullptr);
 
   // Schedules a callback. Callbacks must not block; they may trigger events and spawn processes.
   template <class F>
@@ -214,12 +215,13 @@ class Simulator {
 };
 
 template <class F>
-std::uint64_t Simulator::spawn(std::string name, F&& fn) {
+std::uint64_t Simulator::spawn(std::string name, F&& fn, void* user) {
   using Impl = ProcessImpl<F>;
   void* sp = nullptr;
   std::size_t size = 0;
   void* mem = allocate_record(sizeof(Impl), alignof(Impl), &sp, &size);
   Process* p = ::new (mem) Impl(this, std::move(name), std::forward<F>(fn));
+  p->user_ = user;
   start(p, sp, size);
   return p->id();
 }

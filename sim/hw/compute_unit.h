@@ -3,9 +3,10 @@
 // Time for n operations is ceil(n / rate) cycles at the unit's clock, rounded up to a picosecond.
 // Work submitted to one unit runs one piece after another in submission order (the unit is busy
 // until the previous piece ends); Pe::compute() blocks the calling process until its piece is done.
+// A compute unit is a Unit: it counts operations, pieces and busy time (System::usage()).
 //
-//   ComputeUnit mac(spec.pe.mac, "cube0.pe3.mac");
-//   Duration d = mac.time(128 * 128 * 64, DType::bf16);   // one tile's MACs
+//   ComputeUnit mac(UnitKind::mac, spec.pe.mac, 0, 3);      // cube 0, PE 3: "cube0.pe3.mac"
+//   Duration d = mac.time(128 * 128 * 64, DType::bf16);     // one tile's MACs
 #pragma once
 
 #include <cmath>
@@ -15,19 +16,23 @@
 
 #include <fmt/format.h>
 
-#include "sim/core/time.h"
 #include "base/dtype.h"
+#include "sim/core/time.h"
 #include "sim/hw/server.h"
 #include "sim/hw/topology.h"
+#include "sim/hw/unit.h"
 
 namespace cubesim::hw {
 
-class ComputeUnit {
+class ComputeUnit final : public Unit {
  public:
-  ComputeUnit(RateSpec spec, std::string name) : spec_(spec), name_(std::move(name)) {}
+  // kind: UnitKind::mac or UnitKind::vector.
+  ComputeUnit(UnitKind kind, RateSpec spec, int cube, int pe)
+      : Unit(kind, fmt::format("cube{}.pe{}.{}", cube, pe, unit_kind_name(kind)), UnitPlace{.cube = cube, .pe = pe},
+             fmt::format("cube{}", cube), fmt::format("pe{}.{}", pe, unit_kind_name(kind))),
+        spec_(spec) {}
 
   const RateSpec& spec() const { return spec_; }
-  const std::string& name() const { return name_; }
   bool supports(DType d) const { return spec_.rate(d) > 0; }
 
   // Cycles for n operations; throws std::invalid_argument if the unit has no rate for d.
@@ -38,7 +43,7 @@ class ComputeUnit {
       for (DType x : kAllDTypes) {
         if (supports(x)) have += fmt::format("{}{}", have.empty() ? "" : ", ", dtype_name(x));
       }
-      throw std::invalid_argument(fmt::format("{}: no rate for dtype {} in the topology; this unit supports {}", name_,
+      throw std::invalid_argument(fmt::format("{}: no rate for dtype {} in the topology; this unit supports {}", name(),
                                               dtype_name(d), have));
     }
     if (r == std::floor(r) && r < 9e15) {
@@ -51,20 +56,31 @@ class ComputeUnit {
     return sim::transfer_time(cycles(n, d), sim::Bandwidth{spec_.clock_hz});  // cycles at clock_hz per second
   }
 
-  // Books n operations starting no earlier than `now`; returns {start, end}.
-  std::pair<Time, Time> book(Time now, std::uint64_t n, DType d) {
+  // Books n operations starting no earlier than `now`; returns {start, end}. With a trace, records
+  // the piece as a span named `label`.
+  std::pair<Time, Time> book(Time now, std::uint64_t n, DType d, sim::Trace* trace = nullptr,
+                             std::string_view label = {}) {
     const Time start = std::max(now, server_.free);
     const Time end = start + time(n, d);
     server_.free = end;
     server_.account(n, end - start);
+    if (trace) {
+      if (server_.track == Server::kNoTrack) server_.track = trace->track(track_name(), track_group());
+      trace->span(server_.track, label, start, end, {{"ops", n}, {"dtype", std::string(dtype_name(d))}});
+    }
     return {start, end};
   }
   Server& server() { return server_; }
   const Server& server() const { return server_; }
+  void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
 
  private:
+  void count(UnitUsage& u) const override {
+    u.bytes = server_.bytes;  // operations
+    u.pieces = server_.chunks;
+    u.busy = server_.busy;
+  }
   RateSpec spec_;
-  std::string name_;
   Server server_;  // bytes field counts operations here
 };
 

@@ -1,4 +1,4 @@
-// hazard.h — reports of accesses that race with a transfer in flight.
+// hazard.h — reports of accesses that race with a transfer in flight, and the checker that makes them.
 //
 // While a transfer is in flight its destination is being written and its source read. Touching
 // either in a way that depends on the order is a race the hardware would expose:
@@ -11,12 +11,18 @@
 //   SystemOptions o;  o.hazards = HazardMode::kRecord;
 //   ... sim.run();
 //   for (const HazardReport& h : sys.hazards()) fmt::print("{}\n", h.message);
+//
+// Each System has one HazardTracker; its memories hold a reference to it (and their own list of
+// the transfers touching them), so a memory checks its accesses without knowing the System.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "sim/core/simulator.h"
 #include "sim/core/time.h"
 #include "sim/hw/region.h"
 
@@ -24,6 +30,10 @@ namespace cubesim::hw {
 
 enum class HazardMode : std::uint8_t { kOff, kRecord, kThrow };
 enum class HazardKind : std::uint8_t { kReadDuringWrite, kWriteDuringWrite, kWriteDuringRead };
+
+// "throw" | "record" | "off"; anything else throws std::invalid_argument naming the input and the
+// valid modes.
+HazardMode parse_hazard_mode(std::string_view s);
 
 struct HazardReport {
   HazardKind kind = HazardKind::kReadDuringWrite;
@@ -44,6 +54,49 @@ class HazardError : public std::runtime_error {
 
  private:
   HazardReport report_;
+};
+
+// What a report says of a transfer in flight (the transfer engine's record is one).
+struct TransferInfo {
+  std::uint64_t id = 0;
+  std::string issuer;  // "'rank3'" or "a callback"
+  sim::Time issued = 0;
+  const std::string* src_name = nullptr;  // the memories' names ("cube0.hbm")
+  const std::string* dst_name = nullptr;
+  Region src_region, dst_region;
+  std::uint64_t nchunks = 0, landed = 0;  // the landing time is known once every chunk has landed
+  sim::Time landing = 0;
+};
+
+// A transfer reading from (write = false) or writing to a memory right now.
+struct InFlight {
+  const TransferInfo* transfer = nullptr;
+  Region region;
+  bool write = false;
+};
+
+class HazardTracker {
+ public:
+  HazardTracker(sim::Simulator& sim, HazardMode mode) : sim_(&sim), mode_(mode) {}
+  HazardMode mode() const { return mode_; }
+  bool enabled() const { return mode_ != HazardMode::kOff; }
+
+  // Who is acting now, for reports: "'rank3'" in a process, "a callback" otherwise.
+  std::string actor() const;
+  // Checks an access of `region` in `memory` against the transfers in flight there (write: also
+  // against their reads). `self` is the transfer making the access, or null for a process's
+  // read or write.
+  void check(const std::string& memory, std::span<const InFlight> in_flight, const Region& region, bool write,
+             const TransferInfo* self);
+
+  // Reports recorded under HazardMode::kRecord, in the order they happened.
+  const std::vector<HazardReport>& reports() const { return reports_; }
+  void clear() { reports_.clear(); }
+
+ private:
+  sim::Simulator* sim_;
+  HazardMode mode_;
+  std::vector<HazardReport> reports_;
 };
 
 }  // namespace cubesim::hw

@@ -4,7 +4,8 @@
 // chunk enters it (the port/router's per-hop processing; a link leaving the switch adds the switch
 // latency here) and `latency` after it leaves (flight time). Neither delay occupies the link, so
 // large messages reach the full bandwidth while small ones pay overhead + latency per hop. The
-// host link (PCIe-like) is a Link between kHostNode and a cube.
+// host link (PCIe-like) is a Link between kHostNode and a cube. A link is a unit on the transfer
+// paths that cross it, served in true arrival order (flows from different cubes meet there).
 //
 //   const Link& l = sys.link(sys.route(0, 5)[0]);
 //   fmt::print("{}: {} bytes, busy {}\n", l.name(), l.server().bytes, format_time(l.server().busy));
@@ -12,22 +13,26 @@
 
 #include <string>
 
+#include "sim/hw/path_unit.h"
 #include "sim/hw/server.h"
 #include "sim/hw/topology.h"
 
 namespace cubesim::hw {
 
-class Link {
+class Link final : public PathUnit {
  public:
-  Link(int id, const LinkSpec& spec, sim::Duration extra_overhead)
-      : id_(id), spec_(spec), pre_(spec.figures.overhead + extra_overhead) {
+  Link(int index, const LinkSpec& spec, sim::Duration extra_overhead)
+      : PathUnit(UnitKind::link, "link " + spec.name, UnitPlace{.from = spec.from, .to = spec.to}, "links",
+                 "link " + spec.name, Order::arrival),
+        index_(index),
+        spec_(spec),
+        pre_(spec.figures.overhead + extra_overhead) {
     server_.bandwidth = spec.figures.bandwidth;
   }
-  int id() const { return id_; }
+  int index() const { return index_; }  // in Topology::links and System::link(i)
   int from() const { return spec_.from; }  // cube id, kSwitchNode or kHostNode
   int to() const { return spec_.to; }
-  const std::string& name() const { return spec_.name; }  // "c0->c1"
-  const LinkFigures& figures() const { return spec_.figures; }
+  const LinkSpec& spec() const { return spec_; }
   sim::Bandwidth bandwidth() const { return spec_.figures.bandwidth; }
   sim::Duration latency() const { return spec_.figures.latency; }
   // Overhead charged before a chunk enters: the port overhead, plus the switch latency on links
@@ -36,8 +41,26 @@ class Link {
   Server& server() { return server_; }
   const Server& server() const { return server_; }
 
+  // FIFO: a chunk starts once its head has arrived (plus the entry delay) and the link is free, and
+  // cannot finish before its tail has arrived (cut-through).
+  Passage serve(const ChunkVisit& v) override {
+    const Time start = std::max(v.head + v.pre, server_.free);
+    const Time end = std::max(start + server_.duration(v.bytes), v.tail + v.pre);
+    server_.free = end;
+    server_.account(v.bytes, end - start);
+    if (v.trace) trace_chunk(v, server_, track_name(), start, end, v.bytes);
+    return {start + v.post, end + v.post};
+  }
+  StageFigures figures() const override { return StageFigures::of(spec_.figures.bandwidth); }
+  void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
+
  private:
-  int id_;
+  void count(UnitUsage& u) const override {
+    u.bytes = server_.bytes;
+    u.pieces = server_.chunks;
+    u.busy = server_.busy;
+  }
+  int index_;
   LinkSpec spec_;
   sim::Duration pre_;
   Server server_;

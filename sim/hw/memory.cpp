@@ -6,24 +6,39 @@
 
 #include "sim/hw/errors.h"
 #include "sim/hw/format.h"
-#include "sim/hw/system.h"
 
 namespace cubesim::hw {
 
-Memory::Memory(System& sys, MemoryKind kind, int id, int cube, int pe, std::string name, std::uint64_t capacity,
-               sim::Bandwidth bandwidth, sim::Duration latency, std::uint32_t channels, std::uint64_t interleave)
-    : sys_(&sys),
-      kind_(kind),
-      id_(id),
-      cube_(cube),
-      pe_(pe),
-      name_(std::move(name)),
-      capacity_(capacity),
-      bandwidth_(bandwidth),
-      latency_(latency),
-      interleave_(interleave == 0 ? 1 : interleave),
-      channels_(channels == 0 ? 1 : channels),
-      allocator_(name_, capacity) {
+namespace {
+// Trace group and track of a memory: "cube3" / "hbm", "cube3" / "pe5.tcm", "host" / "memory".
+std::string track_group_of(const MemorySetup& s) {
+  return s.kind == MemoryKind::kHost ? std::string("host") : fmt::format("cube{}", s.cube);
+}
+std::string track_name_of(const MemorySetup& s) {
+  switch (s.kind) {
+    case MemoryKind::kHbm: return "hbm";
+    case MemoryKind::kTcm: return fmt::format("pe{}.tcm", s.pe);
+    case MemoryKind::kHost: return "memory";
+  }
+  return "memory";
+}
+}  // namespace
+
+Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
+    : PathUnit(UnitKind::memory, setup.name, UnitPlace{.cube = setup.cube, .pe = setup.pe}, track_group_of(setup),
+               track_name_of(setup), Order::local),
+      sim_(&sim),
+      hazards_(&hazards),
+      kind_(setup.kind),
+      functional_(setup.functional),
+      check_uninitialized_(setup.check_uninitialized),
+      capacity_(setup.capacity),
+      bandwidth_(setup.bandwidth),
+      latency_(setup.latency),
+      interleave_(setup.interleave == 0 ? 1 : setup.interleave),
+      channels_(setup.channels == 0 ? 1 : setup.channels),
+      allocator_(setup.name, setup.capacity) {
+  const sim::Bandwidth bandwidth = setup.bandwidth;
   // Equal channels (the remainder of bytes_per_s / channels, under one byte per second per channel,
   // is dropped), so that evenly striped traffic books all channels alike.
   const std::uint64_t n = channels_.size();
@@ -41,7 +56,7 @@ void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view
   if (len > capacity_ || addr > capacity_ - len) {
     throw MemoryError(fmt::format("{}: {} [{:#x}, {:#x}) ({} bytes) is outside the memory: capacity {} ({} bytes), "
                                   "valid addresses 0x0..{:#x}",
-                                  name_, what, addr, addr + len, len, format_bytes(capacity_), capacity_,
+                                  name(), what, addr, addr + len, len, format_bytes(capacity_), capacity_,
                                   capacity_ - 1));
   }
 }
@@ -49,12 +64,12 @@ void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view
 void Memory::check_region(const Region& r, std::string_view what) const {
   if (r.empty()) return;
   if (r.rows > 1 && r.pitch < r.row_bytes) {
-    throw MemoryError(fmt::format("{}: {} has pitch {} smaller than its rows ({} bytes); rows must not overlap", name_,
+    throw MemoryError(fmt::format("{}: {} has pitch {} smaller than its rows ({} bytes); rows must not overlap", name(),
                                   what, r.pitch, r.row_bytes));
   }
   // rows * pitch must not wrap before the bounds check sees it.
   if (r.rows > 1 && r.pitch > (capacity_ / (r.rows - 1))) {
-    throw MemoryError(fmt::format("{}: {} spans {} rows {} bytes apart, beyond the capacity {}", name_, what, r.rows,
+    throw MemoryError(fmt::format("{}: {} spans {} rows {} bytes apart, beyond the capacity {}", name(), what, r.rows,
                                   r.pitch, format_bytes(capacity_)));
   }
   check_range(r.addr, r.end() - r.addr, what);
@@ -63,31 +78,31 @@ void Memory::check_region(const Region& r, std::string_view what) const {
 void Memory::write(std::uint64_t addr, std::span<const std::byte> data) {
   check_range(addr, data.size(), "write");
   if (data.empty()) return;
-  sys_->check_hazards(*this, Region::contiguous(addr, data.size()), true, nullptr);
-  if (sys_->options().functional) store_.write(addr, data.data(), data.size());
+  hazards_->check(name(), in_flight_, Region::contiguous(addr, data.size()), true, nullptr);
+  if (functional_) store_.write(addr, data.data(), data.size());
 }
 
 void Memory::fill(std::uint64_t addr, std::uint64_t len, std::byte value) {
   check_range(addr, len, "fill");
   if (len == 0) return;
-  sys_->check_hazards(*this, Region::contiguous(addr, len), true, nullptr);
-  if (sys_->options().functional) store_.fill(addr, len, value);
+  hazards_->check(name(), in_flight_, Region::contiguous(addr, len), true, nullptr);
+  if (functional_) store_.fill(addr, len, value);
 }
 
 void Memory::read(std::uint64_t addr, std::span<std::byte> out) {
   check_range(addr, out.size(), "read");
   if (out.empty()) return;
-  sys_->check_hazards(*this, Region::contiguous(addr, out.size()), false, nullptr);
-  if (!sys_->options().functional) {
+  hazards_->check(name(), in_flight_, Region::contiguous(addr, out.size()), false, nullptr);
+  if (!functional_) {
     std::memset(out.data(), 0, out.size());
     return;
   }
-  if (sys_->options().check_uninitialized) {
+  if (check_uninitialized_) {
     if (auto u = store_.first_unwritten(addr, out.size())) {
       throw UninitializedReadError(
           fmt::format("{}: {} reads [{:#x}, {:#x}) at {} but byte {:#x} was never written; write it first, or set "
                       "SystemOptions::check_uninitialized = false to read zeros",
-                      name_, sys_->actor(), addr, addr + out.size(), sim::format_time(sys_->simulator().now()), *u),
+                      name(), hazards_->actor(), addr, addr + out.size(), sim::format_time(sim_->now()), *u),
           *u);
     }
   }
@@ -96,8 +111,133 @@ void Memory::read(std::uint64_t addr, std::span<std::byte> out) {
 
 std::optional<std::uint64_t> Memory::first_unwritten(std::uint64_t addr, std::uint64_t len) const {
   check_range(addr, len, "first_unwritten");
-  if (!sys_->options().functional) return std::nullopt;
+  if (!functional_) return std::nullopt;
   return store_.first_unwritten(addr, len);
+}
+
+}  // namespace cubesim::hw
+
+// ---------------------------------------------------------------- as a unit on transfer paths
+
+namespace cubesim::hw {
+
+namespace {
+
+std::uint64_t region_addr(const Region& r, std::uint64_t off) {
+  if (r.rows == 1) return r.addr + off;
+  return r.row_addr(off / r.row_bytes) + off % r.row_bytes;
+}
+
+// Calls f(channel, bytes) for each channel that [addr, addr + len) touches, with blocks of
+// `interleave` bytes going to channels round robin.
+template <class F>
+void for_each_piece(std::uint64_t addr, std::uint64_t len, std::uint64_t interleave, std::uint32_t n, F&& f) {
+  const std::uint64_t b0 = addr / interleave, b1 = (addr + len - 1) / interleave;
+  if (b1 - b0 + 1 <= n) {  // each block on its own channel
+    std::uint32_t ch = static_cast<std::uint32_t>(b0 % n);
+    for (std::uint64_t b = b0; b <= b1; ++b) {
+      const std::uint64_t lo = std::max(addr, b * interleave), hi = std::min(addr + len, (b + 1) * interleave);
+      f(ch, hi - lo);
+      if (++ch == n) ch = 0;
+    }
+    return;
+  }
+  // More blocks than channels: every channel gets q or q + 1 whole blocks (the q + 1 ones follow
+  // the first block's channel round the ring), less the cut-off parts of the first and last block.
+  const std::uint64_t nb = b1 - b0 + 1, q = nb / n, rem = nb % n;
+  const std::uint32_t c0 = static_cast<std::uint32_t>(b0 % n), c1 = static_cast<std::uint32_t>(b1 % n);
+  const std::uint64_t cut_front = addr - b0 * interleave, cut_back = (b1 + 1) * interleave - (addr + len);
+  for (std::uint32_t ch = 0; ch < n; ++ch) {
+    const std::uint32_t from_first = ch >= c0 ? ch - c0 : ch + n - c0;
+    std::uint64_t bytes = (q + (from_first < rem ? 1 : 0)) * interleave;
+    if (ch == c0) bytes -= cut_front;
+    if (ch == c1) bytes -= cut_back;
+    f(ch, bytes);
+  }
+}
+
+}  // namespace
+
+Passage Memory::serve(const ChunkVisit& v) {
+  // Each channel does its piece's work in the gaps from the head's arrival on; the chunk leaves
+  // once the work is done and its tail has arrived.
+  const std::uint32_t n = channels();
+  sim::Time first = sim::kTimeMax, last = 0;
+  // Books `per` bytes of work on s (each of the channels it stands for doing `per`; `total` in all).
+  auto piece_on = [&](Server& s, std::uint64_t ch, std::uint64_t per, std::uint64_t total) {
+    const sim::Duration d = s.duration(per);
+    const auto [start, end] = s.book(v.forget_before, v.head + v.pre, d);
+    s.account(total, d);
+    first = std::min(first, start);
+    last = std::max(last, end);
+    if (v.trace) {
+      // Evenly striped chunks go on the memory's own track, others on their channel's.
+      trace_chunk(v, s, n > 1 && ch != sim::kTimeMax ? fmt::format("{}.ch{}", track_name(), ch) : track_name(), start,
+                  end, total);
+    }
+  };
+  auto piece = [&](std::uint32_t ch, std::uint64_t bytes) { piece_on(channels_[ch], ch, bytes, bytes); };
+  if (n == 1) {
+    piece(0, v.bytes);
+  } else {
+    const std::uint64_t addr = region_addr(*v.region, v.offset);
+    const std::uint64_t stripe = interleave_ * n;
+    const bool even = addr % interleave_ == 0 && v.bytes % stripe == 0;
+    if (even && !uniform_) {
+      // The channels may have drifted back into step: all idle again.
+      bool idle = true;
+      for (Server& c : channels_) {
+        c.forget(v.forget_before);
+        idle = idle && c.bookings() == 0;
+      }
+      if (idle) {
+        stripe_.forget(sim::kTimeMax);
+        uniform_ = true;
+      }
+    }
+    if (even && uniform_) {
+      piece_on(stripe_, sim::kTimeMax, v.bytes / n, v.bytes);
+    } else {
+      if (uniform_) {
+        stripe_.forget(v.forget_before);
+        for (Server& c : channels_) c.copy_bookings(stripe_);
+        uniform_ = false;
+      }
+      for_each_piece(addr, v.bytes, interleave_, n, piece);
+    }
+  }
+  return {first + v.post, std::max(last, v.tail + v.pre) + v.post};
+}
+
+StageFigures Memory::figures() const {
+  return StageFigures::of(bandwidth_, channels(), interleave_);
+}
+
+void Memory::declare_tracks(sim::Trace& trace) {
+  if (channels_.size() == 1) {
+    trace.track(track_name(), track_group());
+    return;
+  }
+  for (std::size_t ch = 0; ch < channels_.size(); ++ch) trace.track(fmt::format("{}.ch{}", track_name(), ch), track_group());
+}
+
+void Memory::count(UnitUsage& u) const {
+  // Striped work occupied every channel alike: it counts on each.
+  u.bytes = stripe_.bytes;
+  u.pieces = stripe_.chunks;
+  for (const Server& c : channels_) {
+    u.bytes += c.bytes;
+    u.pieces += c.chunks;
+  }
+  if (channels_.size() == 1) {
+    u.busy = stripe_.busy + channels_[0].busy;
+    return;
+  }
+  u.channel_busy.reserve(channels_.size());
+  for (const Server& c : channels_) {
+    u.channel_busy.push_back(stripe_.busy + c.busy);
+    u.busy = std::max(u.busy, u.channel_busy.back());
+  }
 }
 
 }  // namespace cubesim::hw

@@ -1,5 +1,6 @@
 // memory.h — a simulated memory (a cube's HBM, a PE's TCM, the host's DRAM): real bytes at
-// addresses, an allocator, and the channel servers that time accesses.
+// addresses, an allocator, and the channel servers that time accesses. A memory is a unit on the
+// transfer paths that read or write it (path_unit.h).
 //
 // Functional access (read/write/fill) takes no simulated time: it is how a PE computes on its TCM
 // and how the runtime initializes tensors. Time is spent by System::transfer (moving bytes between
@@ -22,19 +23,35 @@
 #include <string>
 #include <vector>
 
+#include "sim/core/simulator.h"
 #include "sim/core/time.h"
 #include "sim/hw/allocator.h"
+#include "sim/hw/hazard.h"
+#include "sim/hw/path_unit.h"
 #include "sim/hw/region.h"
 #include "sim/hw/server.h"
 #include "sim/hw/sparse_store.h"
 
 namespace cubesim::hw {
 
-class System;
 class Memory;
-struct TransferRecord;
 
 enum class MemoryKind : std::uint8_t { kHbm, kTcm, kHost };
+
+// What a memory is made of: its figures and where it sits.
+struct MemorySetup {
+  MemoryKind kind = MemoryKind::kHbm;
+  int cube = -1;  // -1 for the host
+  int pe = -1;    // -1 unless a TCM
+  std::string name;  // "cube3.hbm", "cube3.pe5.tcm", "host"
+  std::uint64_t capacity = 0;
+  sim::Bandwidth bandwidth;
+  sim::Duration latency = 0;  // paid by reads
+  std::uint32_t channels = 1;
+  std::uint64_t interleave = 0;  // bytes per channel before the next (0: one block)
+  bool functional = true;        // keeps values (SystemOptions::functional)
+  bool check_uninitialized = true;
+};
 
 // An address in a memory: what transfer() takes.
 struct MemRef {
@@ -43,26 +60,24 @@ struct MemRef {
   MemRef operator+(std::uint64_t off) const { return MemRef{memory, addr + off}; }
 };
 
-class Memory {
+class Memory final : public PathUnit {
  public:
-  Memory(System& sys, MemoryKind kind, int id, int cube, int pe, std::string name, std::uint64_t capacity,
-         sim::Bandwidth bandwidth, sim::Duration latency, std::uint32_t channels, std::uint64_t interleave);
-  Memory(const Memory&) = delete;
-  Memory& operator=(const Memory&) = delete;
+  // `sim` times messages; `hazards` is the System's checker, which this memory's accesses report to.
+  Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup);
 
   MemRef at(std::uint64_t addr) { return MemRef{this, addr}; }
 
-  int id() const { return id_; }
   MemoryKind kind() const { return kind_; }
-  int cube() const { return cube_; }  // -1 for the host
-  int pe() const { return pe_; }      // -1 unless a TCM
-  const std::string& name() const { return name_; }  // "cube3.hbm", "cube3.pe5.tcm", "host"
+  int cube() const { return place().cube; }  // -1 for the host
+  int pe() const { return place().pe; }      // -1 unless a TCM
   std::uint64_t capacity() const { return capacity_; }
   sim::Bandwidth bandwidth() const { return bandwidth_; }
   sim::Duration latency() const { return latency_; }
   std::uint32_t channels() const { return static_cast<std::uint32_t>(channels_.size()); }
   std::uint64_t interleave_bytes() const { return interleave_; }
-  System& system() const { return *sys_; }
+  // The hazard checker this memory reports to: one per System, so it also tells which System a
+  // memory belongs to.
+  const HazardTracker& hazard_tracker() const { return *hazards_; }
 
   // ---- functional access (zero simulated time; checked) ----
   void write(std::uint64_t addr, std::span<const std::byte> data);
@@ -105,12 +120,23 @@ class Memory {
   void check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const;
   void check_region(const Region& r, std::string_view what) const;
 
+  // ---- as a unit on transfer paths ----
+  // Books a chunk's bytes on the channels its addresses fall in (the interleave deals blocks round
+  // them), from the head's arrival plus `pre` on; the chunk leaves once the work is done and its
+  // tail has arrived.
+  Passage serve(const ChunkVisit& v) override;
+  StageFigures figures() const override;
+  // The HBM's channel tracks ("hbm.ch0", ...), or the memory's own track when it has one channel.
+  void declare_tracks(sim::Trace& trace) override;
+
  private:
-  friend class System;
-  System* sys_;
+  friend class System;  // moves bytes when a transfer lands, and keeps in_flight_
+  void count(UnitUsage& u) const override;
+  sim::Simulator* sim_;
+  HazardTracker* hazards_;
   MemoryKind kind_;
-  int id_, cube_, pe_;
-  std::string name_;
+  bool functional_;
+  bool check_uninitialized_;
   std::uint64_t capacity_;
   sim::Bandwidth bandwidth_;
   sim::Duration latency_;
@@ -123,11 +149,6 @@ class Memory {
   SparseStore store_;
   Allocator allocator_;
   // Transfers reading from / writing to this memory right now (for the hazard checker).
-  struct InFlight {
-    TransferRecord* rec;
-    Region region;
-    bool write;
-  };
   std::vector<InFlight> in_flight_;
 };
 

@@ -1,4 +1,5 @@
-// pe.h — a processing element: its TCM, a DMA engine, a MAC array and a vector unit.
+// pe.h — a processing element: its TCM, a DMA engine, a MAC array and a vector unit (each a unit,
+// unit.h).
 //
 // Data moves in and out of the TCM by System::transfer (the DMA engine's channels time it);
 // compute() and vector_op() block the calling process for the time the units take, queued behind
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "sim/core/simulator.h"
 #include "sim/hw/compute_unit.h"
 #include "sim/hw/dma.h"
 #include "sim/hw/memory.h"
@@ -20,11 +22,10 @@
 
 namespace cubesim::hw {
 
-class System;
-
 class Pe {
  public:
-  Pe(System& sys, int cube, int index, const PeSpec& spec, Memory& tcm);
+  // `sim` is the simulator whose processes compute() blocks.
+  Pe(sim::Simulator& sim, int cube, int index, const PeSpec& spec, Memory& tcm);
   Pe(const Pe&) = delete;
   Pe& operator=(const Pe&) = delete;
 
@@ -44,8 +45,8 @@ class Pe {
   sim::Time vector_op(std::uint64_t ops, DType d, std::string_view label = "vector");
 
  private:
-  sim::Time run_on(ComputeUnit& u, const char* track, std::uint64_t n, DType d, std::string_view label);
-  System* sys_;
+  sim::Time run_on(ComputeUnit& u, const char* call, std::uint64_t n, DType d, std::string_view label);
+  sim::Simulator* sim_;
   int cube_, index_;
   std::string name_;
   PeSpec spec_;

@@ -1,6 +1,11 @@
 // system.h — a simulated system built from a Topology: cubes, PEs, memories, links, the host,
 // and the transfer engine that moves real bytes between memories at simulated times.
 //
+// Every piece of hardware is a unit (unit.h) with counters: usage() reads them all, keyed by
+// UnitId, whether or not a trace records. A transfer's path is a chain of path units (memory read,
+// DMA channel, links, memory write) built from the topology on first use and kept per pair of
+// memories.
+//
 //   sim::Simulator sim;
 //   System sys(sim, load_topology("mesh4x4"));
 //   sim.spawn("rank0", [&] {
@@ -34,6 +39,7 @@
 #include "sim/hw/routing.h"
 #include "sim/hw/topology.h"
 #include "sim/hw/transfer.h"
+#include "sim/hw/unit.h"
 
 namespace cubesim::hw {
 
@@ -76,6 +82,17 @@ class System {
   int num_links() const { return static_cast<int>(links_.size()); }
   Link& link(int id) { return *links_.at(static_cast<std::size_t>(id)); }
 
+  // ---- units ----
+  int num_units() const { return static_cast<int>(units_.size()); }
+  Unit& unit(UnitId id) { return *units_.at(id.value); }
+  // Every unit's counters so far, in id order (usage_since() gives an interval's).
+  std::vector<UnitUsage> usage() const;
+  // Names the trace tracks of the hardware the first `cubes` cubes use (each cube's HBM channels,
+  // each PE's MAC array, vector unit and DMA channels, the links among those cubes and the switch),
+  // in that order, so that a saved trace shows the whole machine; spans appear only where
+  // something ran.
+  void declare_tracks(int cubes);
+
   // ---- routes and figures ----
   // Link ids from cube src to cube dst (deterministic; see routing.h).
   const std::vector<int>& route(int src_cube, int dst_cube) { return router_.route(src_cube, dst_cube); }
@@ -97,21 +114,14 @@ class System {
 
   // ---- checks and statistics ----
   // Reports recorded under HazardMode::kRecord, in the order they happened.
-  const std::vector<HazardReport>& hazards() const { return hazards_; }
-  void clear_hazards() { hazards_.clear(); }
+  const std::vector<HazardReport>& hazards() const { return hazard_tracker_.reports(); }
+  void clear_hazards() { hazard_tracker_.clear(); }
   std::uint64_t transfers_started() const { return started_; }
   std::uint64_t transfers_completed() const { return completed_; }
   std::uint64_t bytes_transferred() const { return bytes_moved_; }
   std::uint64_t transfers_in_flight() const { return started_ - completed_; }
   // Host memory held by all simulated memories' pages.
   std::uint64_t resident_bytes() const;
-
-  // ---- for Memory and Pe (not for users) ----
-  // Who is acting now, for reports: "'rank3'" in a process, "a callback" otherwise.
-  std::string actor() const;
-  // Checks an access against the transfers in flight on m (write: also against reads). `self` is
-  // the transfer making the access, or null for a process's read/write.
-  void check_hazards(Memory& m, const Region& r, bool write, const TransferRecord* self);
 
  private:
   friend struct TransferRecord;
@@ -125,15 +135,14 @@ class System {
   void advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, sim::Time head, sim::Time tail);
   void inject(TransferRecord* r, std::uint64_t chunk);
   void land(TransferRecord* r);
-  std::pair<sim::Time, sim::Time> serve(Stage& st, const TransferRecord& r, std::uint64_t offset, std::uint64_t bytes,
-                                        std::uint64_t chunk, sim::Time head, sim::Time tail);
-  void trace_stage(Stage& st, Server& s, std::uint64_t channel, const TransferRecord& r, std::uint64_t chunk,
-                   sim::Time start, sim::Time end, std::uint64_t bytes);
+  void register_unit(Unit& u);  // gives u the next UnitId
 
   sim::Simulator* sim_;
   Topology topo_;
   SystemOptions opts_;
+  HazardTracker hazard_tracker_;
   Router router_;
+  std::vector<Unit*> units_;  // every unit, by UnitId
   std::vector<std::unique_ptr<Memory>> memories_;
   std::vector<std::unique_ptr<Cube>> cubes_;
   std::vector<std::unique_ptr<Link>> links_;
@@ -143,7 +152,6 @@ class System {
   TransferRecord* free_records_ = nullptr;
   std::uint64_t next_transfer_id_ = 1;
   std::uint64_t started_ = 0, completed_ = 0, bytes_moved_ = 0;
-  std::vector<HazardReport> hazards_;
   sim::Duration lookback_ = 0;
 };
 

@@ -37,6 +37,15 @@ struct StageFigures {
   std::uint64_t interleave = 0;   // bytes per channel before the next (memories)
   sim::Duration fixed = 0;        // delays before and after it (read latency, overhead, wire latency)
 
+  // A stage's figures before it has a name and delays: bandwidth, channels, interleave.
+  static StageFigures of(sim::Bandwidth bw, std::uint32_t channels = 1, std::uint64_t interleave = 0) {
+    StageFigures f;
+    f.bandwidth = bw;
+    f.channels = channels;
+    f.interleave = interleave;
+    return f;
+  }
+
   // The time `bytes` occupy the stage: on a memory, the busiest channel's share (the bytes start on
   // a channel boundary), so a small access runs at one channel's rate.
   sim::Duration time(std::uint64_t bytes) const;

@@ -1,0 +1,61 @@
+#include "sim/hw/hazard.h"
+
+#include <fmt/format.h>
+
+#include "sim/hw/format.h"
+
+namespace cubesim::hw {
+
+namespace {
+std::string_view hazard_kind_name(HazardKind k) {
+  switch (k) {
+    case HazardKind::kReadDuringWrite: return "read during write";
+    case HazardKind::kWriteDuringWrite: return "write during write";
+    case HazardKind::kWriteDuringRead: return "write during read";
+  }
+  return "?";
+}
+}  // namespace
+
+HazardMode parse_hazard_mode(std::string_view s) {
+  if (s == "throw") return HazardMode::kThrow;
+  if (s == "record") return HazardMode::kRecord;
+  if (s == "off") return HazardMode::kOff;
+  throw std::invalid_argument(fmt::format("hazards: '{}' is not valid; use 'throw', 'record' or 'off'", s));
+}
+
+std::string HazardTracker::actor() const {
+  if (const sim::Process* p = sim_->current()) return fmt::format("'{}'", p->name());
+  return "a callback";
+}
+
+void HazardTracker::check(const std::string& memory, std::span<const InFlight> in_flight, const Region& region,
+                          bool write, const TransferInfo* self) {
+  if (mode_ == HazardMode::kOff) return;
+  for (std::size_t i = 0; i < in_flight.size(); ++i) {
+    const InFlight f = in_flight[i];
+    if (f.transfer == self || (!write && !f.write) || !f.region.overlaps(region)) continue;
+    HazardReport h;
+    h.kind = write ? (f.write ? HazardKind::kWriteDuringWrite : HazardKind::kWriteDuringRead) : HazardKind::kReadDuringWrite;
+    h.time = sim_->now();
+    h.memory = memory;
+    h.actor = self ? fmt::format("transfer {} issued by {}", self->id, self->issuer) : actor();
+    h.region = region;
+    const TransferInfo& o = *f.transfer;
+    h.other_transfer = o.id;
+    h.other_region = f.region;
+    h.other_actor = fmt::format("transfer {} issued by {} at {} ({} {} -> {} {})", o.id, o.issuer,
+                                sim::format_time(o.issued), *o.src_name, format_region(o.src_region), *o.dst_name,
+                                format_region(o.dst_region));
+    const bool landed_known = o.landed == o.nchunks;
+    h.message = fmt::format(
+        "hazard ({}) at {} in {}: {} {} {} while {} is still {} {}{}; wait for that transfer before touching these bytes",
+        hazard_kind_name(h.kind), sim::format_time(h.time), h.memory, h.actor, write ? "writes" : "reads",
+        format_region(region), h.other_actor, f.write ? "writing" : "reading", format_region(f.region),
+        landed_known ? fmt::format(" (it lands at {})", sim::format_time(o.landing)) : std::string());
+    if (mode_ == HazardMode::kThrow) throw HazardError(std::move(h));
+    reports_.push_back(std::move(h));
+  }
+}
+
+}  // namespace cubesim::hw

@@ -1,0 +1,116 @@
+// unit.h — a hardware unit: one piece of the machine with its own figures, counters and trace track.
+//
+// Every memory (HBM, TCM, host DRAM), DMA channel, link direction, switch port, MAC array and
+// vector unit of a System is a Unit with an id, a kind and a name. A unit counts what it serves
+// (bytes, or operations on a compute unit; pieces; busy time) whether or not a trace records, so
+// statistics come from the counters (System::usage()), never from a recorded trace:
+//
+//   for (const UnitUsage& u : sys.usage())
+//     if (u.kind == UnitKind::link && u.busy > 0) fmt::print("{}: {} bytes\n", u.name, u.bytes);
+//
+// Units that chunks of a transfer pass are PathUnits (path_unit.h); System builds each transfer's
+// path as a chain of them. How to add a unit: docs/ARCHITECTURE.md, "How to add a hardware unit".
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sim/core/time.h"
+#include "sim/core/trace.h"
+
+namespace cubesim::hw {
+
+enum class UnitKind : std::uint8_t { memory, dma, link, switch_port, mac, vector };
+inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory,      UnitKind::dma, UnitKind::link,
+                                             UnitKind::switch_port, UnitKind::mac, UnitKind::vector};
+std::string_view unit_kind_name(UnitKind k);  // "memory", "dma", "link", "switch_port", "mac", "vector"
+
+// A unit's index in its System (System::unit(id)); ids are dense, in the order the System built them.
+struct UnitId {
+  std::uint32_t value = 0;
+  friend auto operator<=>(UnitId, UnitId) = default;
+};
+
+// Where a unit sits. Links and switch ports name their endpoints (a cube id, kSwitchNode or
+// kHostNode, topology.h); -1 where a field does not apply.
+struct UnitPlace {
+  int cube = -1;  // the cube it belongs to (-1: the host, a link, the switch)
+  int pe = -1;    // the PE it belongs to
+  int from = -1;  // links and switch ports
+  int to = -1;
+};
+
+// A unit's counters, and what identifies it.
+struct UnitUsage {
+  UnitId id;
+  UnitKind kind = UnitKind::memory;
+  std::string name;         // "cube0.hbm", "cube0.pe3.dma.read", "link c0->c1", "cube0.pe3.mac"
+  UnitPlace place;
+  std::uint64_t bytes = 0;  // bytes served; a compute unit counts operations
+  std::uint64_t pieces = 0; // chunks (or pieces of compute work) served
+  sim::Duration busy = 0;   // time occupied; a memory of several channels: its busiest channel's
+  std::vector<sim::Duration> channel_busy;  // a memory of several channels: each channel's busy time
+  std::uint64_t hits = 0;   // caches: lookups served without going below (none of today's units)
+  std::uint64_t misses = 0;
+};
+
+// The counters accrued between two snapshots of the same System (`before` taken first): bytes,
+// pieces, busy time, hits and misses are differences; a memory's busy time is its busiest channel's
+// over the interval.
+std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<const UnitUsage> before);
+
+class Unit {
+ public:
+  Unit(UnitKind kind, std::string name, UnitPlace place, std::string track_group, std::string track_name)
+      : kind_(kind),
+        name_(std::move(name)),
+        place_(place),
+        track_group_(std::move(track_group)),
+        track_name_(std::move(track_name)) {}
+  virtual ~Unit() = default;
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+
+  UnitId id() const { return id_; }
+  UnitKind kind() const { return kind_; }
+  const std::string& name() const { return name_; }
+  const UnitPlace& place() const { return place_; }
+
+  // The counters so far (identity filled in; the unit's own figures).
+  UnitUsage usage() const {
+    UnitUsage u;
+    u.id = id_;
+    u.kind = kind_;
+    u.name = name_;
+    u.place = place_;
+    count(u);
+    return u;
+  }
+
+  // The unit's trace track: group ("cube3", "links", "host") and name ("pe5.dma.read",
+  // "link c0->c1"). A memory of several channels also has a track per channel ("hbm.ch3").
+  const std::string& track_group() const { return track_group_; }
+  const std::string& track_name() const { return track_name_; }
+  // Names the unit's trace track(s) in `trace` now, so that a trace shows the unit even where it
+  // did nothing (tracks are otherwise made on the first span).
+  virtual void declare_tracks(sim::Trace& trace) = 0;
+
+ protected:
+  // Adds the unit's counters to u.
+  virtual void count(UnitUsage& u) const = 0;
+
+ private:
+  friend class System;  // assigns ids
+  UnitId id_;
+  UnitKind kind_;
+  std::string name_;
+  UnitPlace place_;
+  std::string track_group_;
+  std::string track_name_;
+};
+
+}  // namespace cubesim::hw
