@@ -22,6 +22,7 @@
 #include "bench_util.h"
 #include "runtime/collectives.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
 
 using namespace cubesim;
 using namespace cubesim::rt;
@@ -47,11 +48,7 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
             const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional) {
   ContextOptions o;
   o.stack_size = 64 * 1024;
-  SimBackendOptions so;
-  so.topology = topo;
-  so.overrides = overrides;
-  so.timing_only = !functional;
-  auto ctx = make_sim_context(o, so);
+  auto ctx = make_sim_context(o, hw::load_topology(topo, overrides), {.timing_only = !functional});
   const int p = ctx->world_size();
   const std::int64_t elems = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / dtype_size(d)));
   const bool whole = coll == "all_reduce" || coll == "broadcast";

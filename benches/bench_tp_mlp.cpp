@@ -14,6 +14,7 @@
 
 #include "bench_util.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
 #include "tp/layers.h"
 #include "tp/parallel_state.h"
 
@@ -50,12 +51,9 @@ int main(int argc, char** argv) {
     for (int tp : {1, 2, 4, 8}) {
       rt::ContextOptions o;
       o.world_size = tp;
-      rt::SimBackendOptions so;
-      so.topology = topo;
-      so.timing_only = !functional;
       std::unique_ptr<rt::Context> ctx;
       try {
-        ctx = rt::make_sim_context(o, so);
+        ctx = rt::make_sim_context(o, hw::load_topology(topo), {.timing_only = !functional});
       } catch (const std::exception& e) {  // fewer cubes than tp
         continue;
       }

@@ -295,10 +295,8 @@ int main(int argc, char** argv) {
   // movement (not the reduction) of the runtime's 1024-rank timing-only ring all-reduce.
   if (args.rest.empty()) {
     const int n = args.quick ? 128 : 1024;
-    nlohmann::json doc = hw::load_topology_json("ring4");
-    hw::apply_override(doc, "cubes", n);
     sim::Simulator sim;
-    System sys(sim, hw::topology_from_json(doc, fmt::format("ring{}", n)), timing_only());
+    System sys(sim, hw::load_topology("ring4", {{"cubes", n}}), timing_only());
     const std::uint64_t chunk = (1ull << 30) / static_cast<std::uint64_t>(n);
     sim::Barrier step(static_cast<std::size_t>(n), "step");
     for (int c = 0; c < n; ++c) {

@@ -111,12 +111,9 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
   return true;
 }
 
-std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, SimBackendOptions sim_opts) {
-  nlohmann::json doc = hw::load_topology_json(sim_opts.topology);
-  for (const auto& [path, value] : sim_opts.overrides) hw::apply_override(doc, path, value);
-  hw::Topology topo = hw::topology_from_json(doc, sim_opts.topology);
+std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, hw::Topology topology, SimBackendOptions sim_opts) {
   ctx_opts.backend = BackendKind::sim;
-  return std::make_unique<Context>(ctx_opts, std::make_unique<SimBackend>(std::move(topo), std::move(sim_opts)));
+  return std::make_unique<Context>(ctx_opts, std::make_unique<SimBackend>(std::move(topology), std::move(sim_opts)));
 }
 
 }  // namespace cubesim::rt

@@ -6,18 +6,15 @@
 // same kernels as the host backend (so the values are bit-identical) and its time is charged from
 // the cube's figures (a roofline of the PEs' vector rate against HBM). With timing_only, no values are kept and every time is unchanged.
 //
-//   SimBackendOptions so;  so.topology = "ring4";
-//   auto ctx = make_sim_context({.trace = true}, so);
+//   auto ctx = make_sim_context({.trace = true}, hw::load_topology("ring4"));
+//   // sweeps: make_sim_context({}, hw::load_topology("ring4", {{"network.link.bandwidth_GBps", 64}}),
+//   //                          {.timing_only = true});
 //   auto rep = ctx->spawn(4, [&](int r) { ... all_reduce(t) ... });
 //   // rep.sim_time, rep.ranks[r].compute / .comm; ctx->trace().save("run.json")
 #pragma once
 
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/backend.h"
 #include "runtime/context.h"
@@ -25,10 +22,9 @@
 
 namespace cubesim::rt {
 
+// How the backend runs; what it runs on is the hw::Topology given next to these (built once, by
+// hw::load_topology with any overrides, by whoever chose it).
 struct SimBackendOptions {
-  std::string topology = "single_cube";  // a shipped name or a file path
-  // Dotted-path overrides applied to the topology document before it is built (the sweep mechanism).
-  std::vector<std::pair<std::string, nlohmann::json>> overrides;
   bool timing_only = false;
   bool check_uninitialized = false;  // reading HBM never written is an error
   hw::HazardMode hazards = hw::HazardMode::kThrow;
@@ -77,6 +73,6 @@ class SimBackend final : public Backend {
 };
 
 // A context on a simulated topology; world_size 0 means one rank per cube.
-std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, SimBackendOptions sim_opts);
+std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, hw::Topology topology, SimBackendOptions sim_opts = {});
 
 }  // namespace cubesim::rt

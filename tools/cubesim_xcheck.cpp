@@ -33,6 +33,7 @@
 
 #include "benches/bench_util.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
 #include "tp/equivalence.h"
 #include "tp/layers.h"
 #include "tp/parallel_state.h"
@@ -188,10 +189,7 @@ std::unique_ptr<rt::Context> sim_context(const std::string& topo, int tp, bool t
   rt::ContextOptions o;
   o.world_size = tp;
   o.record_ops = record;
-  rt::SimBackendOptions so;
-  so.topology = topo;
-  so.timing_only = timing_only;
-  return rt::make_sim_context(o, so);
+  return rt::make_sim_context(o, hw::load_topology(topo), {.timing_only = timing_only});
 }
 
 int usage(const std::string& msg) {

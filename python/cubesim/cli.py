@@ -374,8 +374,7 @@ def cmd_run(args):
     ctx = cs.Context(
         args.backend,
         world_size=tp,
-        topology=args.topology,
-        overrides=sets or None,
+        topology=topo if sim else args.topology,  # the Topology loaded above: loaded and validated once
         timing_only=args.timing_only,
         # Links, HBM and DMA count their activity only while a trace records: record one on sim for
         # the hardware table, and save it when --trace asks.

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -23,6 +24,7 @@
 #include "runtime/ops.h"
 #include "runtime/sim_backend.h"
 #include "sim/core/time.h"
+#include "sim/hw/topology.h"
 #ifdef CUBESIM_PY_HAVE_CUDA
 #include "runtime/cuda_backend.h"
 #endif
@@ -43,7 +45,7 @@ int cuda_devices() {
 #endif
 }
 
-std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const std::string& topology,
+std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const py::object& topology,
                                           const py::object& overrides, bool timing_only, bool check_uninitialized,
                                           const std::string& hazards, bool trace, const std::string& algorithm,
                                           bool accumulate_f32, int hierarchy, std::size_t stack_size, bool record_ops,
@@ -84,19 +86,34 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
     }
     case rt::BackendKind::sim: break;
   }
+  // A Topology is used as it is (the caller loaded and validated it); a name or path is loaded here,
+  // once, with the overrides.
+  std::optional<hw::Topology> topo;
+  std::vector<std::pair<std::string, nlohmann::json>> ov;
+  if (py::isinstance<hw::Topology>(topology)) {
+    if (!overrides.is_none()) {
+      throw py::value_error("Context: overrides apply to a topology name or path; this topology is a Topology object, "
+                            "already built: pass the overrides to load_topology(name, overrides=...) instead");
+    }
+    topo = topology.cast<hw::Topology>();
+  } else if (py::isinstance<py::str>(topology)) {
+    ov = overrides_arg(overrides);
+  } else {
+    throw py::type_error(fmt::format("Context: topology must be a name, a path or a Topology, not {}",
+                                     py::str(py::type::of(topology).attr("__name__")).cast<std::string>()));
+  }
   rt::SimBackendOptions so;
-  so.topology = topology;
-  so.overrides = overrides_arg(overrides);
   so.timing_only = timing_only;
   so.check_uninitialized = check_uninitialized;
   if (hazards == "throw") so.hazards = hw::HazardMode::kThrow;
   else if (hazards == "record") so.hazards = hw::HazardMode::kRecord;
   else if (hazards == "off") so.hazards = hw::HazardMode::kOff;
   else throw py::value_error("hazards: '" + hazards + "' is not valid; use 'throw', 'record' or 'off'");
+  const std::string name = topo ? std::string() : topology.cast<std::string>();
   std::unique_ptr<rt::Context> c;
   {
-    ReleaseGil nogil;  // building a large topology takes a while
-    c = rt::make_sim_context(o, so);
+    ReleaseGil nogil;  // loading and building a large topology takes a while
+    c = rt::make_sim_context(o, topo ? std::move(*topo) : hw::load_topology(name, ov), so);
   }
   return CtxPtr(std::move(c));
 }
@@ -486,8 +503,9 @@ void bind_runtime(py::module_& m) {
                                   "  ctx = cubesim.Context('host', world_size=4)         # the reference, no time\n"
                                   "  report = ctx.spawn(lambda rank: ...)                # fn(rank) on every rank\n\n"
                                   "backend: 'sim' | 'host' | 'cuda' (cuda raises BackendUnavailableError in this "
-                                  "build). world_size 0 (sim): one rank per cube. topology, overrides (dict of "
-                                  "dotted paths), timing_only (no values, same times), check_uninitialized, hazards "
+                                  "build). world_size 0 (sim): one rank per cube. topology: a name, a path or a "
+                                  "Topology (from load_topology); overrides (dict of dotted paths) go with a name or "
+                                  "path. timing_only (no values, same times), check_uninitialized, hazards "
                                   "('throw' | 'record' | 'off') apply to sim. trace records spans for save_trace(). "
                                   "algorithm, accumulate_f32, hierarchy: collective defaults. stack_size: bytes per "
                                   "rank process (Python rank functions need room; 1 MiB by default). record_ops keeps "

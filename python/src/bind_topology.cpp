@@ -93,11 +93,7 @@ py::object host_dict(const hw::HostSpec& h) {
 }
 
 hw::Topology load_with_overrides(const std::string& name_or_path, const py::object& overrides) {
-  auto ov = overrides_arg(overrides);
-  if (ov.empty()) return hw::load_topology(name_or_path);
-  nlohmann::json doc = hw::load_topology_json(name_or_path);
-  for (const auto& [path, value] : ov) hw::apply_override(doc, path, value);
-  return hw::topology_from_json(doc, name_or_path);
+  return hw::load_topology(name_or_path, overrides_arg(overrides));
 }
 
 }  // namespace

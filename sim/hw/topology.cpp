@@ -1,8 +1,10 @@
 // The topology loader: files -> resolved JSON (extends, set) -> validated Topology.
 //
-// Validation reads every object through a reader that remembers which keys it asked for; whatever
-// is left over is an unknown key, so a typo is never silently ignored. Every message names the
-// dotted path and what would be valid.
+// Validation reads every object through a reader bound to its node of the schema tree
+// (topology_schema.h): a key the node lacks is an unknown key, so a typo is never silently ignored.
+// The reader may ask only for keys its node has, and must ask for every key of the node that the
+// document has (std::logic_error otherwise), so the schema that apply_override walks is exactly what
+// is read. Every user error names the dotted path and what would be valid.
 #include "sim/hw/topology.h"
 
 #include <algorithm>
@@ -15,11 +17,13 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "sim/hw/errors.h"
 #include "sim/hw/format.h"
+#include "sim/hw/topology_schema.h"
 
 #ifndef CUBESIM_TOPOLOGY_DIR
 #define CUBESIM_TOPOLOGY_DIR "topologies"
@@ -122,6 +126,20 @@ std::string node_name(int node) {
 
 // ---------------------------------------------------------------- validation context and reader
 
+// The schema node at a dotted path ("network.links.*"); a path the schema lacks is a bug in this file.
+const SchemaNode& schema_at(std::string_view dotted) {
+  const SchemaNode* n = &topology_schema();
+  for (std::size_t start = 0; n;) {
+    const std::size_t dot = dotted.find('.', start);
+    const std::string_view key = dotted.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    n = key == "*" ? n->item() : n->field(key);
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  if (!n) throw std::logic_error(fmt::format("topology reader: the schema has no path '{}' (topology_schema.cpp)", dotted));
+  return *n;
+}
+
 struct Ctx {
   std::string name;
   std::string origin;
@@ -130,10 +148,11 @@ struct Ctx {
   }
 };
 
-// Reads one JSON object; finish() rejects the keys nobody asked for.
+// Reads one JSON object against its schema node; finish() rejects the keys the node does not have.
 class Obj {
  public:
-  Obj(const Ctx& ctx, const json& j, std::string path) : ctx_(ctx), j_(j), path_(std::move(path)) {
+  Obj(const Ctx& ctx, const SchemaNode& node, const json& j, std::string path)
+      : ctx_(ctx), node_(node), j_(j), path_(std::move(path)) {
     if (!j.is_object()) ctx.fail(path_, fmt::format("expected an object, got {} ({})", type_name(j), short_dump(j)));
   }
   const std::string& path() const { return path_; }
@@ -141,12 +160,32 @@ class Obj {
   std::string at(std::string_view key) const { return child(path_, key); }
   [[noreturn]] void fail(std::string_view key, const std::string& msg) const { ctx_.fail(at(key), msg); }
 
+  // The schema node of `key`; asking for a key the schema lacks is a bug in this file.
+  const SchemaNode& schema(std::string_view key) const {
+    const SchemaNode* n = node_.field(key);
+    if (!n) {
+      throw std::logic_error(fmt::format("topology reader: {} asks for '{}', which its schema node has not (keys: {}); "
+                                         "add it to topology_schema.cpp or stop reading it",
+                                         path_.empty() ? "the document" : path_, key, join(node_.keys())));
+    }
+    return *n;
+  }
+  // The object at `key` (required), read against its node.
+  Obj object(std::string_view key, std::string_view what) {
+    const SchemaNode& n = schema(key);
+    return Obj(ctx_, n, need(key, what), at(key));
+  }
+  // The object `v` (the value at `key`), read against its node.
+  Obj object_at(std::string_view key, const json& v) const { return Obj(ctx_, schema(key), v, at(key)); }
+
   bool has(std::string_view key) {
+    schema(key);
     known_.emplace(key);
     return j_.contains(key);
   }
   // The value at key, or nullptr when absent. Marks the key as known.
   const json* get(std::string_view key) {
+    schema(key);
     known_.emplace(key);
     auto it = j_.find(key);
     return it == j_.end() ? nullptr : &*it;
@@ -246,23 +285,32 @@ class Obj {
     if (!v->is_boolean()) fail(key, fmt::format("expected true or false, got {}", short_dump(*v)));
     return v->get<bool>();
   }
-  // Every key present must have been asked for ("_comment" is always allowed).
+  // Every key present must be in the schema node ("_comment" is always allowed), and the reader must
+  // have asked for it.
   void finish() const {
-    std::vector<std::string> valid(known_.begin(), known_.end());
+    const std::vector<std::string> valid = node_.keys();
     for (auto it = j_.begin(); it != j_.end(); ++it) {
-      if (it.key() == "_comment" || known_.count(it.key())) continue;
+      if (it.key() == "_comment" || node_.field(it.key())) continue;
       ctx_.fail(path_, fmt::format("unknown key '{}'{}; valid keys here: {}", it.key(), did_you_mean(it.key(), valid),
                                    join(valid)));
+    }
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (it.key() == "_comment" || known_.count(it.key())) continue;
+      throw std::logic_error(fmt::format("topology reader: {} has '{}', which the schema allows but the reader never "
+                                         "read; read it in topology.cpp or remove it from topology_schema.cpp",
+                                         path_.empty() ? "the document" : path_, it.key()));
     }
   }
   // A key that this object may not have in this configuration.
   void forbid(std::string_view key, const std::string& why) {
+    schema(key);
     if (j_.contains(key)) fail(key, why);
     known_.emplace(key);
   }
 
  private:
   const Ctx& ctx_;
+  const SchemaNode& node_;
   const json& j_;
   std::string path_;
   std::set<std::string, std::less<>> known_;
@@ -274,7 +322,7 @@ RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::u
   RateSpec r;
   r.clock_hz = default_clock;
   if (const json* c = o.get("clock_GHz")) r.clock_hz = o.as_clock("clock_GHz", *c);
-  Obj t(o.ctx(), o.need(table, fmt::format("{} per dtype, e.g. {{\"bf16\": 1024}}", unit)), o.at(table));
+  Obj t = o.object(table, fmt::format("{} per dtype, e.g. {{\"bf16\": 1024}}", unit));
   bool any = false;
   for (DType d : kAllDTypes) {
     const std::string key(dtype_name(d));
@@ -295,26 +343,24 @@ PeSpec read_pe(Obj o) {
   PeSpec pe;
   pe.clock_hz = o.clock_hz("clock_GHz", "PE clock");
   {
-    Obj t(o.ctx(), o.need("tcm", "the PE's tightly coupled memory"), o.at("tcm"));
+    Obj t = o.object("tcm", "the PE's tightly coupled memory");
     pe.tcm.capacity_bytes = t.capacity("TCM");
     pe.tcm.bandwidth = t.bandwidth("bandwidth_GBps", "TCM bandwidth");
     pe.tcm.latency = t.duration_ns("latency_ns", "TCM access latency");
     t.finish();
   }
   {
-    Obj d(o.ctx(), o.need("dma", "the PE's DMA engine"), o.at("dma"));
+    Obj d = o.object("dma", "the PE's DMA engine");
     pe.dma.read = d.bandwidth("read_GBps", "DMA read channel (into the TCM)");
     pe.dma.write = d.bandwidth("write_GBps", "DMA write channel (out of the TCM)");
     pe.dma.chunk_bytes = d.positive_int("chunk_bytes", "DMA chunk size in bytes", 1ull << 40);
     pe.dma.overhead = d.duration_ns("overhead_ns", "DMA per-request overhead");
     d.finish();
   }
-  pe.mac = read_rates(Obj(o.ctx(), o.need("mac", "the MAC array"), o.at("mac")), "macs_per_cycle", "MACs per cycle",
-                      pe.clock_hz);
-  pe.vector = read_rates(Obj(o.ctx(), o.need("vector", "the vector unit"), o.at("vector")), "ops_per_cycle",
-                         "ops per cycle", pe.clock_hz);
+  pe.mac = read_rates(o.object("mac", "the MAC array"), "macs_per_cycle", "MACs per cycle", pe.clock_hz);
+  pe.vector = read_rates(o.object("vector", "the vector unit"), "ops_per_cycle", "ops per cycle", pe.clock_hz);
   {
-    Obj t(o.ctx(), o.need("tile", "the GEMM tile {m, n, k} the PE runs"), o.at("tile"));
+    Obj t = o.object("tile", "the GEMM tile {m, n, k} the PE runs");
     pe.tile.m = static_cast<std::uint32_t>(t.positive_int("m", "tile rows", 1u << 20));
     pe.tile.n = static_cast<std::uint32_t>(t.positive_int("n", "tile columns", 1u << 20));
     pe.tile.k = static_cast<std::uint32_t>(t.positive_int("k", "tile depth", 1u << 20));
@@ -354,7 +400,7 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     }
   }
   {
-    Obj h(o.ctx(), o.need("hbm", "the cube's HBM"), o.at("hbm"));
+    Obj h = o.object("hbm", "the cube's HBM");
     c.hbm.capacity_bytes = h.capacity("HBM");
     c.hbm.bandwidth = h.bandwidth("bandwidth_GBps", "HBM bandwidth, all channels together");
     c.hbm.latency = h.duration_ns("latency_ns", "HBM read latency");
@@ -362,7 +408,7 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     c.hbm.interleave_bytes = h.positive_int("interleave_bytes", "bytes per channel before the next", 1ull << 40);
     h.finish();
   }
-  c.pe = read_pe(Obj(o.ctx(), o.need("pe", "the description shared by the cube's PEs"), o.at("pe")));
+  c.pe = read_pe(o.object("pe", "the description shared by the cube's PEs"));
   o.finish();
   if (c.clock_scale != 1.0) {
     auto scale = [&](std::uint64_t hz) { return static_cast<std::uint64_t>(std::llround(static_cast<double>(hz) * c.clock_scale)); };
@@ -436,7 +482,7 @@ void generate_grid(Topology& t, bool wrap) {
 }
 
 void read_network(const Ctx& ctx, const json& doc, Topology& t) {
-  Obj o(ctx, doc.at("network"), "network");
+  Obj o(ctx, schema_at("network"), doc.at("network"), "network");
   const std::string kind = o.string("kind", "none, ring, mesh, torus, full, switch or explicit");
   static const std::map<std::string, NetworkKind> kKinds = {
       {"none", NetworkKind::kNone},   {"ring", NetworkKind::kRing},     {"mesh", NetworkKind::kMesh},
@@ -456,7 +502,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
     if (!d.is_array() || d.empty() || d.size() > 8) o.fail("dims", fmt::format("expected 1 to 8 dimension sizes, got {}", short_dump(d)));
     std::uint64_t total = 1;
     for (std::size_t i = 0; i < d.size(); ++i) {
-      const std::uint64_t s = Obj(ctx, json::object(), o.at("dims")).as_positive_int(std::to_string(i), d[i], "cubes along this dimension", 1u << 16);
+      const std::uint64_t s = Obj(ctx, o.schema("dims"), json::object(), o.at("dims")).as_positive_int(std::to_string(i), d[i], "cubes along this dimension", 1u << 16);
       t.dims.push_back(static_cast<int>(s));
       total *= s;
       if (total > (1u << 20)) o.fail("dims", fmt::format("{} gives more than 2^20 cubes", short_dump(d)));
@@ -479,7 +525,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   const bool needs_link = t.network != NetworkKind::kNone && t.network != NetworkKind::kExplicit;
   if (const json* l = o.get("link")) {
     if (t.network == NetworkKind::kNone) o.fail("link", "a network of kind 'none' has no links; remove it or pick a kind");
-    Obj lo(ctx, *l, o.at("link"));
+    Obj lo = o.object_at("link", *l);
     link = read_link_figures(lo, nullptr);
     lo.finish();
   } else if (needs_link) {
@@ -487,7 +533,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
                                     "link of the {} network)", kind));
   }
   if (t.network == NetworkKind::kSwitch) {
-    Obj s(ctx, o.need("switch", "the switch: {\"latency_ns\": ...}"), o.at("switch"));
+    Obj s = o.object("switch", "the switch: {\"latency_ns\": ...}");
     t.switch_latency = s.duration_ns("latency_ns", "latency through the switch");
     s.finish();
   } else {
@@ -537,7 +583,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
       }
       std::map<std::pair<int, int>, std::size_t> seen;
       for (std::size_t i = 0; i < ls.size(); ++i) {
-        Obj e(ctx, ls[i], child("network.links", i));
+        Obj e(ctx, schema_at("network.links.*"), ls[i], child("network.links", i));
         const int from = read_node(e, "from", e.need("from", "cube id"), n, false);
         const int to = read_node(e, "to", e.need("to", "cube id"), n, false);
         if (from == to) ctx.fail(e.path(), fmt::format("a link from cube {} to itself is not valid", from));
@@ -602,17 +648,17 @@ void check_connected(const Ctx& ctx, const Topology& t) {
 void read_host(const Ctx& ctx, const json& doc, Topology& t) {
   auto it = doc.find("host");
   if (it == doc.end()) return;
-  Obj o(ctx, *it, "host");
+  Obj o(ctx, schema_at("host"), *it, "host");
   t.host.present = true;
   {
-    Obj m(ctx, o.need("memory", "host memory"), o.at("memory"));
+    Obj m = o.object("memory", "host memory");
     t.host.capacity_bytes = m.capacity("host memory");
     t.host.bandwidth = m.bandwidth("bandwidth_GBps", "host memory bandwidth");
     t.host.latency = m.duration_ns("latency_ns", "host memory read latency");
     m.finish();
   }
   {
-    Obj l(ctx, o.need("link", "each cube's host link (PCIe-like)"), o.at("link"));
+    Obj l = o.object("link", "each cube's host link (PCIe-like)");
     t.host.link = read_link_figures(l, nullptr);
     l.finish();
   }
@@ -629,7 +675,7 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
   if (!it->is_array()) ctx.fail("link_overrides", fmt::format("expected a list of {{\"from\", \"to\", ...}}, got {}", short_dump(*it)));
   const int n = static_cast<int>(t.cubes.size());
   for (std::size_t i = 0; i < it->size(); ++i) {
-    Obj e(ctx, (*it)[i], child("link_overrides", i));
+    Obj e(ctx, schema_at("link_overrides.*"), (*it)[i], child("link_overrides", i));
     const int from = read_node(e, "from", e.need("from", "cube id, \"host\" or \"switch\""), n, true);
     const int to = read_node(e, "to", e.need("to", "cube id, \"host\" or \"switch\""), n, true);
     const bool both = e.opt_bool("both_directions", false);
@@ -821,51 +867,6 @@ void resolve_into(json& doc, const fs::path& dir, std::vector<std::string>& chai
 
 // ---------------------------------------------------------------- override paths
 
-// The schema's paths, for apply_override: "*" matches an index or (under "cubes") a cube's fields.
-const std::set<std::string>& schema_paths() {
-  static const std::set<std::string> paths = [] {
-    std::set<std::string> s = {"name", "description", "sources", "sources.*", "cube", "cubes", "network", "host",
-                               "link_overrides"};
-    const std::vector<std::string> caps = {"capacity_bytes", "capacity_KiB", "capacity_MiB", "capacity_GiB", "capacity_TiB", "capacity_GB"};
-    std::vector<std::string> cube = {"pes", "clock_scale", "hbm", "hbm.bandwidth_GBps", "hbm.latency_ns", "hbm.channels",
-                                     "hbm.interleave_bytes", "pe", "pe.clock_GHz", "pe.tcm", "pe.tcm.bandwidth_GBps",
-                                     "pe.tcm.latency_ns", "pe.dma", "pe.dma.read_GBps", "pe.dma.write_GBps",
-                                     "pe.dma.chunk_bytes", "pe.dma.overhead_ns", "pe.mac", "pe.mac.clock_GHz",
-                                     "pe.mac.macs_per_cycle", "pe.vector", "pe.vector.clock_GHz", "pe.vector.ops_per_cycle",
-                                     "pe.tile", "pe.tile.m", "pe.tile.n", "pe.tile.k"};
-    for (const std::string& c : caps) {
-      cube.push_back("hbm." + c);
-      cube.push_back("pe.tcm." + c);
-      s.insert("host.memory." + c);
-    }
-    for (DType d : kAllDTypes) {
-      cube.push_back(fmt::format("pe.mac.macs_per_cycle.{}", dtype_name(d)));
-      cube.push_back(fmt::format("pe.vector.ops_per_cycle.{}", dtype_name(d)));
-    }
-    for (const std::string& c : cube) {
-      s.insert("cube." + c);
-      s.insert("cubes.*." + c);
-    }
-    s.insert("cubes.*");
-    s.insert("cubes.*.id");
-    for (const char* p : {"network.kind", "network.dims", "network.dims.*", "network.chunk_bytes", "network.link",
-                          "network.link.bandwidth_GBps", "network.link.latency_ns", "network.link.overhead_ns",
-                          "network.switch", "network.switch.latency_ns", "network.links", "network.links.*",
-                          "network.links.*.from", "network.links.*.to", "network.links.*.bidirectional",
-                          "network.links.*.bandwidth_GBps", "network.links.*.latency_ns", "network.links.*.overhead_ns",
-                          "host.memory", "host.memory.bandwidth_GBps", "host.memory.latency_ns", "host.link",
-                          "host.link.bandwidth_GBps", "host.link.latency_ns", "host.link.overhead_ns",
-                          "link_overrides.*", "link_overrides.*.from", "link_overrides.*.to",
-                          "link_overrides.*.both_directions", "link_overrides.*.bandwidth_GBps",
-                          "link_overrides.*.latency_ns", "link_overrides.*.overhead_ns",
-                          "link_overrides.*.bandwidth_scale"}) {
-      s.insert(p);
-    }
-    return s;
-  }();
-  return paths;
-}
-
 bool is_index(std::string_view s) {
   return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
@@ -897,6 +898,13 @@ Topology load_topology(const std::string& name_or_path) {
   return topology_from_json(load_resolved(p, chain), p.string());
 }
 
+Topology load_topology(const std::string& name_or_path, const std::vector<std::pair<std::string, json>>& overrides) {
+  if (overrides.empty()) return load_topology(name_or_path);
+  json doc = load_topology_json(name_or_path);
+  for (const auto& [path, value] : overrides) apply_override(doc, path, value);
+  return topology_from_json(doc, name_or_path);
+}
+
 void apply_override(json& doc, std::string_view dotted_path, const json& value) {
   std::vector<std::string> seg;
   for (std::size_t start = 0;;) {
@@ -910,8 +918,11 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     if (s.empty()) throw TopologyError(fmt::format("override path '{}': empty component; write fields as a.b.c", full));
   }
   if (!doc.is_object()) throw TopologyError(fmt::format("override path '{}': the document is not an object", full));
-  // The schema path of the prefix walked so far (indexes become "*").
-  std::string schema;
+  // The schema node of the prefix walked so far; null once the path follows a key the document has
+  // but the schema does not (such a key is the reader's to reject, and nothing below it is known).
+  const SchemaNode* const root = &topology_schema();
+  const SchemaNode* const cubes_node = root->field("cubes");
+  const SchemaNode* schema = root;
   json* cur = &doc;
   std::string walked;
   for (std::size_t i = 0; i < seg.size(); ++i) {
@@ -919,20 +930,21 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     const bool last = i + 1 == seg.size();
     // A per-cube path on a document whose cube count is implicit (mesh/torus dims) or a number:
     // make the count explicit, then turn it into per-cube override objects.
-    if (schema.empty() && s == "cubes" && !cur->contains("cubes") && i + 1 < seg.size() && is_index(seg[i + 1])) {
+    if (schema == root && s == "cubes" && !cur->contains("cubes") && i + 1 < seg.size() && is_index(seg[i + 1])) {
       std::int64_t n = 1;
       if (cur->contains("network") && (*cur)["network"].contains("dims") && (*cur)["network"]["dims"].is_array()) {
         for (const json& d : (*cur)["network"]["dims"]) n *= d.is_number_integer() ? d.get<std::int64_t>() : 1;
       }
       (*cur)["cubes"] = n;
     }
-    if (schema == "cubes" && cur->is_number_integer() && is_index(s)) {
+    if (schema == cubes_node && cur->is_number_integer() && is_index(s)) {
       const std::int64_t n = cur->get<std::int64_t>();
       json arr = json::array();
       for (std::int64_t c = 0; c < n; ++c) arr.push_back(json{{"id", c}});
       *cur = std::move(arr);
     }
-    const std::string next_schema = child(schema, cur->is_array() && is_index(s) ? std::string("*") : s);
+    const bool entry = cur->is_array() && is_index(s);
+    const SchemaNode* next_schema = !schema ? nullptr : entry ? schema->item() : schema->field(s);
     if (cur->is_array()) {
       if (!is_index(s)) {
         throw TopologyError(fmt::format("override path '{}': {} is a list; '{}' is not an index (0..{})", full, walked, s,
@@ -946,15 +958,11 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
       cur = &(*cur)[idx];
     } else if (cur->is_object()) {
       if (!cur->contains(s)) {
-        if (!schema_paths().count(next_schema)) {
+        if (!next_schema) {
           std::vector<std::string> keys;
           for (auto it = cur->begin(); it != cur->end(); ++it) keys.push_back(it.key());
-          for (const std::string& p : schema_paths()) {
-            const std::string prefix = schema.empty() ? "" : schema + ".";
-            if (p.rfind(prefix, 0) == 0 && p.find('.', prefix.size()) == std::string::npos && p.size() > prefix.size()) {
-              const std::string k = p.substr(prefix.size());
-              if (k != "*" && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
-            }
+          for (const std::string& k : schema ? schema->keys() : std::vector<std::string>{}) {
+            if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
           }
           std::sort(keys.begin(), keys.end());
           throw TopologyError(fmt::format("override path '{}': {} has no field '{}'{}; fields there: {}", full,
@@ -984,7 +992,7 @@ Topology topology_from_json(const json& input, const std::string& origin) {
   if (!doc.is_object()) ctx.fail("", fmt::format("expected a JSON object, got {}", type_name(doc)));
   Topology t;
   t.origin = origin;
-  Obj top(ctx, doc, "");
+  Obj top(ctx, topology_schema(), doc, "");
   t.name = top.has("name") ? top.string("name", "the topology's name") : std::string("unnamed");
   ctx.name = t.name;
   if (top.has("description")) t.description = top.string("description", "what this system is");
@@ -1027,7 +1035,7 @@ Topology topology_from_json(const json& input, const std::string& origin) {
       where[id] = path;
       json merged = tmpl ? *tmpl : json::object();
       merged.merge_patch(e);
-      CubeSpec c = read_cube(Obj(ctx, merged, path), true);
+      CubeSpec c = read_cube(Obj(ctx, schema_at("cubes.*"), merged, path), true);
       c.id = static_cast<int>(id);
       t.cubes[id] = c;
     }
@@ -1035,13 +1043,13 @@ Topology topology_from_json(const json& input, const std::string& origin) {
     if (!tmpl) ctx.fail("", "missing required field 'cube' (the description every cube shares)");
     std::uint64_t n = 1;
     if (cubes) {
-      n = Obj(ctx, doc, "").as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
+      n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
     } else if (grid) {
       n = 0;  // from dims, below
     } else if (!(net->is_object() && net->contains("kind") && (*net)["kind"] == "none")) {
       ctx.fail("", "missing required field 'cubes' (how many cubes share the 'cube' template)");
     }
-    const CubeSpec c = read_cube(Obj(ctx, *tmpl, "cube"), false);
+    const CubeSpec c = read_cube(top.object_at("cube", *tmpl), false);
     if (n == 0) {
       std::uint64_t prod = 1;
       if (net->contains("dims") && (*net)["dims"].is_array()) {

@@ -6,6 +6,7 @@
 // see topologies/README.md for the schema.
 //
 //   Topology t = load_topology("mesh4x4");                // a shipped name, or a path to a .json
+//   Topology s = load_topology("ring4", {{"network.link.bandwidth_GBps", 64}});  // with overrides
 //   nlohmann::json doc = load_topology_json("mesh4x4");   // the resolved document, for sweeps:
 //   apply_override(doc, "cube.hbm.bandwidth_GBps", 4096);
 //   apply_override(doc, "cubes.3.clock_scale", 0.8);     // one straggler cube
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -135,14 +137,20 @@ std::vector<std::string> list_topologies();
 
 // Loads, resolves and validates. `name_or_path` is a shipped name ("mesh4x4") or a path to a file.
 Topology load_topology(const std::string& name_or_path);
+// The same with dotted-path overrides (apply_override, in order) applied before validation: the one
+// way a topology is loaded with changes (sweeps, `cubesim run --set`, Python's load_topology). An
+// error names the override path or the JSON path. `origin` is the file without overrides, else
+// name_or_path.
+Topology load_topology(const std::string& name_or_path,
+                       const std::vector<std::pair<std::string, nlohmann::json>>& overrides);
 // Loads and resolves ("extends" merged, "set" applied) without validating the figures.
 nlohmann::json load_topology_json(const std::string& name_or_path);
 // Validates a resolved document and builds the topology. `origin` names it in messages.
 Topology topology_from_json(const nlohmann::json& doc, const std::string& origin = "<json>");
 
 // Sets the field at a dotted path ("cube.hbm.bandwidth_GBps", "network.dims.0", "cubes.3.clock_scale").
-// The path must name a field the schema has; a typo is an error naming the path and the keys that
-// exist there. "cubes.<i>.<field>" on a document whose "cubes" is a count turns it into a list of
+// The path must name a field the schema has (topology_schema.h); a typo is an error naming the path and
+// the keys that exist there. "cubes.<i>.<field>" on a document whose "cubes" is a count turns it into a list of
 // per-cube overrides first, so one cube can differ from the template.
 void apply_override(nlohmann::json& doc, std::string_view dotted_path, const nlohmann::json& value);
 

@@ -63,6 +63,59 @@ def test_context_errors_name_the_input():
         cs.Context("host", world_size=2, algorithm="spiral")
 
 
+def test_context_from_a_topology_object_runs_as_from_its_name(rng):
+    xs = [rng.standard_normal(4096).astype(np.float32) for _ in range(4)]
+    for overrides in (None, {"network.link.bandwidth_GBps": 32, "cubes.2.clock_scale": 0.5}):
+        topo = cs.load_topology("ring4", overrides=overrides)
+        by_name = cs.Context("sim", topology="ring4", overrides=overrides)
+        by_object = cs.Context("sim", topology=topo)
+        assert isinstance(by_object.topology, cs.Topology)
+        assert by_object.topology.doc == by_name.topology.doc == topo.doc
+        assert by_object.world_size == by_name.world_size == 4
+        a = by_name.run_collective("all_reduce", xs, dtype="bf16", bits=True)
+        b = by_object.run_collective("all_reduce", xs, dtype="bf16", bits=True)
+        assert a.report.sim_time_ps == b.report.sim_time_ps > 0
+        assert (a.report.events, a.report.event_hash) == (b.report.events, b.report.event_hash)
+        for r in range(4):
+            np.testing.assert_array_equal(a.outputs[r], b.outputs[r])
+        kw = dict(tp=4, tokens=64, hidden=256, ffn=512)
+        m = cs.tp.run_mlp(cs.Context("sim", topology="ring4", overrides=overrides, timing_only=True), **kw)
+        n = cs.tp.run_mlp(cs.Context("sim", topology=topo, timing_only=True), **kw)
+        assert m.sim_time_ps == n.sim_time_ps > 0 and m.event_hash == n.event_hash
+
+
+def test_context_topology_object_takes_no_overrides():
+    topo = cs.load_topology("ring4")
+    with pytest.raises(ValueError, match=r"Topology object.*pass the overrides to load_topology"):
+        cs.Context("sim", topology=topo, overrides={"network.link.bandwidth_GBps": 32})
+    with pytest.raises(ValueError, match="load_topology"):
+        cs.Context("sim", topology=topo, overrides={})
+    with pytest.raises(TypeError, match="topology must be a name, a path or a Topology, not int"):
+        cs.Context("sim", topology=4)
+
+
+def test_context_override_errors_name_the_override_path():
+    with pytest.raises(cs.TopologyError, match=r"override path 'network\.link\.bandwdith_GBps'.*did you mean"):
+        cs.Context("sim", topology="ring4", overrides={"network.link.bandwdith_GBps": 32})
+    with pytest.raises(cs.TopologyError, match=r"network\.link\.bandwidth_GBps: 0 is not valid"):
+        cs.Context("sim", topology="ring4", overrides={"network.link.bandwidth_GBps": 0})
+
+
+def test_cli_run_hands_its_loaded_topology_to_the_context(monkeypatch, capsys):
+    from cubesim import cli
+
+    loads, topologies = [], []
+    real_load, real_context = cs.load_topology, cs.Context
+    monkeypatch.setattr(cs, "load_topology", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(cs, "Context", lambda *a, **k: topologies.append(k.get("topology")) or real_context(*a, **k))
+    rc = cli.main(["run", "--topology", "ring4", "--tp", "2", "--timing-only", "--set", "network.link.bandwidth_GBps=16",
+                   "--tokens", "8", "--hidden", "32", "--ffn", "64", "--no-hardware-stats"])
+    capsys.readouterr()
+    assert rc == 0 and len(loads) == 1
+    assert len(topologies) == 1 and isinstance(topologies[0], cs.Topology)
+    assert topologies[0].links[0]["bandwidth_GBps"] == 16
+
+
 def test_cuda_backend_availability_is_reported():
     b = cs.backends()
     assert b["sim"] and b["host"]

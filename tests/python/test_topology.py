@@ -62,6 +62,15 @@ def test_unknown_override_path_names_the_path_and_suggests():
         cs.load_topology("single_cube", overrides={"cube.hbm.bandwdth_GBps": 1})
 
 
+def test_load_with_overrides_errors_name_the_override_path():
+    with pytest.raises(cs.TopologyError, match=r"override path 'cubes\.16\.clock_scale'.*cubes has 16 entries"):
+        cs.load_topology("mesh4x4", overrides={"cubes.16.clock_scale": 0.5})
+    with pytest.raises(cs.TopologyError, match=r"\(ring4\): network\.link\.bandwidth_GBps: 0 is not valid"):
+        cs.load_topology("ring4", overrides={"network.link.bandwidth_GBps": 0})
+    with pytest.raises(cs.TopologyError, match=r"override path 'cube\.id': cube has no field 'id'.*fields there"):
+        cs.load_topology("ring4", overrides={"cube.id": 1})
+
+
 def test_invalid_values_name_the_json_path():
     doc = cs.apply_override(cs.load_topology_json("single_cube"), "network.chunk_bytes", 0)
     with pytest.raises(cs.TopologyError) as e:

@@ -6,6 +6,7 @@
 #include "collective_harness.h"
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
 
 namespace cubesim::rt::testing {
 namespace {
@@ -15,11 +16,7 @@ Factory sim_on(std::string topo, bool timing_only = false) {
     ContextOptions o;
     o.world_size = ranks;
     o.stack_size = 64 * 1024;
-    SimBackendOptions so;
-    so.topology = topo;
-    so.timing_only = timing_only;
-    so.check_uninitialized = true;
-    return make_sim_context(o, so);
+    return make_sim_context(o, hw::load_topology(topo), {.timing_only = timing_only, .check_uninitialized = true});
   };
 }
 
@@ -85,12 +82,9 @@ TEST(SimTiming, SameInputSameTimeAndTrace) {
 TEST(SimErrors, OutOfHbmNamesTheAllocationAndStatistics) {
   ContextOptions o;
   o.world_size = 1;
-  SimBackendOptions so;
-  so.topology = "single_cube";
-  so.overrides = {{"cube.hbm.capacity_GiB", 0.001}};
   std::unique_ptr<Context> ctx;
   try {
-    ctx = make_sim_context(o, so);
+    ctx = make_sim_context(o, hw::load_topology("single_cube", {{"cube.hbm.capacity_GiB", 0.001}}));
   } catch (const std::exception& e) {
     GTEST_SKIP() << "override path differs in this topology schema: " << e.what();
   }

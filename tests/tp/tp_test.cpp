@@ -8,6 +8,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
 #include "tp/equivalence.h"
 #include "tp/parallel_state.h"
 
@@ -32,10 +33,7 @@ std::unique_ptr<rt::Context> make(bool sim, int world) {
   o.world_size = world;
   o.stack_size = 128 * 1024;
   if (!sim) return std::make_unique<rt::Context>(o);
-  rt::SimBackendOptions so;
-  so.topology = "mesh4x4";
-  so.check_uninitialized = true;
-  return rt::make_sim_context(o, so);
+  return rt::make_sim_context(o, hw::load_topology("mesh4x4"), {.check_uninitialized = true});
 }
 
 class TpMlp : public ::testing::TestWithParam<Case> {};

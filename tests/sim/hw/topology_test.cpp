@@ -1,15 +1,19 @@
 // The topology loader: shipped files, extends/set, dotted overrides, and every validator error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "sim/hw/errors.h"
 #include "sim/hw/topology.h"
+#include "sim/hw/topology_schema.h"
 #include "test_util.h"
 
 namespace cubesim::hw {
@@ -296,6 +300,208 @@ TEST(Topology, FileErrorsNameTheFile) {
   expect_error_contains([&] { load_topology((d.path / "nope.json").string()); }, {"nope.json", "does not exist"});
   const std::string arr = d.write("arr.json", "[1, 2]");
   expect_error_contains([&] { load_topology(arr); }, {"expected a JSON object at the top"});
+}
+
+
+// ---- one schema: the tree apply_override walks is the tree the loader reads by
+
+// The schema path of every key in `j` ("cubes.*.pe.clock_GHz"), "_comment" left out.
+void key_paths(const json& j, const std::string& path, std::set<std::string>& out) {
+  auto visit = [&](const std::string& key, const json& v) {
+    const std::string p = path.empty() ? key : path + "." + key;
+    out.insert(p);
+    key_paths(v, p, out);
+  };
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() != "_comment") visit(it.key(), it.value());
+    }
+  } else if (j.is_array()) {
+    for (const json& e : j) visit("*", e);
+  }
+}
+
+std::set<std::string> all_schema_paths() {
+  const std::vector<std::string> v = schema_paths();
+  return {v.begin(), v.end()};
+}
+
+TEST(TopologySchema, EveryKeyOfAShippedDocumentIsASchemaPath) {
+  const std::set<std::string> schema = all_schema_paths();
+  EXPECT_EQ(schema.size(), schema_paths().size()) << "a path is listed twice";
+  for (const std::string& n : list_topologies()) {
+    SCOPED_TRACE(n);
+    for (const json& doc : {load_topology_json(n), load_topology(n).doc}) {
+      std::set<std::string> keys;
+      key_paths(doc, "", keys);
+      for (const std::string& k : keys) EXPECT_TRUE(schema.count(k)) << k;
+    }
+  }
+}
+
+// A path of the schema with "*" as index 0, or "" when a list on the way is absent from `doc` (only
+// "cubes" is made on the way: a count becomes per-cube entries).
+std::string concrete_path(const std::string& schema_path, const json& doc) {
+  std::string out, ptr;
+  const json* cur = &doc;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = schema_path.find('.', start);
+    std::string seg = schema_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (seg == "*") {
+      if (out != "cubes" && !(cur && cur->is_array() && !cur->empty())) return "";
+      seg = "0";
+    }
+    out = out.empty() ? seg : out + "." + seg;
+    ptr += "/" + seg;
+    cur = doc.contains(json::json_pointer(ptr)) ? &doc.at(json::json_pointer(ptr)) : nullptr;
+    if (dot == std::string::npos) return out;
+    start = dot + 1;
+  }
+}
+
+TEST(TopologySchema, ApplyOverrideAcceptsEverySchemaLeafOfAShippedDocument) {
+  std::vector<std::string> leaves;
+  for (const std::string& p : schema_paths()) {
+    const SchemaNode* n = &topology_schema();
+    for (std::size_t start = 0;;) {
+      const std::size_t dot = p.find('.', start);
+      const std::string seg = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      n = seg == "*" ? n->item() : n->field(seg);
+      ASSERT_NE(n, nullptr) << p;
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    if (n->is_leaf()) leaves.push_back(p);
+  }
+  EXPECT_GT(leaves.size(), 100u);
+  for (const std::string& name : list_topologies()) {
+    SCOPED_TRACE(name);
+    const json doc = load_topology_json(name);
+    int applied = 0;
+    for (const std::string& leaf : leaves) {
+      const std::string path = concrete_path(leaf, doc);
+      if (path.empty()) continue;
+      std::string ptr = "/" + path;
+      std::replace(ptr.begin(), ptr.end(), '.', '/');
+      const bool present = doc.contains(json::json_pointer(ptr));
+      json d = doc;
+      EXPECT_NO_THROW(apply_override(d, path, present ? doc.at(json::json_pointer(ptr)) : json(1))) << path;
+      // Setting a field to the value it has changes nothing (a per-cube path makes per-cube entries).
+      if (present && !leaf.starts_with("cubes.")) {
+        EXPECT_EQ(d, doc) << path;
+      }
+      ++applied;
+    }
+    EXPECT_GT(applied, 60) << "most leaves apply to every shipped document";
+  }
+}
+
+// Documents that between them have every key of the schema; each must load. The loader checks on
+// every object that it read each key the document has and asked only for keys the schema has
+// (std::logic_error otherwise), so loading these shows the reader reads the whole schema.
+std::vector<json> documents_with_every_schema_key() {
+  json full = small_doc();
+  full["_comment"] = "every optional key";
+  full["cube"]["clock_scale"] = 1.0;
+  full["cube"]["pe"]["mac"]["clock_GHz"] = 1.0;
+  full["cube"]["pe"]["mac"]["macs_per_cycle"]["f16"] = 1024;
+  full["cube"]["pe"]["vector"]["clock_GHz"] = 1.0;
+  full["cube"]["pe"]["vector"]["ops_per_cycle"]["bf16"] = 64;
+  full["cube"]["pe"]["vector"]["ops_per_cycle"]["f16"] = 64;
+  full["host"] = json::parse(R"({"memory": {"capacity_GiB": 1, "bandwidth_GBps": 10, "latency_ns": 100},
+                                 "link": {"bandwidth_GBps": 16, "latency_ns": 500, "overhead_ns": 100}})");
+  full["link_overrides"] = json::parse(R"([
+      {"from": 0, "to": 1, "both_directions": true, "bandwidth_GBps": 50, "latency_ns": 30, "overhead_ns": 6},
+      {"from": "host", "to": 2, "bandwidth_scale": 0.5}])");
+  std::vector<json> docs;
+  // Every capacity unit, in the template and in a per-cube entry.
+  const std::vector<std::pair<std::string, double>> units = {{"capacity_bytes", 1 << 20}, {"capacity_KiB", 1024},
+                                                             {"capacity_MiB", 1}, {"capacity_GiB", 1},
+                                                             {"capacity_TiB", 1}, {"capacity_GB", 1}};
+  for (const auto& [unit, amount] : units) {
+    json d = full;
+    for (const char* mem : {"/cube/hbm", "/cube/pe/tcm", "/host/memory"}) {
+      json& m = d[json::json_pointer(mem)];
+      for (const auto& u : units) m.erase(u.first);
+      m[unit] = amount;
+    }
+    json one = d["cube"];
+    one["id"] = 1;
+    d["cubes"] = json::array({{{"id", 0}}, one, {{"id", 2}, {"_comment", "as the template"}}, {{"id", 3}}});
+    docs.push_back(d);
+  }
+  json mesh = full;
+  mesh["network"] = json::parse(R"({"kind": "mesh", "dims": [2, 2], "chunk_bytes": 4096,
+                                    "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
+  docs.push_back(mesh);
+  json sw = full;
+  sw["network"] = json::parse(R"({"kind": "switch", "chunk_bytes": 4096, "switch": {"latency_ns": 3},
+                                  "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
+  sw["link_overrides"] = json::parse(R"([{"from": 0, "to": "switch", "bandwidth_scale": 0.5}])");
+  docs.push_back(sw);
+  json ex = full;
+  ex["network"] = json::parse(R"({"kind": "explicit", "chunk_bytes": 4096,
+      "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1},
+      "links": [{"from": 0, "to": 1, "bidirectional": true, "bandwidth_GBps": 5, "latency_ns": 2, "overhead_ns": 3},
+                {"from": 1, "to": 2}, {"from": 2, "to": 3}, {"from": 3, "to": 0}]})");
+  docs.push_back(ex);
+  return docs;
+}
+
+TEST(TopologySchema, TheLoaderReadsEveryKeyOfTheSchema) {
+  std::set<std::string> seen;
+  for (const json& d : documents_with_every_schema_key()) {
+    EXPECT_NO_THROW(topology_from_json(d, "coverage")) << d.dump();
+    key_paths(d, "", seen);
+  }
+  const std::set<std::string> schema = all_schema_paths();
+  for (const std::string& p : schema) EXPECT_TRUE(seen.count(p)) << "no document here has " << p;
+  for (const std::string& p : seen) EXPECT_TRUE(schema.count(p)) << p << " is not in the schema";
+}
+
+TEST(TopologySchema, UnknownKeysListTheSchemaNodesKeys) {
+  json doc = small_doc();
+  doc["cubes"] = json::array({{{"id", 0}, {"pess", 3}}, {{"id", 1}}, {{"id", 2}}, {{"id", 3}}});
+  // A per-cube entry has the cube's fields and its id; the template has no id.
+  expect_error_contains([&] { topology_from_json(doc, "t"); },
+                        {"cubes.0: unknown key 'pess' (did you mean 'pes'?); valid keys here: clock_scale, hbm, id, pe, pes"});
+  json tmpl = small_doc();
+  tmpl["cube"]["id"] = 0;
+  expect_error_contains([&] { topology_from_json(tmpl, "t"); },
+                        {"cube: unknown key 'id'", "valid keys here: clock_scale, hbm, pe, pes"});
+  EXPECT_EQ(topology_schema().field("cube")->keys(), (std::vector<std::string>{"clock_scale", "hbm", "pe", "pes"}));
+  EXPECT_EQ(topology_schema().field("cubes")->item()->keys(),
+            (std::vector<std::string>{"clock_scale", "hbm", "id", "pe", "pes"}));
+}
+
+TEST(Topology, LoadWithOverridesIsLoadThenApplyThenValidate) {
+  const std::vector<std::pair<std::string, json>> ov = {{"network.link.bandwidth_GBps", 64}, {"cubes.2.clock_scale", 0.5}};
+  const Topology t = load_topology("ring4", ov);
+  json doc = load_topology_json("ring4");
+  for (const auto& [path, value] : ov) apply_override(doc, path, value);
+  const Topology u = topology_from_json(doc, "ring4");
+  EXPECT_EQ(t.doc, u.doc);
+  EXPECT_EQ(t.origin, "ring4");
+  EXPECT_EQ(t.links[0].figures.bandwidth, sim::Bandwidth::GBps(64));
+  EXPECT_EQ(t.cubes[2].clock_scale, 0.5);
+  EXPECT_EQ(t.cubes[2].pe.clock_hz, load_topology("ring4").cubes[2].pe.clock_hz / 2);
+  // Without overrides it is load_topology: the origin is the file.
+  const Topology plain = load_topology("ring4", {});
+  EXPECT_EQ(plain.doc, load_topology("ring4").doc);
+  EXPECT_EQ(plain.origin, load_topology("ring4").origin);
+}
+
+TEST(Topology, LoadWithOverridesErrorsNameTheOverridePath) {
+  expect_error_contains([] { load_topology("ring4", {{"network.link.bandwdith_GBps", 64}}); },
+                        {"override path 'network.link.bandwdith_GBps'", "network.link has no field 'bandwdith_GBps'",
+                         "did you mean 'bandwidth_GBps'?", "fields there: bandwidth_GBps, latency_ns, overhead_ns"});
+  expect_error_contains([] { load_topology("ring4", {{"network.link.bandwidth_GBps", 0}}); },
+                        {"topology 'ring4' (ring4): network.link.bandwidth_GBps: 0 is not valid"});
+  expect_error_contains([] { load_topology("mesh4x4", {{"cubes.16.clock_scale", 0.5}}); },
+                        {"override path 'cubes.16.clock_scale'", "index 16 is out of range: cubes has 16 entries"});
+  expect_error_contains([] { load_topology("ring4", {{"cube.id", 1}}); },
+                        {"override path 'cube.id'", "cube has no field 'id'"});
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// The topology schema tree. The loader (topology.cpp) checks on every read that it asks only for keys
+// written here and that it read every key a document has, so an entry added here without a reader
+// (or the reverse) fails on the first document that uses it.
+#include "sim/hw/topology_schema.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "base/dtype.h"
+
+namespace cubesim::hw {
+
+const SchemaNode* SchemaNode::field(std::string_view name) const {
+  for (const SchemaNode& f : fields) {
+    if (f.key == name) return &f;
+  }
+  return nullptr;
+}
+
+const SchemaNode* SchemaNode::item() const { return items.empty() ? nullptr : &items.front(); }
+
+std::vector<std::string> SchemaNode::keys() const {
+  std::vector<std::string> k;
+  for (const SchemaNode& f : fields) k.push_back(f.key);
+  std::sort(k.begin(), k.end());
+  return k;
+}
+
+namespace {
+
+using Fields = std::vector<SchemaNode>;
+
+SchemaNode leaf(std::string key, std::string description) {
+  return SchemaNode{.key = std::move(key), .description = std::move(description), .fields = {}, .items = {}};
+}
+SchemaNode object(std::string key, std::string description, Fields fields) {
+  return SchemaNode{.key = std::move(key), .description = std::move(description), .fields = std::move(fields), .items = {}};
+}
+// `item` is keyed "*", as list entries are written in paths.
+SchemaNode list(std::string key, std::string description, SchemaNode item) {
+  return SchemaNode{.key = std::move(key), .description = std::move(description), .fields = {}, .items = {std::move(item)}};
+}
+Fields concat(Fields a, const Fields& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A memory's size: exactly one of these.
+Fields capacity(std::string_view what) {
+  Fields f;
+  for (const char* unit : {"bytes", "KiB", "MiB", "GiB", "TiB", "GB"}) {
+    f.push_back(leaf(fmt::format("capacity_{}", unit), fmt::format("{} capacity in {} (give one capacity field)", what, unit)));
+  }
+  return f;
+}
+
+Fields link_figures(std::string_view which) {
+  return {leaf("bandwidth_GBps", fmt::format("{}: bandwidth per direction, GB/s", which)),
+          leaf("latency_ns", fmt::format("{}: wire latency per hop, ns", which)),
+          leaf("overhead_ns", fmt::format("{}: port overhead per hop, ns", which))};
+}
+
+SchemaNode rates(std::string key, std::string description, std::string table, std::string_view unit) {
+  Fields per_dtype;
+  for (DType d : kAllDTypes) {
+    per_dtype.push_back(leaf(std::string(dtype_name(d)), fmt::format("{} in {} (leave out if unsupported)", unit, dtype_name(d))));
+  }
+  return object(std::move(key), std::move(description),
+                {leaf("clock_GHz", "the unit's clock, GHz (default: the PE clock)"),
+                 object(std::move(table), fmt::format("{} per dtype", unit), std::move(per_dtype))});
+}
+
+Fields cube_fields() {
+  return {
+      leaf("pes", "number of PEs"),
+      leaf("clock_scale", "factor on every clock of the cube (0.8 = a cube at 80% clock)"),
+      object("hbm", "the cube's HBM",
+             concat(capacity("HBM"), {leaf("bandwidth_GBps", "HBM bandwidth, all channels together, GB/s"),
+                                      leaf("latency_ns", "HBM read latency, ns"),
+                                      leaf("channels", "independent HBM channels"),
+                                      leaf("interleave_bytes", "bytes per channel before the next")})),
+      object("pe", "the description shared by the cube's PEs",
+             {leaf("clock_GHz", "PE clock, GHz"),
+              object("tcm", "the PE's tightly coupled memory",
+                     concat(capacity("TCM"), {leaf("bandwidth_GBps", "TCM bandwidth, GB/s"),
+                                              leaf("latency_ns", "TCM access latency, ns")})),
+              object("dma", "the PE's DMA engine",
+                     {leaf("read_GBps", "DMA read channel (into the TCM), GB/s"),
+                      leaf("write_GBps", "DMA write channel (out of the TCM), GB/s"),
+                      leaf("chunk_bytes", "DMA chunk size in bytes"),
+                      leaf("overhead_ns", "DMA per-request overhead, ns")}),
+              rates("mac", "the MAC array", "macs_per_cycle", "MACs per cycle"),
+              rates("vector", "the vector unit", "ops_per_cycle", "ops per cycle"),
+              object("tile", "the GEMM tile {m, n, k} the PE runs",
+                     {leaf("m", "tile rows"), leaf("n", "tile columns"), leaf("k", "tile depth")})}),
+  };
+}
+
+SchemaNode build() {
+  return object(
+      "", "a topology document",
+      {leaf("name", "the topology's name"),
+       leaf("description", "what this system is"),
+       list("sources", "where each figure comes from", leaf("*", "a source")),
+       object("cube", "the description every cube shares", cube_fields()),
+       list("cubes", "how many cubes share 'cube', or a list of cubes (each merged over 'cube')",
+            object("*", "one cube: its id and where it differs from 'cube'",
+                   concat({leaf("id", "the cube's id, 0..cubes-1")}, cube_fields()))),
+       object("network", "how the cubes are connected",
+              {leaf("kind", "none, ring, mesh, torus, full, switch or explicit"),
+               leaf("chunk_bytes", "messages are cut into chunks of this many bytes"),
+               list("dims", "mesh and torus: size of each dimension, e.g. [4, 4]", leaf("*", "cubes along this dimension")),
+               object("link", "every link of the network", link_figures("every link")),
+               object("switch", "kind 'switch': the switch", {leaf("latency_ns", "latency through the switch, ns")}),
+               list("links", "kind 'explicit': the links",
+                    object("*", "one link (both directions unless bidirectional is false)",
+                           concat({leaf("from", "cube id"), leaf("to", "cube id"),
+                                   leaf("bidirectional", "true (default): one link each way")},
+                                  link_figures("this link (default: network.link)"))))}),
+       object("host", "host memory and each cube's host link",
+              {object("memory", "host memory",
+                      concat(capacity("host memory"), {leaf("bandwidth_GBps", "host memory bandwidth, GB/s"),
+                                                       leaf("latency_ns", "host memory read latency, ns")})),
+               object("link", "each cube's host link (PCIe-like)", link_figures("the host link"))}),
+       list("link_overrides", "changes to single links of a generated network",
+            object("*", "one link: from, to and what changes",
+                   concat({leaf("from", "cube id, \"host\" or \"switch\""), leaf("to", "cube id, \"host\" or \"switch\""),
+                           leaf("both_directions", "false (default): only from -> to")},
+                          concat(link_figures("the new figure"),
+                                 {leaf("bandwidth_scale", "factor on the bandwidth (0.5 = half)")}))))});
+}
+
+void collect(const SchemaNode& n, const std::string& prefix, std::vector<std::string>& out) {
+  auto visit = [&](const SchemaNode& c) {
+    const std::string p = prefix.empty() ? c.key : prefix + "." + c.key;
+    out.push_back(p);
+    collect(c, p, out);
+  };
+  for (const SchemaNode& f : n.fields) visit(f);
+  for (const SchemaNode& i : n.items) visit(i);
+}
+
+}  // namespace
+
+const SchemaNode& topology_schema() {
+  static const SchemaNode root = build();
+  return root;
+}
+
+std::vector<std::string> schema_paths(const SchemaNode& node) {
+  std::vector<std::string> out;
+  collect(node, "", out);
+  return out;
+}
+
+}  // namespace cubesim::hw
