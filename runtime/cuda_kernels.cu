@@ -18,8 +18,9 @@ __device__ __forceinline__ float load(const void* p, DType t, std::int64_t i) {
   switch (t) {
     case DType::bf16: return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[i]) << 16);
     case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::f32: return static_cast<const float*>(p)[i];
   }
+  return 0.0f;  // not reached: every DType has its case (-Wswitch names a missing one)
 }
 
 // One rounding, RNE; CUDA's canonical NaNs equal kernels/dtype.h's.
@@ -27,7 +28,7 @@ __device__ __forceinline__ void store(void* p, DType t, std::int64_t i, float v)
   switch (t) {
     case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); return;
     case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); return;
-    default: static_cast<float*>(p)[i] = v; return;
+    case DType::f32: static_cast<float*>(p)[i] = v; return;
   }
 }
 
