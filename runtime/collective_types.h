@@ -19,9 +19,9 @@ using kernels::ReduceOp;
 using kernels::reduce_op_name;
 using kernels::parse_reduce_op;
 
-// How a collective moves and combines data. Each has a header in runtime/algorithms/ documenting
-// its chunking and reduction order; the simulated data path follows it exactly, so a host run of
-// the same algorithm gives the same bits.
+// How a collective moves and combines data. Each has a row in runtime/algorithms/table.h (its
+// name, the collectives it does) and a header there documenting its chunking and reduction order;
+// the simulated data path follows it exactly, so a host run of the same algorithm gives the same bits.
 enum class Algorithm { ring, direct, tree, halving_doubling, hierarchical };
 std::string_view algorithm_name(Algorithm a);
 Algorithm parse_algorithm(std::string_view s);  // throws RuntimeError listing the valid names

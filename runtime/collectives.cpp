@@ -3,11 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "runtime/algorithms/direct.h"
-#include "runtime/algorithms/halving_doubling.h"
-#include "runtime/algorithms/hierarchical.h"
-#include "runtime/algorithms/ring.h"
-#include "runtime/algorithms/tree.h"
+#include "runtime/algorithms/table.h"
 #include "runtime/comm.h"
 #include "runtime/errors.h"
 #include "sim/core/event.h"
@@ -24,35 +20,6 @@ std::string_view collective_kind_name(CollectiveRequest::Kind k) {
   return "?";
 }
 
-std::string_view algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::ring: return "ring";
-    case Algorithm::direct: return "direct";
-    case Algorithm::tree: return "tree";
-    case Algorithm::halving_doubling: return "halving_doubling";
-    case Algorithm::hierarchical: return "hierarchical";
-  }
-  return "?";
-}
-
-Algorithm parse_algorithm(std::string_view s) {
-  for (Algorithm a : {Algorithm::ring, Algorithm::direct, Algorithm::tree, Algorithm::halving_doubling,
-                      Algorithm::hierarchical}) {
-    if (s == algorithm_name(a)) return a;
-  }
-  throw RuntimeError(fmt::format("unknown collective algorithm '{}': valid are ring, direct, tree, halving_doubling, "
-                                 "hierarchical",
-                                 s));
-}
-
-std::vector<Algorithm> supported_algorithms(std::string_view coll) {
-  using A = Algorithm;
-  if (coll == "all_reduce") return {A::ring, A::direct, A::tree, A::halving_doubling, A::hierarchical};
-  if (coll == "reduce_scatter" || coll == "all_gather") return {A::ring, A::direct, A::halving_doubling};
-  if (coll == "broadcast") return {A::ring, A::direct, A::tree};
-  return {};
-}
-
 void Work::wait() {
   if (done_) done_->wait();
 }
@@ -60,17 +27,21 @@ bool Work::is_completed() const { return !done_ || done_->triggered(); }
 
 namespace {
 
+using algo::Collective;
+
 struct Call {
   Context& ctx;
   ProcessGroup& group;
   int rank;
-  Algorithm algorithm;
+  const algo::Row& algorithm;  // the table's row of the chosen algorithm
   bool acc_f32;
-  int hierarchy;
+  algo::Params params;
 };
 
-Call prologue(const char* coll, const std::vector<const Tensor*>& tensors, ProcessGroup* group,
+Call prologue(Collective kind, const std::vector<const Tensor*>& tensors, ProcessGroup* group,
               const CollectiveOptions& o) {
+  const std::string name(collective_kind_name(kind));
+  const char* coll = name.c_str();
   Context& ctx = Context::current(coll);
   const int rank = Context::current_rank(coll);
   ProcessGroup& g = group ? *group : ctx.world();
@@ -86,15 +57,29 @@ Call prologue(const char* coll, const std::vector<const Tensor*>& tensors, Proce
     }
   }
   Algorithm a = o.algorithm ? *o.algorithm : (g.default_algorithm ? *g.default_algorithm : ctx.options().algorithm);
-  const auto ok = supported_algorithms(coll);
-  if (std::find(ok.begin(), ok.end(), a) == ok.end()) {
+  const algo::Row& row = algo::row(a);
+  if (!row.supports(kind)) {
     std::vector<std::string_view> names;
-    for (Algorithm x : ok) names.push_back(algorithm_name(x));
-    throw RuntimeError(fmt::format("{}: algorithm '{}' is not available; valid: {}", coll, algorithm_name(a),
+    for (Algorithm x : supported_algorithms(name)) names.push_back(algorithm_name(x));
+    throw RuntimeError(fmt::format("{}: algorithm '{}' is not available; valid: {}", coll, row.name,
                                    fmt::join(names, ", ")));
   }
-  return Call{ctx, g, rank, a, o.accumulate_f32.value_or(ctx.options().accumulate_f32),
-              o.hierarchy ? o.hierarchy : ctx.options().hierarchy};
+  return Call{.ctx = ctx,
+              .group = g,
+              .rank = rank,
+              .algorithm = row,
+              .acc_f32 = o.accumulate_f32.value_or(ctx.options().accumulate_f32),
+              .params = {.hierarchy = o.hierarchy ? o.hierarchy : ctx.options().hierarchy}};
+}
+
+// Runs the chosen algorithm's body for collective k (the prologue checked that it has one), after
+// the check of what the body needs of the group: made here, where the body would make it, so a
+// group that fails it fails at the same simulated time, in the same process.
+template <class Fn, class... Args>
+void run_algorithm(const Call& c, Collective k, const algo::Body<Fn>& body, Comm& comm, const algo::Members& m,
+                   const Args&... args) {
+  algo::require_group(c.algorithm, k, comm, m.size());
+  body.run(comm, m, args..., c.params);
 }
 
 // Runs body(comm) now (sync) or in a helper process of the rank (async). The Comm is created here,
@@ -173,37 +158,27 @@ bool backend_runs(Comm& comm, CollectiveRequest::Kind k, const Tensor& buf, Redu
 }
 
 std::string sig(const Tensor& t, const Call& c, std::string extra = {}) {
-  return fmt::format("({}{}[{}], {}{})", extra, dtype_name(t.dtype()), t.numel(), algorithm_name(c.algorithm),
+  return fmt::format("({}{}[{}], {}{})", extra, dtype_name(t.dtype()), t.numel(), c.algorithm.name,
                      c.acc_f32 ? ", f32 accumulation" : "");
-}
-
-void all_reduce_body(Comm& comm, const Tensor& buf, ReduceOp op, Algorithm a, int hierarchy) {
-  const auto m = algo::Members::whole(comm);
-  switch (a) {
-    case Algorithm::ring: algo::ring_all_reduce(comm, m, buf, op); break;
-    case Algorithm::direct: algo::direct_all_reduce(comm, m, buf, op); break;
-    case Algorithm::tree: algo::tree_all_reduce(comm, m, buf, op); break;
-    case Algorithm::halving_doubling: algo::hd_all_reduce(comm, m, buf, op); break;
-    case Algorithm::hierarchical: algo::hierarchical_all_reduce(comm, m, buf, op, hierarchy); break;
-  }
 }
 
 }  // namespace
 
 Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
-  const Call c = prologue("all_reduce", {&t}, group, o);
+  const Call c = prologue(Collective::all_reduce, {&t}, group, o);
   const std::string s = sig(t, c, fmt::format("{}, ", reduce_op_name(op)));
   return launch(c, "all_reduce", s, o.async_op, [t, op, c](Comm& comm) {
     Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
-    if (!backend_runs(comm, CollectiveRequest::Kind::all_reduce, w.buf, op)) {
-      all_reduce_body(comm, w.buf, op, c.algorithm, c.hierarchy);
+    if (!backend_runs(comm, Collective::all_reduce, w.buf, op)) {
+      const auto m = algo::Members::whole(comm);
+      run_algorithm(c, Collective::all_reduce, c.algorithm.all_reduce, comm, m, w.buf, op);
     }
     finish_working(comm, w, t);
   });
 }
 
 Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
-  const Call c = prologue("reduce_scatter", {&out, &in}, group, o);
+  const Call c = prologue(Collective::reduce_scatter, {&out, &in}, group, o);
   const int p = c.group.size();
   if (in.numel() != out.numel() * p || in.dtype() != out.dtype()) {
     throw RuntimeError(fmt::format("reduce_scatter on group '{}' ({} ranks): input {} must have {} x {} = {} elements "
@@ -217,12 +192,8 @@ Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGro
     comm.copy_local(buf, in.flatten());
     Working w = working_copy(comm, buf, c.acc_f32 && op == ReduceOp::sum);
     const auto m = algo::Members::whole(comm);
-    if (!backend_runs(comm, CollectiveRequest::Kind::reduce_scatter, w.buf, op)) {
-      switch (c.algorithm) {
-        case Algorithm::ring: algo::ring_reduce_scatter(comm, m, w.buf, op); break;
-        case Algorithm::direct: algo::direct_reduce_scatter(comm, m, w.buf, op); break;
-        default: algo::hd_reduce_scatter(comm, m, w.buf, op); break;
-      }
+    if (!backend_runs(comm, Collective::reduce_scatter, w.buf, op)) {
+      run_algorithm(c, Collective::reduce_scatter, c.algorithm.reduce_scatter, comm, m, w.buf, op);
     }
     finish_working(comm, w, buf);
     comm.copy_local(out.flatten(), algo::region(buf, chunk_range(buf.numel(), comm.size(), comm.me())));
@@ -230,7 +201,7 @@ Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGro
 }
 
 Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, CollectiveOptions o) {
-  const Call c = prologue("all_gather", {&out, &in}, group, o);
+  const Call c = prologue(Collective::all_gather, {&out, &in}, group, o);
   const int p = c.group.size();
   if (out.numel() != in.numel() * p || in.dtype() != out.dtype()) {
     throw RuntimeError(fmt::format("all_gather on group '{}' ({} ranks): output {} must have {} x {} = {} elements of "
@@ -242,17 +213,13 @@ Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, Collec
     const Tensor flat = out.flatten();
     comm.copy_local(algo::region(flat, chunk_range(flat.numel(), comm.size(), comm.me())), in.flatten());
     const auto m = algo::Members::whole(comm);
-    if (backend_runs(comm, CollectiveRequest::Kind::all_gather, flat)) return;
-    switch (c.algorithm) {
-      case Algorithm::ring: algo::ring_all_gather(comm, m, flat); break;
-      case Algorithm::direct: algo::direct_all_gather(comm, m, flat); break;
-      default: algo::hd_all_gather(comm, m, flat); break;
-    }
+    if (backend_runs(comm, Collective::all_gather, flat)) return;
+    run_algorithm(c, Collective::all_gather, c.algorithm.all_gather, comm, m, flat);
   });
 }
 
 Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions o) {
-  const Call c = prologue("broadcast", {&t}, group, o);
+  const Call c = prologue(Collective::broadcast, {&t}, group, o);
   const int ri = c.group.index_of(root);
   if (ri < 0) {
     throw RuntimeError(fmt::format("broadcast: root rank {} is not in group '{}' (members: {})", root, c.group.name(),
@@ -265,12 +232,8 @@ Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions
     for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
     m.pos = (comm.me() - ri + p) % p;
     const Tensor flat = t.flatten();
-    if (backend_runs(comm, CollectiveRequest::Kind::broadcast, flat, ReduceOp::sum, ri)) return;
-    switch (c.algorithm) {
-      case Algorithm::ring: algo::ring_broadcast(comm, m, flat); break;
-      case Algorithm::direct: algo::direct_broadcast(comm, m, flat); break;
-      default: algo::tree_broadcast(comm, m, flat); break;
-    }
+    if (backend_runs(comm, Collective::broadcast, flat, ReduceOp::sum, ri)) return;
+    run_algorithm(c, Collective::broadcast, c.algorithm.broadcast, comm, m, flat);
   });
 }
 

@@ -11,11 +11,9 @@
 //   ... compute ...
 //   w.wait();
 //
-// Algorithms per collective (runtime/algorithms/*.h document chunking and reduction order):
-//   all_reduce      ring, direct, tree, halving_doubling, hierarchical
-//   reduce_scatter  ring, direct, halving_doubling (power-of-two groups)
-//   all_gather      ring, direct, halving_doubling (power-of-two groups)
-//   broadcast       ring (pipelined chain), direct, tree
+// Which algorithms do which collective, and what they need of the group, is the table in
+// runtime/algorithms/table.h (`cubesim algorithms` prints it); each algorithm's header there
+// documents its chunking and reduction order.
 // Reductions happen in the tensor's dtype with one rounding per step, as NCCL does; with
 // accumulate_f32 the partial sums travel in f32 and are rounded once at the end.
 #pragma once

@@ -48,6 +48,7 @@ from ._cubesim import (
     add,
     add_bias,
     all_gather,
+    algorithms,
     all_reduce,
     apply_override,
     backends,

@@ -3,6 +3,7 @@
     cubesim topo list | show NAME | validate FILE
     cubesim run [--topology NAME|FILE] [--tp N] [--backend sim|host|cuda] [--trace FILE] [--json FILE] ...
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
+    cubesim algorithms [--json FILE]
 
 Human output is aligned tables on stdout; --json FILE writes the same results for machines
 (--json - prints only the JSON, on stdout). Exit codes: 0 success; 1 the job ran and failed (a check
@@ -623,6 +624,19 @@ def cmd_xcheck(args):
     return {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_FAILED)
 
 
+# ---- algorithms ----------------------------------------------------------------------------------
+
+
+def cmd_algorithms(args):
+    # The rows of runtime/algorithms/table.h, as the runtime reports them: nothing is listed here.
+    out = Output(args.json)
+    rows = cs.algorithms()
+    out.say(format_table(["name", "collectives", "summary"],
+                         [[a["name"], ", ".join(a["collectives"]), a["summary"]] for a in rows]))
+    out.json({"algorithms": rows})
+    return EXIT_OK
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 
@@ -684,8 +698,8 @@ def build_parser():
     run.add_argument("--gelu", default="tanh", choices=["tanh", "erf"], help="GELU form (default tanh)")
     run.add_argument("--no-bias", action="store_true", help="linear layers without bias")
     run.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
-    run.add_argument("--algorithm", default="ring", choices=["ring", "direct", "tree", "halving_doubling", "hierarchical"],
-                     help="collective algorithm (default ring)")
+    run.add_argument("--algorithm", default="ring", choices=[a["name"] for a in cs.algorithms()],
+                     help="collective algorithm (default ring; see cubesim algorithms)")
     run.add_argument("--timing-only", action="store_true",
                      help="sim only: move no values (same simulated time, much faster); skips the check")
     run.add_argument("--no-hardware-stats", action="store_true",
@@ -721,6 +735,10 @@ def build_parser():
     xc.add_argument("args", nargs=argparse.REMAINDER, help="more options for cubesim-xcheck (--json FILE, --tokens N, "
                     "--sim-only, ...)")
     xc.set_defaults(fn=cmd_xcheck)
+
+    al = sub.add_parser("algorithms", help="the collective algorithms: name, the collectives each does, summary")
+    json_opt(al)
+    al.set_defaults(fn=cmd_algorithms)
     return p
 
 

@@ -19,6 +19,7 @@
 #include <fmt/ranges.h>
 
 #include "common.h"
+#include "runtime/algorithms/table.h"
 #include "runtime/collectives.h"
 #include "runtime/errors.h"
 #include "runtime/ops.h"
@@ -636,7 +637,7 @@ void bind_runtime(py::module_& m) {
         py::arg("tensor"), py::arg("op") = "sum", py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
         py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0, py::arg("async_op") = false,
         "In place: every member's tensor becomes the reduction ('sum' or 'max') over the group (default: the "
-        "world). algorithm: ring | direct | tree | halving_doubling | hierarchical. Returns Work.");
+        "world). algorithm: a name from algorithms(). Returns Work.");
   m.def("all_gather",
         [](const PyTensor& out, const PyTensor& in, rt::ProcessGroup* g, std::optional<std::string> alg,
            std::optional<bool> acc, int hier, bool async_op) {
@@ -678,6 +679,24 @@ void bind_runtime(py::module_& m) {
           rt::recv(t.t, src, tag, g);
         },
         py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, py::arg("group") = nullptr);
+  m.def("algorithms",
+        [] {
+          py::list rows;
+          for (const rt::algo::Row& r : rt::algo::rows()) {
+            py::list colls;
+            for (rt::algo::Collective k : rt::algo::kCollectives) {
+              if (r.supports(k)) colls.append(std::string(rt::collective_kind_name(k)));
+            }
+            py::dict d;
+            d["name"] = std::string(r.name);
+            d["collectives"] = colls;
+            d["summary"] = std::string(r.summary);
+            rows.append(d);
+          }
+          return rows;
+        },
+        "The collective algorithms, one dict per row of runtime/algorithms/table.h: name, collectives (those it "
+        "does), summary.");
   m.def("supported_algorithms",
         [](const std::string& coll) {
           std::vector<std::string> v;

@@ -14,9 +14,9 @@
 
 namespace cubesim::rt::algo {
 
-void direct_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void direct_all_gather(Comm& c, const Members& m, const Tensor& flat);
-void direct_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void direct_broadcast(Comm& c, const Members& m, const Tensor& flat);
+void direct_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void direct_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
+void direct_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void direct_broadcast(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
 
 }  // namespace cubesim::rt::algo

@@ -19,9 +19,10 @@
 
 namespace cubesim::rt::algo {
 
-void hd_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-// Power-of-two member counts only (RuntimeError otherwise).
-void hd_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void hd_all_gather(Comm& c, const Members& m, const Tensor& flat);
+void hd_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+// Power-of-two member counts only: the table (table.h) holds that need and checks it before the
+// call, so the error names the collective call and the algorithms that would do.
+void hd_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void hd_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
 
 }  // namespace cubesim::rt::algo

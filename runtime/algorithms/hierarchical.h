@@ -17,7 +17,7 @@
 
 namespace cubesim::rt::algo {
 
-void hierarchical_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, int h);
+void hierarchical_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& p = {});
 int default_hierarchy(int members);
 
 }  // namespace cubesim::rt::algo

@@ -1,8 +1,11 @@
-// members.h — the sub-ring or sub-group an algorithm runs over (internal).
+// members.h — the sub-ring or sub-group an algorithm runs over, and what the algorithms share
+// (internal).
 //
 // Algorithms address group members by index. `order` lists the members taking part (in ring or
 // tree order) and `pos` is the caller's position in it; `phase` keeps the message tags of nested
 // runs (hierarchical runs rings inside rings) apart.
+//
+//   ring_all_reduce(comm, Members::whole(comm), flat, ReduceOp::sum);
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,13 @@ struct Members {
   int size() const { return static_cast<int>(order.size()); }
   int at(int p) const { return order[static_cast<std::size_t>(((p % size()) + size()) % size())]; }
   static Members whole(const Comm& c, std::uint64_t phase = 0);
+};
+
+// The parameters a collective call passes to every algorithm body besides the buffer and the op.
+// Only some algorithms read each field; carrying them all in one struct gives every body of a
+// collective one signature, so the table (table.h) can hold plain function pointers.
+struct Params {
+  int hierarchy = 0;  // hierarchical: ranks per inner group (0: default_hierarchy)
 };
 
 // Tags: phase (16 bits) | a (24 bits) | b (24 bits).

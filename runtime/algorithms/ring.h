@@ -21,9 +21,9 @@
 
 namespace cubesim::rt::algo {
 
-void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void ring_all_gather(Comm& c, const Members& m, const Tensor& flat);
-void ring_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void ring_broadcast(Comm& c, const Members& m, const Tensor& flat);
+void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
+void ring_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void ring_broadcast(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
 
 }  // namespace cubesim::rt::algo

@@ -15,7 +15,7 @@
 
 namespace cubesim::rt::algo {
 
-void tree_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op);
-void tree_broadcast(Comm& c, const Members& m, const Tensor& flat);
+void tree_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
+void tree_broadcast(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
 
 }  // namespace cubesim::rt::algo

@@ -189,6 +189,31 @@ def test_error_json_path(message, path):
     assert cli.error_json_path(message) == path
 
 
+# ---- algorithms -------------------------------------------------------------------------------------
+
+
+def test_algorithms_prints_the_table(capsys):
+    rows = cs.algorithms()
+    assert rows and all(set(a) == {"name", "collectives", "summary"} and a["name"] and a["summary"] for a in rows)
+    rc, out, _ = run_cli(capsys, "algorithms")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "collectives", "summary"]
+    for a in rows:
+        line = next(l for l in lines if l.split()[:1] == [a["name"]])
+        assert ", ".join(a["collectives"]) in line and a["summary"] in line
+    rc, out, _ = run_cli(capsys, "algorithms", "--json", "-")
+    assert rc == 0 and json.loads(out) == {"algorithms": rows}
+    # The same table behind supported_algorithms and `cubesim run --algorithm`.
+    for coll in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        assert cs.supported_algorithms(coll) == [a["name"] for a in rows if coll in a["collectives"]]
+    assert "ring" in cs.supported_algorithms("broadcast") and "tree" not in cs.supported_algorithms("all_gather")
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--algorithm", "gossip"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'gossip'" in err and all(a["name"] in err for a in rows)
+
+
 # ---- bench ------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,54 @@
+// The ring algorithms: per-rank code over Comm, in the chunking and reduction order ring.h documents.
+#include "runtime/algorithms/ring.h"
+
+namespace cubesim::rt::algo {
+
+namespace {
+int mod(int a, int m) { return ((a % m) + m) % m; }
+}  // namespace
+
+void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
+  const int M = m.size();
+  if (M == 1) return;
+  const int j = m.pos;
+  const std::int64_t n = flat.numel();
+  const int next = m.at(j + 1), prev = m.at(j - 1);
+  for (int s = 0; s < M - 1; ++s) {
+    c.isend(next, region(flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4, s));
+    c.recv_reduce(prev, region(flat, chunk_range(n, M, mod(j - s - 2, M))), op, tag(m.phase * 4, s));
+  }
+  c.wait_all();
+}
+
+void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params&) {
+  const int M = m.size();
+  if (M == 1) return;
+  const int j = m.pos;
+  const std::int64_t n = flat.numel();
+  const int next = m.at(j + 1), prev = m.at(j - 1);
+  for (int s = 0; s < M - 1; ++s) {
+    c.isend(next, region(flat, chunk_range(n, M, mod(j - s, M))), tag(m.phase * 4 + 1, s));
+    c.recv(prev, region(flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4 + 1, s));
+  }
+  c.wait_all();
+}
+
+void ring_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
+  ring_reduce_scatter(c, m, flat, op);
+  ring_all_gather(c, m, flat);
+}
+
+void ring_broadcast(Comm& c, const Members& m, const Tensor& flat, const Params&) {
+  const int M = m.size();
+  if (M == 1) return;
+  const int j = m.pos;
+  const int S = slices_for(flat.nbytes());
+  for (int k = 0; k < S; ++k) {
+    const Tensor sl = region(flat, chunk_range(flat.numel(), S, k));
+    if (j > 0) c.recv(m.at(j - 1), sl, tag(m.phase * 4 + 2, k));
+    if (j < M - 1) c.isend(m.at(j + 1), sl, tag(m.phase * 4 + 2, k));
+  }
+  c.wait_all();
+}
+
+}  // namespace cubesim::rt::algo
