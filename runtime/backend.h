@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/dtype.h"
 #include "kernels/elementwise.h"
@@ -26,6 +27,7 @@
 #include "runtime/storage.h"
 #include "sim/core/simulator.h"
 #include "sim/core/time.h"
+#include "sim/hw/unit.h"
 
 namespace cubesim::rt {
 
@@ -128,6 +130,12 @@ class Backend {
   // Whether values are skipped (sweeps of large systems): compute and copies move no bytes, and
   // timing is identical.
   virtual bool timing_only() const { return false; }
+
+  // The counters of the hardware units the backend simulates (hw::System::usage()); none on
+  // backends that simulate no hardware.
+  virtual std::vector<hw::UnitUsage> usage() const { return {}; }
+  // Names the trace tracks of the hardware the first `ranks` ranks run on (hw::System::declare_tracks).
+  virtual void declare_tracks(int ranks) {}
 };
 
 }  // namespace cubesim::rt

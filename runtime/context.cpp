@@ -96,6 +96,14 @@ sim::Trace::TrackId Context::compute_track(int rank) {
 }
 sim::Trace::TrackId Context::comm_track(int rank) { return trace().track("comm", fmt::format("rank{}", rank)); }
 
+void Context::declare_tracks() {
+  for (int r = 0; r < world_size_; ++r) {
+    compute_track(r);
+    comm_track(r);
+  }
+  backend_->declare_tracks(world_size_);
+}
+
 void Context::spawn_for_rank(int rank, std::string name, std::function<void()> fn) {
   sim_->spawn(std::move(name), std::move(fn), slots_[static_cast<std::size_t>(rank)].get());
 }
@@ -122,6 +130,8 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   op_records_.clear();
   const sim::Time start = sim_->now();
   const std::uint64_t events0 = sim_->events_executed();
+  const std::vector<hw::UnitUsage> usage0 = backend_->usage();
+  const std::vector<sim::Trace::TrackStats> tracks0 = sim_->trace().stats();
   for (int r = 0; r < nprocs; ++r) {
     spawn_for_rank(r, fmt::format("rank{}", r), [this, r, &fn] {
       fn(r);
@@ -141,6 +151,16 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   rep.sim_time = sim_->now() - start;
   rep.events = sim_->events_executed() - events0;
   rep.event_hash = sim_->event_order_hash();
+  rep.usage = hw::usage_since(backend_->usage(), usage0);
+  const auto& tracks = sim_->trace().stats();
+  for (std::size_t i = 0; i < tracks.size(); ++i) {
+    sim::Trace::TrackStats t = tracks[i];
+    if (i < tracks0.size()) {
+      t.spans -= tracks0[i].spans;
+      t.busy -= tracks0[i].busy;
+    }
+    if (t.spans > 0) rep.tracks.push_back(std::move(t));
+  }
   rep.ranks.assign(timelines_.begin(), timelines_.begin() + nprocs);
   for (auto& t : rep.ranks) t.finish -= start;
   return rep;

@@ -66,6 +66,10 @@ struct RunReport {
   // since the context was made): equal runs give equal hashes; the golden tests pin it.
   std::uint64_t event_hash = 0;
   std::vector<RankTimeline> ranks;
+  // What each hardware unit did during the run (counters; empty on backends that simulate none).
+  std::vector<hw::UnitUsage> usage;
+  // The trace tracks that got spans during the run, with the spans and busy time of this run.
+  std::vector<sim::Trace::TrackStats> tracks;
 };
 
 class Context {
@@ -104,6 +108,9 @@ class Context {
   // Trace tracks of a rank ("rank3" group: "compute", "comm").
   sim::Trace::TrackId compute_track(int rank);
   sim::Trace::TrackId comm_track(int rank);
+  // Names the tracks of every rank and of the hardware the ranks run on, so a saved trace shows the
+  // whole machine; spans appear on them only where something ran.
+  void declare_tracks();
 
   // State of the layers above (tp's parallel_state), created on first use and dropped at the start
   // of every spawn(): like torch.multiprocessing.spawn's fresh processes, each spawn starts clean.

@@ -59,6 +59,8 @@ class SimBackend final : public Backend {
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool timing_only() const override { return opts_.timing_only; }
+  std::vector<hw::UnitUsage> usage() const override { return system_->usage(); }
+  void declare_tracks(int ranks) override { system_->declare_tracks(ranks); }
 
   hw::System& system() { return *system_; }
   const hw::Topology& topology() const { return topo_; }

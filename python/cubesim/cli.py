@@ -307,35 +307,6 @@ def choose_tp(args, limit, holder):
     return args.tp
 
 
-def hardware_summary(report, topo, tp):
-    """How busy the hardware was over the run, as fractions of the simulated time: per cube the
-    mean over its PEs of the MAC array, vector unit and DMA channels, and its busiest HBM channel;
-    for the links between the ranks' cubes, how many carried traffic and the busiest."""
-    total = report.sim_time_ps
-    busy = {(t.group, t.name): t.busy_ps for t in report.tracks}
-
-    def frac(ps):
-        return ps / total if total else 0.0
-
-    cubes = []
-    for c in range(tp):
-        group, pes = f"cube{c}", topo.cubes[c]["pes"]
-
-        def mean(unit):
-            return frac(sum(busy.get((group, f"pe{i}.{unit}"), 0) for i in range(pes)) / max(pes, 1))
-
-        hbm = max((v for (g, n), v in busy.items() if g == group and n.startswith("hbm")), default=0)
-        cubes.append({"cube": c, "pe_mac": mean("mac"), "pe_vector": mean("vector"), "pe_dma_read": mean("dma.read"),
-                      "pe_dma_write": mean("dma.write"), "hbm_busiest_channel": frac(hbm)})
-    names = [f"link {l['name']}" for l in topo.links
-             if isinstance(l["from"], int) and isinstance(l["to"], int) and l["from"] < tp and l["to"] < tp]
-    active = [(n, v) for (g, n), v in busy.items() if g == "links" and v > 0]
-    top = max(active, key=lambda x: x[1], default=(None, 0))
-    links = {"directions": len(names), "active": len(active), "busiest": top[0], "busiest_busy": frac(top[1]),
-             "mean_busy_active": frac(sum(v for _, v in active) / len(active)) if active else 0.0}
-    return {"cubes": cubes, "links": links}
-
-
 def measured_rows(ctx, tp):
     """Per rank, the GEMM and collective time CUDA events measured (cuda backend, record_ops)."""
     rows = [{"rank": r, "gemm_s": 0.0, "gemms": 0, "collective_s": 0.0, "collectives": 0} for r in range(tp)]
@@ -377,9 +348,7 @@ def cmd_run(args):
         world_size=tp,
         topology=topo if sim else args.topology,  # the Topology loaded above: loaded and validated once
         timing_only=args.timing_only,
-        # Links, HBM and DMA count their activity only while a trace records: record one on sim for
-        # the hardware table, and save it when --trace asks.
-        trace=bool(args.trace) or (sim and not args.no_hardware_stats),
+        trace=bool(args.trace),  # the hardware table comes from the units' counters, not from a trace
         algorithm=args.algorithm,
         record_ops=args.backend == "cuda",
     )
@@ -448,7 +417,7 @@ def cmd_run(args):
             for r in report.ranks
         ],
         "measured": measured_rows(ctx, tp) if args.backend == "cuda" else None,
-        "hardware": hardware_summary(report, topo, tp) if topo else None,
+        "hardware": report.utilisation(tp) if topo and not args.no_hardware_stats else None,
         "tracks": report.to_dict()["tracks"],
         "trace": trace_info,
         "pass": passed if passed is not None else True,
@@ -529,24 +498,25 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
         out.say("  (a roofline of the PEs' vector rate against HBM); comm: time inside collectives (asynchronous")
         out.say("  ones overlap compute, so the two can sum past finish)")
         hw = result["hardware"]
-        out.say()
-        out.say("hardware: share of the simulated time each unit was busy (PE columns: mean over the cube's PEs)")
-        cubes = hw["cubes"]
-        shown = cubes if len(cubes) <= 16 else cubes[:6] + cubes[-2:]
-        rows = [[c["cube"], pct(c["pe_mac"], 1), pct(c["pe_vector"], 1), pct(c["pe_dma_read"], 1),
-                 pct(c["pe_dma_write"], 1), pct(c["hbm_busiest_channel"], 1)] for c in shown]
-        if len(cubes) > 16:
-            rows.insert(6, ["...", "", "", "", "", ""])
-        out.say(format_table(["cube", "PE MAC", "PE vector", "PE DMA read", "PE DMA write", "HBM (busiest channel)"],
-                             rows, align=["r"] * 6))
-        l = hw["links"]
-        if l["active"]:
-            out.say(f"  links: {l['active']} of {l['directions']} directions carried traffic; busiest {l['busiest']} "
-                    f"{pct(l['busiest_busy'], 1)}, mean of the active ones {pct(l['mean_busy_active'], 1)}")
-        elif l["directions"]:
-            out.say(f"  links: none of the {l['directions']} directions carried traffic")
-        else:
-            out.say("  links: none between the ranks' cubes (one rank)")
+        if hw is not None:
+            out.say()
+            out.say("hardware: share of the simulated time each unit was busy (PE columns: mean over the cube's PEs)")
+            cubes = hw["cubes"]
+            shown = cubes if len(cubes) <= 16 else cubes[:6] + cubes[-2:]
+            rows = [[c["cube"], pct(c["pe_mac"], 1), pct(c["pe_vector"], 1), pct(c["pe_dma_read"], 1),
+                     pct(c["pe_dma_write"], 1), pct(c["hbm_busiest_channel"], 1)] for c in shown]
+            if len(cubes) > 16:
+                rows.insert(6, ["...", "", "", "", "", ""])
+            out.say(format_table(["cube", "PE MAC", "PE vector", "PE DMA read", "PE DMA write", "HBM (busiest channel)"],
+                                 rows, align=["r"] * 6))
+            l = hw["links"]
+            if l["active"]:
+                out.say(f"  links: {l['active']} of {l['directions']} directions carried traffic; busiest {l['busiest']} "
+                        f"{pct(l['busiest_busy'], 1)}, mean of the active ones {pct(l['mean_busy_active'], 1)}")
+            elif l["directions"]:
+                out.say(f"  links: none of the {l['directions']} directions carried traffic")
+            else:
+                out.say("  links: none between the ranks' cubes (one rank)")
     elif result["measured"] is not None:
         out.say(f"measured on the GPUs (CUDA events around every GEMM and collective); wall {report.wall_s:.3f} s")
         rows = [[m["rank"], f"{1e6 * m['gemm_s']:.1f} us", m["gemms"], f"{1e6 * m['collective_s']:.1f} us", m["collectives"]]

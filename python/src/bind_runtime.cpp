@@ -26,6 +26,7 @@
 #include "runtime/sim_backend.h"
 #include "sim/core/time.h"
 #include "sim/hw/topology.h"
+#include "sim/hw/utilisation.h"
 #ifdef CUBESIM_PY_HAVE_CUDA
 #include "runtime/cuda_backend.h"
 #endif
@@ -319,37 +320,49 @@ CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, cons
   return res;
 }
 
-// Names the tracks of every rank and of the hardware the ranks run on (each cube's HBM channels, each PE's
-// MAC array, vector unit and DMA channels, the links between the cubes), so the trace shows the
-// whole machine; spans appear on them only where something ran.
-void declare_hardware_tracks(rt::Context& ctx) {
-  sim::Trace& tr = ctx.trace();
-  for (int r = 0; r < ctx.world_size(); ++r) {
-    ctx.compute_track(r);
-    ctx.comm_track(r);
+py::dict usage_dict(const hw::UnitUsage& u) {
+  py::dict d;
+  d["id"] = u.id.value;
+  d["kind"] = std::string(hw::unit_kind_name(u.kind));
+  d["name"] = u.name;
+  d["cube"] = u.place.cube;
+  d["pe"] = u.place.pe;
+  d["from"] = u.place.from;
+  d["to"] = u.place.to;
+  d["bytes"] = u.bytes;
+  d["pieces"] = u.pieces;
+  d["busy_ps"] = u.busy;
+  d["channel_busy_ps"] = u.channel_busy;
+  d["hits"] = u.hits;
+  d["misses"] = u.misses;
+  return d;
+}
+
+// The share of the run's simulated time each unit of the first `cubes` cubes was busy, as the
+// CLI's hardware table and its JSON show it (sim/hw/utilisation.h).
+py::dict utilisation_dict(const PyRunReport& r, int cubes) {
+  const hw::Utilisation u = hw::utilisation(r.run.usage, r.run.sim_time, cubes);
+  py::list cs;
+  for (const auto& c : u.cubes) {
+    py::dict d;
+    d["cube"] = c.cube;
+    d["pe_mac"] = c.pe_mac;
+    d["pe_vector"] = c.pe_vector;
+    d["pe_dma_read"] = c.pe_dma_read;
+    d["pe_dma_write"] = c.pe_dma_write;
+    d["hbm_busiest_channel"] = c.hbm_busiest_channel;
+    cs.append(d);
   }
-  if (ctx.backend().kind() != rt::BackendKind::sim) return;
-  auto& be = static_cast<rt::SimBackend&>(ctx.backend());
-  const hw::Topology& topo = be.topology();
-  const int cubes = ctx.world_size();
-  for (int c = 0; c < cubes; ++c) {
-    const std::string group = fmt::format("cube{}", c);
-    // Named as sim/hw names them: a channel's track, or the memory's own when it has one channel.
-    const auto channels = topo.cubes[static_cast<std::size_t>(c)].hbm.channels;
-    if (channels > 1) {
-      for (std::uint32_t ch = 0; ch < channels; ++ch) tr.track(fmt::format("hbm.ch{}", ch), group);
-    } else {
-      tr.track("hbm", group);
-    }
-    for (int i = 0; i < topo.cubes[static_cast<std::size_t>(c)].pes; ++i) {
-      for (const char* unit : {"mac", "vector", "dma.read", "dma.write"}) tr.track(fmt::format("pe{}.{}", i, unit), group);
-    }
-  }
-  auto in_world = [&](int node) { return node >= 0 ? node < cubes : true; };
-  for (const auto& l : topo.links) {
-    if (l.from == hw::kHostNode || l.to == hw::kHostNode) continue;
-    if (in_world(l.from) && in_world(l.to)) tr.track("link " + l.name, "links");
-  }
+  py::dict links;
+  links["directions"] = u.links.directions;
+  links["active"] = u.links.active;
+  links["busiest"] = u.links.busiest.empty() ? py::object(py::none()) : py::object(py::str(u.links.busiest));
+  links["busiest_busy"] = u.links.busiest_busy;
+  links["mean_busy_active"] = u.links.mean_busy_active;
+  py::dict d;
+  d["cubes"] = cs;
+  d["links"] = links;
+  return d;
 }
 
 py::dict report_dict(const PyRunReport& r) {
@@ -369,8 +382,11 @@ py::dict report_dict(const PyRunReport& r) {
   }
   d["ranks"] = ranks;
   py::list tracks;
-  for (const auto& s : r.tracks) tracks.append(pyb::track_stats_dict(s));
+  for (const auto& s : r.run.tracks) tracks.append(pyb::track_stats_dict(s));
   d["tracks"] = tracks;
+  py::list usage;
+  for (const auto& u : r.run.usage) usage.append(usage_dict(u));
+  d["usage"] = usage;
   return d;
 }
 
@@ -411,8 +427,23 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("event_hash", [](const PyRunReport& r) { return r.run.event_hash; },
                              "The simulator's event-order fingerprint after the run: equal runs give equal hashes.")
       .def_property_readonly("ranks", [](const PyRunReport& r) { return r.run.ranks; })
-      .def_property_readonly("tracks", [](const PyRunReport& r) { return r.tracks; },
+      .def_property_readonly("tracks", [](const PyRunReport& r) { return r.run.tracks; },
                              "Tracks with activity during this run (spans and busy time counted over this run).")
+      .def_property_readonly("usage",
+                             [](const PyRunReport& r) {
+                               py::list l;
+                               for (const auto& u : r.run.usage) l.append(usage_dict(u));
+                               return l;
+                             },
+                             "What each hardware unit did during this run, from the units' counters (no trace "
+                             "needed): one dict per unit (id, kind 'memory'|'dma_read'|'dma_write'|'link'|"
+                             "'switch_port'|'mac'|'vector', name, cube, pe, from, to, bytes (operations on a "
+                             "compute unit), pieces, busy_ps (a memory: its busiest channel), channel_busy_ps, "
+                             "hits, misses). Empty on backends that simulate no hardware.")
+      .def("utilisation", &utilisation_dict, py::arg("cubes"),
+           "How busy the hardware of the first `cubes` cubes was, as shares of sim_time_ps: per cube the mean over "
+           "its PEs of the MAC array, vector unit and DMA channels and its busiest HBM channel; for the links "
+           "among those cubes (and the switch), directions, active, busiest, busiest_busy, mean_busy_active.")
       .def("to_dict", &report_dict, "The report as plain values (for JSON).")
       .def("__repr__", [](const PyRunReport& r) {
         return fmt::format("<RunReport sim_time {} ({} ranks, {} events, {:.3f} s wall)>", sim::format_time(r.run.sim_time),
@@ -604,7 +635,7 @@ void bind_runtime(py::module_& m) {
       .def("save_trace", [](rt::Context& c, const std::string& path) { c.trace().save(path); }, py::arg("path"),
            "Writes the recorded spans as Chrome/Perfetto trace JSON (open in ui.perfetto.dev): a process row per "
            "group (rankN, cubeN, links), a thread row per track.")
-      .def("declare_hardware_tracks", &declare_hardware_tracks,
+      .def("declare_hardware_tracks", &rt::Context::declare_tracks,
            "Names the tracks of every rank and of the hardware they run on (each cube's HBM, each PE's MAC, "
            "vector unit and DMA read/write channels, the links between the ranks' cubes), so a saved trace shows "
            "the whole machine; spans appear only where something ran.");

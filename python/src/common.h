@@ -88,7 +88,6 @@ struct PyTensor {
 // A run report plus the per-track statistics of that run (spans and busy time accrued during it).
 struct PyRunReport {
   rt::RunReport run;
-  std::vector<sim::Trace::TrackStats> tracks;
 };
 
 // Statistics of every track so far; pass the result to make_report after the run.

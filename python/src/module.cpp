@@ -185,18 +185,7 @@ std::vector<std::pair<std::string, nlohmann::json>> overrides_arg(const py::hand
 std::vector<sim::Trace::TrackStats> track_snapshot(rt::Context& ctx) { return ctx.trace().stats(); }
 
 PyRunReport make_report(rt::Context& ctx, const rt::RunReport& run, const std::vector<sim::Trace::TrackStats>& before) {
-  PyRunReport r;
-  r.run = run;
-  const auto& now = ctx.trace().stats();
-  for (std::size_t i = 0; i < now.size(); ++i) {
-    sim::Trace::TrackStats s = now[i];
-    if (i < before.size()) {
-      s.spans -= before[i].spans;
-      s.busy -= before[i].busy;
-    }
-    if (s.spans > 0) r.tracks.push_back(std::move(s));
-  }
-  return r;
+  return PyRunReport{run};
 }
 
 void register_exceptions(py::module_& m) {

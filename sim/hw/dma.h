@@ -23,7 +23,7 @@ class DmaChannel final : public PathUnit {
   enum class Direction : std::uint8_t { read, write };  // read: into the TCM; write: out of it
 
   DmaChannel(int cube, int pe, Direction dir, sim::Bandwidth bandwidth)
-      : PathUnit(UnitKind::dma, fmt::format("cube{}.pe{}.dma.{}", cube, pe, dir == Direction::read ? "read" : "write"),
+      : PathUnit(dir == Direction::read ? UnitKind::dma_read : UnitKind::dma_write, fmt::format("cube{}.pe{}.dma.{}", cube, pe, dir == Direction::read ? "read" : "write"),
                  UnitPlace{.cube = cube, .pe = pe}, fmt::format("cube{}", cube),
                  fmt::format("pe{}.dma.{}", pe, dir == Direction::read ? "read" : "write"), Order::local),
         direction(dir) {

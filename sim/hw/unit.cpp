@@ -12,7 +12,8 @@ namespace cubesim::hw {
 std::string_view unit_kind_name(UnitKind k) {
   switch (k) {
     case UnitKind::memory: return "memory";
-    case UnitKind::dma: return "dma";
+    case UnitKind::dma_read: return "dma_read";
+    case UnitKind::dma_write: return "dma_write";
     case UnitKind::link: return "link";
     case UnitKind::switch_port: return "switch_port";
     case UnitKind::mac: return "mac";

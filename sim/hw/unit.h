@@ -24,10 +24,13 @@
 
 namespace cubesim::hw {
 
-enum class UnitKind : std::uint8_t { memory, dma, link, switch_port, mac, vector };
-inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory,      UnitKind::dma, UnitKind::link,
-                                             UnitKind::switch_port, UnitKind::mac, UnitKind::vector};
-std::string_view unit_kind_name(UnitKind k);  // "memory", "dma", "link", "switch_port", "mac", "vector"
+// dma_read: a DMA channel into a PE's TCM; dma_write: out of it.
+enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, switch_port, mac, vector };
+inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory, UnitKind::dma_read,    UnitKind::dma_write,
+                                             UnitKind::link,   UnitKind::switch_port, UnitKind::mac,
+                                             UnitKind::vector};
+// "memory", "dma_read", "dma_write", "link", "switch_port", "mac", "vector"
+std::string_view unit_kind_name(UnitKind k);
 
 // A unit's index in its System (System::unit(id)); ids are dense, in the order the System built them.
 struct UnitId {
