@@ -86,6 +86,13 @@ def test_run_trace_file_parses_and_has_the_tracks(capsys, tmp_path):
     assert sum(1 for e in ev if e.get("ph") == "X") > 0
 
 
+def test_run_no_hardware_stats_leaves_the_table_out(capsys):
+    rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--tp", "2", "--no-hardware-stats", *SMALL)
+    assert rc == 0 and json.loads(out)["hardware"] is None
+    rc, out, _ = run_cli(capsys, "run", "--topology", "ring4", "--tp", "2", "--no-hardware-stats", *SMALL)
+    assert rc == 0 and "hardware:" not in out and "simulated time:" in out
+
+
 def test_run_timing_only_and_host(capsys):
     rc, out, _ = run_cli(capsys, "run", "--topology", "ring4", "--timing-only", *SMALL)
     assert rc == 0 and "timing only" in out and "check:" not in out

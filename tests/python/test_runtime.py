@@ -479,3 +479,29 @@ def test_a_context_runs_collectives_again_after_a_failed_run():
     with pytest.raises(cs.RankError):
         ctx.spawn(failing)
     ctx.spawn(lambda rank: cs.barrier())
+
+
+def test_run_report_usage_comes_from_the_units_counters_without_a_trace():
+    kw = dict(tp=4, tokens=64, hidden=128, ffn=512)
+    plain = cs.tp.run_mlp(cs.Context("sim", topology="ring4"), **kw)
+    traced = cs.tp.run_mlp(cs.Context("sim", topology="ring4", trace=True), **kw)
+    assert plain.usage == traced.usage, "counters do not depend on tracing"
+    by_name = {u["name"]: u for u in plain.usage}
+    assert {u["kind"] for u in plain.usage} == {"memory", "dma_read", "dma_write", "link", "mac", "vector"}
+    assert by_name["link c0->c1"]["bytes"] > 0 and by_name["link c0->c1"]["busy_ps"] > 0
+    assert by_name["cube0.pe0.mac"]["bytes"] > 0  # operations
+    assert by_name["cube1.hbm"]["busy_ps"] == max(by_name["cube1.hbm"]["channel_busy_ps"])
+    assert all(0 <= u["busy_ps"] <= plain.sim_time_ps for u in plain.usage)
+    u = plain.utilisation(4)
+    assert [c["cube"] for c in u["cubes"]] == [0, 1, 2, 3]
+    assert all(0 < c["pe_mac"] <= 1 and 0 < c["hbm_busiest_channel"] <= 1 for c in u["cubes"])
+    assert u["links"]["directions"] == 8 and u["links"]["active"] >= 4
+    host = cs.tp.run_mlp(cs.Context("host", world_size=2), tp=2, tokens=16, hidden=32, ffn=64)
+    assert host.usage == [] and host.utilisation(2)["links"]["directions"] == 0
+
+
+def test_a_switch_counts_its_links_in_the_hardware_table():
+    rep = cs.tp.run_mlp(cs.Context("sim", topology="dgx_h100x8", timing_only=True), tp=8, tokens=64, hidden=128,
+                        ffn=512)
+    links = rep.utilisation(8)["links"]
+    assert links["directions"] == 16 and links["active"] == 16  # c<i>->sw and sw->c<i>
