@@ -27,6 +27,7 @@
 #include "runtime/storage.h"
 #include "sim/core/simulator.h"
 #include "sim/core/time.h"
+#include "sim/hw/topology.h"
 #include "sim/hw/unit.h"
 
 namespace cubesim::rt {
@@ -34,9 +35,6 @@ namespace cubesim::rt {
 class Tensor;
 class ProcessGroup;
 
-enum class BackendKind { sim, host, cuda };
-std::string_view backend_name(BackendKind k);
-BackendKind parse_backend(std::string_view s);  // throws RuntimeError listing sim, host, cuda
 
 // What a piece of compute costs, for backends that charge time for work done on host values.
 struct OpCost {
@@ -85,7 +83,12 @@ class Backend {
   virtual ~Backend() = default;
   // Called once by the Context with its scheduler, before any other call.
   virtual void attach(sim::Simulator& sim) {}
-  virtual BackendKind kind() const = 0;
+  // The backend's name in the registry (runtime/backend_registry.h): "sim", "host", "cuda".
+  virtual std::string_view name() const = 0;
+  // True for the reference (the host): a run on it is its own replay.
+  virtual bool reference() const { return false; }
+  // The system a simulating backend runs (null for the others).
+  virtual const hw::Topology* topology() const { return nullptr; }
   virtual int ranks() const = 0;  // devices available (cubes, GPUs, or any number on the host)
   virtual std::string describe() const = 0;
 

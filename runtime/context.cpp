@@ -18,11 +18,6 @@ double wall_now() {
 }
 
 std::unique_ptr<Backend> host_backend_for(const ContextOptions& o) {
-  if (o.backend != BackendKind::host) {
-    throw RuntimeError(fmt::format("Context(options) builds the host backend only; for '{}' use make_sim_context() "
-                                   "or make_cuda_context()",
-                                   backend_name(o.backend)));
-  }
   if (o.world_size <= 0) {
     throw RuntimeError(fmt::format("a host context needs world_size >= 1 (got {})", o.world_size));
   }

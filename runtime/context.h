@@ -5,14 +5,15 @@
 // torch.multiprocessing.spawn semantics: blocking calls yield to the scheduler; an exception in any
 // rank stops its siblings and spawn() throws one RankError naming every failing rank and its cause.
 //
-//   Context ctx(ContextOptions{.backend = BackendKind::host, .world_size = 4});
+//   Context ctx(ContextOptions{.world_size = 4});   // the host backend
 //   auto report = ctx.spawn(4, [&](int rank) {
 //     Tensor t = ctx.from_host_f32(rank, {1024}, DType::bf16, values[rank]);
 //     all_reduce(t);                       // sum over the world group, ring by default
 //   });
 //   fmt::print("{}\n", sim::format_time(report.sim_time));
 //
-// Simulated contexts are made by make_sim_context() (runtime/sim_backend.h) from a topology.
+// Contexts on any backend by name: rt::make_context (runtime/backend_registry.h); simulated ones
+// also by make_sim_context() (runtime/sim_backend.h) from a topology.
 #pragma once
 
 #include <functional>
@@ -30,7 +31,6 @@
 namespace cubesim::rt {
 
 struct ContextOptions {
-  BackendKind backend = BackendKind::host;
   int world_size = 0;          // 0: every device the backend has (required > 0 for host)
   bool trace = false;          // record trace spans (per-rank compute/communication, links, PEs)
   Algorithm algorithm = Algorithm::ring;  // default collective algorithm

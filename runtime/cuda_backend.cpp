@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise_cuda.h"
+#include "runtime/backend_info.h"
 #include "runtime/errors.h"
 #include "runtime/nccl_library.h"
 #include "runtime/process_group.h"
@@ -562,10 +563,33 @@ std::unique_ptr<Context> make_cuda_context(ContextOptions ctx_opts, CudaBackendO
     }
   }
   auto be = std::make_unique<CudaBackend>(ranks, cuda_opts);
-  ctx_opts.backend = BackendKind::cuda;
   ctx_opts.world_size = ranks;
   ctx_opts.stack_size = std::max<std::size_t>(ctx_opts.stack_size, 1 << 20);
   return std::make_unique<Context>(ctx_opts, std::move(be));
 }
+
+namespace {
+std::unique_ptr<Context> make_cuda(ContextOptions o, const BackendArgs& a) {
+  reject_topology("cuda", a);
+  OptionReader r("cuda", a.options);
+  CudaBackendOptions co;
+  co.gemm_mode = cuda::parse_gemm_mode(r.choice("gemm_mode", "exact", {"exact", "tensor_core"}));
+  co.collectives = parse_cuda_collectives(r.choice("collectives", "ring", {"ring", "nccl"}));
+  r.finish();
+  if (cuda_device_count() == 0) {
+    throw BackendUnavailableError("backend 'cuda': no usable GPU here (" + cuda_unavailable_reason() +
+                                  "); use backend 'sim' or 'host'");
+  }
+  return make_cuda_context(o, co);
+}
+}  // namespace
+
+extern const BackendInfo kCudaBackendInfo;
+const BackendInfo kCudaBackendInfo{
+    .name = "cuda",
+    .summary = "real GPUs, one rank per GPU: exact or tensor-core GEMMs, the runtime's collectives or NCCL",
+    .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl')",
+    .unavailable = [] { return cuda_device_count() > 0 ? std::string() : "no usable GPU: " + cuda_unavailable_reason(); },
+    .make = &make_cuda};
 
 }  // namespace cubesim::rt

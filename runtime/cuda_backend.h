@@ -71,7 +71,7 @@ class CudaBackend final : public Backend {
   CudaBackend(int ranks, CudaBackendOptions opts);
   ~CudaBackend() override;
 
-  BackendKind kind() const override { return BackendKind::cuda; }
+  std::string_view name() const override { return "cuda"; }
   int ranks() const override;
   std::string describe() const override;
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;

@@ -4,6 +4,7 @@
 //   RuntimeError      wrong shape, dtype or device; bad group; unsupported algorithm
 //   CollectiveError   ranks called mismatched collectives, or some never arrived
 //   RankError         spawn(): one or more ranks failed; names each rank and its cause
+//   BackendUnavailableError  a backend this build or machine cannot run (says why)
 #pragma once
 
 #include <exception>
@@ -16,6 +17,12 @@ namespace cubesim::rt {
 class RuntimeError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+};
+
+// A backend that cannot run here (cuda without a GPU, or a build without CUDA).
+class BackendUnavailableError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class CollectiveError : public std::runtime_error {

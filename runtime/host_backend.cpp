@@ -4,25 +4,10 @@
 
 #include <fmt/format.h>
 
+#include "runtime/backend_info.h"
 #include "runtime/errors.h"
 
 namespace cubesim::rt {
-
-std::string_view backend_name(BackendKind k) {
-  switch (k) {
-    case BackendKind::sim: return "sim";
-    case BackendKind::host: return "host";
-    case BackendKind::cuda: return "cuda";
-  }
-  return "?";
-}
-
-BackendKind parse_backend(std::string_view s) {
-  if (s == "sim") return BackendKind::sim;
-  if (s == "host") return BackendKind::host;
-  if (s == "cuda") return BackendKind::cuda;
-  throw RuntimeError(fmt::format("unknown backend '{}': valid backends are sim, host, cuda", s));
-}
 
 HostStorage::HostStorage(int rank, std::uint64_t bytes)
     : Storage(rank, bytes), data_(new std::uint8_t[bytes ? bytes : 1]) {}
@@ -49,5 +34,21 @@ void HostBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, 
   auto& s = const_cast<Storage&>(src);
   std::memmove(static_cast<std::uint8_t*>(dst.host_ptr()) + dst_off, static_cast<std::uint8_t*>(s.host_ptr()) + src_off, n);
 }
+
+namespace {
+std::unique_ptr<Context> make_host(ContextOptions o, const BackendArgs& a) {
+  reject_topology("host", a);
+  OptionReader("host", a.options).finish();
+  return std::make_unique<Context>(o);
+}
+}  // namespace
+
+extern const BackendInfo kHostBackendInfo;
+const BackendInfo kHostBackendInfo{
+    .name = "host",
+    .summary = "the reference: plain CPU memory, no simulated time; the bit-exact replay of a simulated run",
+    .options = "none (world_size >= 1 ranks)",
+    .unavailable = [] { return std::string(); },
+    .make = &make_host};
 
 }  // namespace cubesim::rt

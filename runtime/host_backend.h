@@ -24,7 +24,8 @@ class HostStorage final : public Storage {
 class HostBackend final : public Backend {
  public:
   explicit HostBackend(int ranks) : ranks_(ranks) {}
-  BackendKind kind() const override { return BackendKind::host; }
+  std::string_view name() const override { return "host"; }
+  bool reference() const override { return true; }
   int ranks() const override { return ranks_; }
   std::string describe() const override;
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;

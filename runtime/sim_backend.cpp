@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "kernels/sim_pe_gemm.h"
+#include "runtime/backend_info.h"
 #include "runtime/errors.h"
 #include "runtime/tensor.h"
 
@@ -112,8 +113,29 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
 }
 
 std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, hw::Topology topology, SimBackendOptions sim_opts) {
-  ctx_opts.backend = BackendKind::sim;
   return std::make_unique<Context>(ctx_opts, std::make_unique<SimBackend>(std::move(topology), std::move(sim_opts)));
 }
+
+namespace {
+std::unique_ptr<Context> make_sim(ContextOptions o, const BackendArgs& a) {
+  OptionReader r("sim", a.options);
+  SimBackendOptions so;
+  so.timing_only = r.flag("timing_only", false);
+  so.check_uninitialized = r.flag("check_uninitialized", false);
+  so.hazards = hw::parse_hazard_mode(r.choice("hazards", "throw", {"throw", "record", "off"}));
+  r.finish();
+  if (a.topology) return make_sim_context(o, *a.topology, so);
+  return make_sim_context(o, hw::load_topology(kDefaultTopology), so);
+}
+}  // namespace
+
+extern const BackendInfo kSimBackendInfo;
+const BackendInfo kSimBackendInfo{
+    .name = "sim",
+    .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
+    .options = "timing_only (bool), check_uninitialized (bool), hazards ('throw' | 'record' | 'off'); a topology "
+               "(default single_cube)",
+    .unavailable = [] { return std::string(); },
+    .make = &make_sim};
 
 }  // namespace cubesim::rt

@@ -24,6 +24,9 @@ namespace cubesim::rt {
 
 // How the backend runs; what it runs on is the hw::Topology given next to these (built once, by
 // hw::load_topology with any overrides, by whoever chose it).
+// The topology a sim context runs when none is given (the smallest shipped system).
+inline constexpr const char* kDefaultTopology = "single_cube";
+
 struct SimBackendOptions {
   bool timing_only = false;
   bool check_uninitialized = false;  // reading HBM never written is an error
@@ -50,7 +53,8 @@ class SimBackend final : public Backend {
  public:
   SimBackend(hw::Topology topo, SimBackendOptions opts);
   void attach(sim::Simulator& sim) override;
-  BackendKind kind() const override { return BackendKind::sim; }
+  std::string_view name() const override { return "sim"; }
+  const hw::Topology* topology() const override { return &topo_; }
   int ranks() const override { return static_cast<int>(topo_.cubes.size()); }
   std::string describe() const override;
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;
@@ -63,7 +67,6 @@ class SimBackend final : public Backend {
   void declare_tracks(int ranks) override { system_->declare_tracks(ranks); }
 
   hw::System& system() { return *system_; }
-  const hw::Topology& topology() const { return topo_; }
   // The time `cost` takes on cube `rank` (roofline of its PEs' MAC or vector rate against HBM).
   sim::Duration cost_time(int rank, const OpCost& cost) const;
 

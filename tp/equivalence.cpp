@@ -156,7 +156,7 @@ EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions&
     const bool sums_partials = (name == "output" || name == "input_grad") && o.tp > 1;
     rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), !sums_partials, tol));
   }
-  if (ctx.backend().kind() != rt::BackendKind::host) {
+  if (!ctx.backend().reference()) {
     rt::ContextOptions hp;
     hp.world_size = o.tp;
     rt::Context hostp(hp);

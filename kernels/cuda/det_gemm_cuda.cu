@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -20,6 +22,13 @@ const char* gemm_mode_name(GemmMode m) {
     case GemmMode::tensor_core: return "tensor_core";
   }
   return "?";
+}
+
+GemmMode parse_gemm_mode(std::string_view s) {
+  for (GemmMode m : {GemmMode::exact, GemmMode::tensor_core}) {
+    if (s == gemm_mode_name(m)) return m;
+  }
+  throw std::invalid_argument("gemm_mode: '" + std::string(s) + "' is not valid; use 'exact' or 'tensor_core'");
 }
 
 const char* tc_config_name(TcConfig c) {

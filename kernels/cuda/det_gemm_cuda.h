@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/det_gemm.h"
 #include "base/dtype.h"
@@ -49,6 +50,8 @@ enum class GemmMode : std::uint8_t {
 
 // "exact" / "tensor_core".
 const char* gemm_mode_name(GemmMode m);
+// "exact" | "tensor_core"; anything else throws std::invalid_argument naming the input and the modes.
+GemmMode parse_gemm_mode(std::string_view s);
 
 // Tensor-core tile configurations. Every one computes the same bits for every element (the
 // per-element k sequence is the same; only how many rows/columns a CTA covers differs); `automatic`

@@ -32,6 +32,7 @@ naming the failing ranks, CollectiveError, BackendUnavailableError.
 """
 from . import _cubesim
 from ._cubesim import (
+    DEFAULT_TOPOLOGY,
     BackendUnavailableError,
     CollectiveError,
     CollectiveResult,
@@ -51,6 +52,7 @@ from ._cubesim import (
     algorithms,
     all_reduce,
     apply_override,
+    backend_info,
     backends,
     barrier,
     bias_grad,
@@ -85,7 +87,6 @@ from ._cubesim import (
 
 __version__ = "0.1.0"
 
-DEFAULT_TOPOLOGY = "single_cube"
 DTYPES = ("f32", "bf16", "f16")
 
 

@@ -346,8 +346,8 @@ def cmd_run(args):
     ctx = cs.Context(
         args.backend,
         world_size=tp,
-        topology=topo if sim else args.topology,  # the Topology loaded above: loaded and validated once
-        timing_only=args.timing_only,
+        topology=topo,  # the Topology loaded above (loaded and validated once); None off sim
+        timing_only=args.timing_only if sim else None,  # a backend option: sim's only
         trace=bool(args.trace),  # the hardware table comes from the units' counters, not from a trace
         algorithm=args.algorithm,
         record_ops=args.backend == "cuda",
@@ -658,7 +658,8 @@ def build_parser():
                      help=f"a shipped topology or a JSON file (default: {cs.DEFAULT_TOPOLOGY}; see cubesim topo list)")
     run.add_argument("--tp", type=int, metavar="N",
                      help="tensor-parallel ranks, one per cube (default: as many as the topology holds and ffn divides)")
-    run.add_argument("--backend", default="sim", choices=["sim", "host", "cuda"], help="where it runs (default: sim)")
+    run.add_argument("--backend", default="sim", choices=[b["name"] for b in cs.backend_info()],
+                     help="where it runs (default: sim; see cubesim.backend_info())")
     run.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON (open in ui.perfetto.dev)")
     json_opt(run)
     run.add_argument("--hidden", type=int, default=512, metavar="N", help="hidden size (default 512)")

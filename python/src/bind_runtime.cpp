@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "runtime/algorithms/table.h"
+#include "runtime/backend_registry.h"
 #include "runtime/collectives.h"
 #include "runtime/errors.h"
 #include "runtime/ops.h"
@@ -39,21 +40,17 @@ namespace {
 
 using CtxPtr = std::shared_ptr<rt::Context>;
 
-int cuda_devices() {
-#ifdef CUBESIM_PY_HAVE_CUDA
-  return rt::cuda_device_count();
-#else
-  return 0;
-#endif
-}
-
+// Context(backend, ...): the backend's registry row makes it (runtime/backend_registry.h). The
+// backend's own options go by name, only those the caller gave (None: the backend's default), so
+// a backend rejects an option it does not take.
 std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const py::object& topology,
-                                          const py::object& overrides, bool timing_only, bool check_uninitialized,
-                                          const std::string& hazards, bool trace, const std::string& algorithm,
-                                          bool accumulate_f32, int hierarchy, std::size_t stack_size, bool record_ops,
-                                          const std::string& gemm_mode, const std::string& cuda_collectives) {
+                                          const py::object& overrides, std::optional<bool> timing_only,
+                                          std::optional<bool> check_uninitialized, std::optional<std::string> hazards,
+                                          bool trace, const std::string& algorithm, bool accumulate_f32, int hierarchy,
+                                          std::size_t stack_size, bool record_ops, std::optional<std::string> gemm_mode,
+                                          std::optional<std::string> cuda_collectives) {
+  const rt::BackendInfo& info = rt::find_backend(backend);
   rt::ContextOptions o;
-  o.backend = rt::parse_backend(backend);
   o.world_size = world_size;
   o.trace = trace;
   o.algorithm = rt::parse_algorithm(algorithm);
@@ -61,61 +58,37 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
   o.hierarchy = hierarchy;
   o.stack_size = stack_size;
   o.record_ops = record_ops;
-  switch (o.backend) {
-    case rt::BackendKind::host: return std::make_shared<rt::Context>(o);
-    case rt::BackendKind::cuda: {
-#ifdef CUBESIM_PY_HAVE_CUDA
-      if (rt::cuda_device_count() == 0) {
-        throw BackendUnavailable("backend 'cuda': no usable GPU here (" + rt::cuda_unavailable_reason() +
-                                 "); use backend 'sim' or 'host'");
-      }
-      rt::CudaBackendOptions co;
-      if (gemm_mode == "exact") co.gemm_mode = cuda::GemmMode::exact;
-      else if (gemm_mode == "tensor_core") co.gemm_mode = cuda::GemmMode::tensor_core;
-      else throw py::value_error("gemm_mode: '" + gemm_mode + "' is not valid; use 'exact' or 'tensor_core'");
-      co.collectives = rt::parse_cuda_collectives(cuda_collectives);
-      std::unique_ptr<rt::Context> c;
-      {
-        ReleaseGil nogil;
-        c = rt::make_cuda_context(o, co);
-      }
-      return CtxPtr(std::move(c));
-#else
-      throw BackendUnavailable(
-          "backend 'cuda' is not available in this build: cubesim was built without CUDA (configure with "
-          "-DCUBESIM_CUDA=ON on a machine with nvcc); use backend 'sim' or 'host'");
-#endif
-    }
-    case rt::BackendKind::sim: break;
-  }
+  rt::BackendArgs args;
+  if (timing_only) args.options["timing_only"] = *timing_only;
+  if (check_uninitialized) args.options["check_uninitialized"] = *check_uninitialized;
+  if (hazards) args.options["hazards"] = *hazards;
+  if (gemm_mode) args.options["gemm_mode"] = *gemm_mode;
+  if (cuda_collectives) args.options["collectives"] = *cuda_collectives;
   // A Topology is used as it is (the caller loaded and validated it); a name or path is loaded here,
-  // once, with the overrides.
-  std::optional<hw::Topology> topo;
-  std::vector<std::pair<std::string, nlohmann::json>> ov;
+  // once, with the overrides (which, without a topology, apply to the sim backend's default).
+  std::optional<hw::Topology> given;
+  std::string name;
   if (py::isinstance<hw::Topology>(topology)) {
     if (!overrides.is_none()) {
       throw py::value_error("Context: overrides apply to a topology name or path; this topology is a Topology object, "
                             "already built: pass the overrides to load_topology(name, overrides=...) instead");
     }
-    topo = topology.cast<hw::Topology>();
+    given = topology.cast<hw::Topology>();
   } else if (py::isinstance<py::str>(topology)) {
-    ov = overrides_arg(overrides);
-  } else {
+    name = topology.cast<std::string>();
+  } else if (!topology.is_none()) {
     throw py::type_error(fmt::format("Context: topology must be a name, a path or a Topology, not {}",
                                      py::str(py::type::of(topology).attr("__name__")).cast<std::string>()));
+  } else if (!overrides.is_none()) {
+    name = rt::kDefaultTopology;
   }
-  rt::SimBackendOptions so;
-  so.timing_only = timing_only;
-  so.check_uninitialized = check_uninitialized;
-  if (hazards == "throw") so.hazards = hw::HazardMode::kThrow;
-  else if (hazards == "record") so.hazards = hw::HazardMode::kRecord;
-  else if (hazards == "off") so.hazards = hw::HazardMode::kOff;
-  else throw py::value_error("hazards: '" + hazards + "' is not valid; use 'throw', 'record' or 'off'");
-  const std::string name = topo ? std::string() : topology.cast<std::string>();
+  const auto ov = overrides_arg(overrides);
   std::unique_ptr<rt::Context> c;
   {
     ReleaseGil nogil;  // loading and building a large topology takes a while
-    c = rt::make_sim_context(o, topo ? std::move(*topo) : hw::load_topology(name, ov), so);
+    if (!name.empty()) given = hw::load_topology(name, ov);
+    args.topology = given ? &*given : nullptr;
+    c = info.make(o, args);
   }
   return CtxPtr(std::move(c));
 }
@@ -534,22 +507,24 @@ void bind_runtime(py::module_& m) {
                                   "  ctx = cubesim.Context('sim', topology='ring4')      # one rank per cube\n"
                                   "  ctx = cubesim.Context('host', world_size=4)         # the reference, no time\n"
                                   "  report = ctx.spawn(lambda rank: ...)                # fn(rank) on every rank\n\n"
-                                  "backend: 'sim' | 'host' | 'cuda' (cuda raises BackendUnavailableError in this "
-                                  "build). world_size 0 (sim): one rank per cube. topology: a name, a path or a "
-                                  "Topology (from load_topology); overrides (dict of dotted paths) go with a name or "
-                                  "path. timing_only (no values, same times), check_uninitialized, hazards "
-                                  "('throw' | 'record' | 'off') apply to sim. trace records spans for save_trace(). "
+                                  "backend: a name from backend_info() ('sim', 'host', 'cuda'; one that cannot run "
+                                  "here raises BackendUnavailableError saying why). world_size 0 (sim): one rank per "
+                                  "cube. topology (sim only): a name, a path or a Topology (from load_topology; "
+                                  "default single_cube); overrides (dict of dotted paths) go with a name or path. "
+                                  "Backend options (None: the backend's default; a backend rejects those it does not "
+                                  "take): timing_only (no values, same times), check_uninitialized, hazards ('throw' "
+                                  "| 'record' | 'off') for sim; gemm_mode ('exact' | 'tensor_core') and "
+                                  "cuda_collectives ('ring' | 'nccl') for cuda. trace records spans for save_trace(). "
                                   "algorithm, accumulate_f32, hierarchy: collective defaults. stack_size: bytes per "
                                   "rank process (Python rank functions need room; 1 MiB by default). record_ops keeps "
-                                  "a record of every GEMM and collective (op_records()). gemm_mode ('exact' | "
-                                  "'tensor_core') and cuda_collectives ('ring' | 'nccl') apply to cuda.")
+                                  "a record of every GEMM and collective (op_records()).")
       .def(py::init(&make_context), py::arg("backend") = "sim", py::arg("world_size") = 0, py::kw_only(),
-           py::arg("topology") = "single_cube", py::arg("overrides") = py::none(), py::arg("timing_only") = false,
-           py::arg("check_uninitialized") = false, py::arg("hazards") = "throw", py::arg("trace") = false,
+           py::arg("topology") = py::none(), py::arg("overrides") = py::none(), py::arg("timing_only") = py::none(),
+           py::arg("check_uninitialized") = py::none(), py::arg("hazards") = py::none(), py::arg("trace") = false,
            py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
-           py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = "exact",
-           py::arg("cuda_collectives") = "ring")
-      .def_property_readonly("backend", [](rt::Context& c) { return std::string(rt::backend_name(c.backend().kind())); })
+           py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = py::none(),
+           py::arg("cuda_collectives") = py::none())
+      .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })
       .def_property_readonly("trace_enabled", [](rt::Context& c) { return c.trace().enabled(); })
@@ -557,8 +532,8 @@ void bind_runtime(py::module_& m) {
                              "Simulated time so far (runs follow one another on one clock).")
       .def_property_readonly("topology",
                              [](rt::Context& c) -> py::object {
-                               if (c.backend().kind() != rt::BackendKind::sim) return py::none();
-                               return py::cast(static_cast<rt::SimBackend&>(c.backend()).topology());
+                               const hw::Topology* t = c.backend().topology();
+                               return t ? py::cast(*t) : py::object(py::none());
                              },
                              "The Topology of a sim context (None for host).")
       .def("describe", [](rt::Context& c) { return c.backend().describe(); })
@@ -642,11 +617,24 @@ void bind_runtime(py::module_& m) {
 
   m.def("backends", [] {
     py::dict d;
-    d["sim"] = true;
-    d["host"] = true;
-    d["cuda"] = cuda_devices() > 0;
+    for (const rt::BackendInfo* b : rt::backends()) d[py::str(std::string(b->name))] = b->unavailable().empty();
     return d;
-  }, "Which backends can run here: sim and host always; cuda when this build has it and a GPU is visible.");
+  }, "Which backends can run here, by name (the registry: runtime/backend_registry.h); backend_info() says why not.");
+  m.attr("DEFAULT_TOPOLOGY") = rt::kDefaultTopology;
+  m.def("backend_info", [] {
+    py::list l;
+    for (const rt::BackendInfo* b : rt::backends()) {
+      py::dict d;
+      d["name"] = std::string(b->name);
+      d["summary"] = std::string(b->summary);
+      d["options"] = std::string(b->options);
+      const std::string why = b->unavailable();
+      d["available"] = why.empty();
+      d["why_not"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
+      l.append(d);
+    }
+    return l;
+  }, "Every backend of the registry: name, summary, the options it takes, whether it can run here and why not.");
   m.def("cuda_built", [] {
 #ifdef CUBESIM_PY_HAVE_CUDA
     return true;
@@ -654,7 +642,13 @@ void bind_runtime(py::module_& m) {
     return false;
 #endif
   }, "Whether this build has the cuda backend.");
-  m.def("cuda_device_count", &cuda_devices, "GPUs the cuda backend can use (0 without a CUDA build, driver or GPU).");
+  m.def("cuda_device_count", [] {
+#ifdef CUBESIM_PY_HAVE_CUDA
+    return rt::cuda_device_count();
+#else
+    return 0;
+#endif
+  }, "GPUs the cuda backend can use (0 without a CUDA build, driver or GPU).");
 
   // ---- collectives: called from inside a rank function ----
   m.def("all_reduce",

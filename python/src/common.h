@@ -71,12 +71,6 @@ class ReleaseGil {
   PyThreadState* state_;
 };
 
-// The backend is not part of this build (cuda, until it exists): Python's BackendUnavailableError.
-class BackendUnavailable : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // A tensor as Python holds it: the tensor plus its context, which owns the memory it lives in
 // (so a tensor keeps its context alive, never the other way round).
 struct PyTensor {

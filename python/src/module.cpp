@@ -214,7 +214,7 @@ void register_exceptions(py::module_& m) {
       set_rank_error(e, py::handle());
     } catch (const rt::CollectiveError& e) {
       PyErr_SetString(g_collective_error, e.what());
-    } catch (const BackendUnavailable& e) {
+    } catch (const rt::BackendUnavailableError& e) {
       PyErr_SetString(g_backend_error, e.what());
     }
   });

@@ -505,3 +505,19 @@ def test_a_switch_counts_its_links_in_the_hardware_table():
                         ffn=512)
     links = rep.utilisation(8)["links"]
     assert links["directions"] == 16 and links["active"] == 16  # c<i>->sw and sw->c<i>
+
+
+def test_backends_come_from_the_registry_and_check_their_options():
+    info = {b["name"]: b for b in cs.backend_info()}
+    assert set(info) == {"sim", "host", "cuda"} and set(cs.backends()) == set(info)
+    assert info["sim"]["available"] and info["host"]["available"] and info["host"]["why_not"] is None
+    assert all(b["summary"] and b["options"] for b in info.values())
+    if not info["cuda"]["available"]:
+        assert info["cuda"]["why_not"]
+    with pytest.raises(ValueError, match="backend 'host' has no option 'timing_only'"):
+        cs.Context("host", world_size=2, timing_only=True)
+    with pytest.raises(ValueError, match="backend 'host' simulates no system and takes no topology"):
+        cs.Context("host", world_size=2, topology="ring4")
+    with pytest.raises(ValueError, match="backend 'sim' has no option 'gemm_mode'"):
+        cs.Context("sim", topology="ring4", gemm_mode="exact")
+    assert cs.Context("sim").topology.name == cs.DEFAULT_TOPOLOGY

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "runtime/backend_registry.h"
 #include "runtime/context.h"
 #include "runtime/errors.h"
 
