@@ -410,7 +410,7 @@ void bind_runtime(py::module_& m) {
                              },
                              "What each hardware unit did during this run, from the units' counters (no trace "
                              "needed): one dict per unit (id, kind 'memory'|'dma_read'|'dma_write'|'link'|"
-                             "'switch_port'|'mac'|'vector', name, cube, pe, from, to, bytes (operations on a "
+                             "'mac'|'vector', name, cube, pe, from, to, bytes (operations on a "
                              "compute unit), pieces, busy_ps (a memory: its busiest channel), channel_busy_ps, "
                              "hits, misses). Empty on backends that simulate no hardware.")
       .def("utilisation", &utilisation_dict, py::arg("cubes"),

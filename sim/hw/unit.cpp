@@ -15,7 +15,6 @@ std::string_view unit_kind_name(UnitKind k) {
     case UnitKind::dma_read: return "dma_read";
     case UnitKind::dma_write: return "dma_write";
     case UnitKind::link: return "link";
-    case UnitKind::switch_port: return "switch_port";
     case UnitKind::mac: return "mac";
     case UnitKind::vector: return "vector";
   }

@@ -1,7 +1,7 @@
 // unit.h — a hardware unit: one piece of the machine with its own figures, counters and trace track.
 //
-// Every memory (HBM, TCM, host DRAM), DMA channel, link direction, switch port, MAC array and
-// vector unit of a System is a Unit with an id, a kind and a name. A unit counts what it serves
+// Every memory (HBM, TCM, host DRAM), DMA channel, link direction, MAC array and vector unit of a
+// System is a Unit with an id, a kind and a name. A unit counts what it serves
 // (bytes, or operations on a compute unit; pieces; busy time) whether or not a trace records, so
 // statistics come from the counters (System::usage()), never from a recorded trace:
 //
@@ -25,11 +25,10 @@
 namespace cubesim::hw {
 
 // dma_read: a DMA channel into a PE's TCM; dma_write: out of it.
-enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, switch_port, mac, vector };
-inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory, UnitKind::dma_read,    UnitKind::dma_write,
-                                             UnitKind::link,   UnitKind::switch_port, UnitKind::mac,
-                                             UnitKind::vector};
-// "memory", "dma_read", "dma_write", "link", "switch_port", "mac", "vector"
+enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector };
+inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory, UnitKind::dma_read, UnitKind::dma_write,
+                                             UnitKind::link,   UnitKind::mac,      UnitKind::vector};
+// "memory", "dma_read", "dma_write", "link", "mac", "vector"
 std::string_view unit_kind_name(UnitKind k);
 
 // A unit's index in its System (System::unit(id)); ids are dense, in the order the System built them.
@@ -38,12 +37,12 @@ struct UnitId {
   friend auto operator<=>(UnitId, UnitId) = default;
 };
 
-// Where a unit sits. Links and switch ports name their endpoints (a cube id, kSwitchNode or
+// Where a unit sits. Links name their endpoints (a cube id, kSwitchNode or
 // kHostNode, topology.h); -1 where a field does not apply.
 struct UnitPlace {
   int cube = -1;  // the cube it belongs to (-1: the host, a link, the switch)
   int pe = -1;    // the PE it belongs to
-  int from = -1;  // links and switch ports
+  int from = -1;  // links
   int to = -1;
 };
 

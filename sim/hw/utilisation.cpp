@@ -18,7 +18,7 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, in
   double active_busy = 0;
   for (const UnitUsage& u : usage) {
     const auto busy = static_cast<double>(u.busy);
-    if (u.kind == UnitKind::link || u.kind == UnitKind::switch_port) {
+    if (u.kind == UnitKind::link) {
       if (!among(u.place.from) || !among(u.place.to)) continue;
       ++out.links.directions;
       if (u.busy > 0) {
@@ -41,8 +41,7 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, in
       case UnitKind::memory:
         if (u.place.pe < 0) s.hbm = std::max(s.hbm, busy);  // the cube's HBM, not a PE's TCM
         break;
-      case UnitKind::link:
-      case UnitKind::switch_port: break;
+      case UnitKind::link: break;
     }
   }
   for (int c = 0; c < cubes; ++c) {
