@@ -570,6 +570,7 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
   E.nc = o.nc ? round_up(o.nc, kNR) : kDefaultNc;
   E.kc = o.kc ? o.kc : kDefaultKc;
   E.superblock = std::max(E.mc, kSuperblockRows / E.mc * E.mc);
+  // An isa outside the enum (options read from untrusted bytes) is an error, after the switch.
   switch (o.isa) {
     case GemmIsa::automatic:
       E.uk = cpu_has_avx2_fma() ? &detail::microkernel_6x16_avx2 : &detail::microkernel_6x16_portable;
@@ -583,9 +584,10 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
       }
       E.uk = &detail::microkernel_6x16_avx2;
       break;
-    default:
-      throw std::invalid_argument(fmt::format("{}: options.isa has invalid value {}; valid: automatic, portable, avx2",
-                                              fn, static_cast<int>(o.isa)));
+  }
+  if (o.isa != GemmIsa::automatic && o.isa != GemmIsa::portable && o.isa != GemmIsa::avx2) {
+    throw std::invalid_argument(fmt::format("{}: options.isa has invalid value {}; valid: automatic, portable, avx2", fn,
+                                            static_cast<int>(o.isa)));
   }
   // The AVX2 packers only where the AVX2 micro-kernel runs: `portable` stays free of AVX2 entirely.
   const bool simd = E.uk == &detail::microkernel_6x16_avx2;

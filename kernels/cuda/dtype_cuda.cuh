@@ -33,16 +33,18 @@ __device__ __forceinline__ float load_elem_rt(const void* p, DType t, std::int64
   switch (t) {
     case DType::bf16: return load_elem<DType::bf16>(p, i);
     case DType::f16: return load_elem<DType::f16>(p, i);
-    default: return load_elem<DType::f32>(p, i);
+    case DType::f32: break;
   }
+  return load_elem<DType::f32>(p, i);
 }
 
 __device__ __forceinline__ void store_elem_rt(void* p, DType t, std::int64_t i, float v) {
   switch (t) {
     case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); return;
     case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); return;
-    default: static_cast<float*>(p)[i] = v; return;
+    case DType::f32: break;
   }
+  static_cast<float*>(p)[i] = v;
 }
 
 }  // namespace cubesim::cuda::detail
