@@ -16,11 +16,13 @@
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
 #include "runtime/collectives.h"
+#include "runtime/run_collective.h"
 #include "runtime/sim_backend.h"
 #include "sim/hw/topology.h"
 
@@ -44,6 +46,17 @@ struct Row {
   bool functional = false;
 };
 
+// Random finite bf16/f16 bit patterns, cheaply: a splitmix stream per rank.
+void random_input(int rank, std::span<std::uint8_t> bytes) {
+  std::uint64_t s = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(rank + 1);
+  for (std::size_t i = 0; i + 1 < bytes.size(); i += 2) {
+    s += 0x9e3779b97f4a7c15ull;
+    const std::uint64_t z = (s ^ (s >> 30)) * 0xbf58476d1ce4e5b9ull;
+    const auto b = static_cast<std::uint16_t>(((z >> 40) & 0x807f) | 0x3c00);  // random sign and mantissa, exponent near 1
+    std::memcpy(bytes.data() + i, &b, 2);
+  }
+}
+
 Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nlohmann::json>>& overrides,
             const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional) {
   ContextOptions o;
@@ -53,47 +66,27 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
   const std::int64_t elems = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / dtype_size(d)));
   const bool whole = coll == "all_reduce" || coll == "broadcast";
   const std::int64_t per = whole ? elems : std::max<std::int64_t>(1, elems / p);
-  std::vector<sim::Time> start(static_cast<std::size_t>(p)), end(static_cast<std::size_t>(p));
-  double w0 = 0, w1 = 0;
-  ctx->spawn(p, [&](int r) {
-    const std::int64_t in_n = coll == "reduce_scatter" ? per * p : per;
-    const std::int64_t out_n = coll == "all_gather" ? per * p : per;
-    Tensor in = ctx->empty(r, {in_n}, d, "input");
-    if (functional) {  // random finite values, cheaply: a splitmix stream per rank
-      std::vector<std::uint16_t> bits(static_cast<std::size_t>(in.nbytes() / 2));
-      std::uint64_t s = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(r + 1);
-      for (auto& b : bits) {
-        s += 0x9e3779b97f4a7c15ull;
-        const std::uint64_t z = (s ^ (s >> 30)) * 0xbf58476d1ce4e5b9ull;
-        b = static_cast<std::uint16_t>(((z >> 40) & 0x807f) | 0x3c00);  // random sign and mantissa, exponent near 1
-      }
-      in.copy_from_host_bytes(bits.data(), in.nbytes());
-    }
-    Tensor out = whole ? in : ctx->empty(r, {out_n}, d, "output");
-    CollectiveOptions co;
-    co.algorithm = a;
-    barrier();
-    if (r == 0) w0 = wall_seconds();
-    start[static_cast<std::size_t>(r)] = ctx->simulator().now();
-    if (coll == "all_reduce") all_reduce(in, ReduceOp::sum, nullptr, co);
-    else if (coll == "broadcast") broadcast(in, 0, nullptr, co);
-    else if (coll == "all_gather") all_gather(out, in, nullptr, co);
-    else reduce_scatter(out, in, ReduceOp::sum, nullptr, co);
-    end[static_cast<std::size_t>(r)] = ctx->simulator().now();
-    barrier();
-    if (r == 0) w1 = wall_seconds();
-  });
+  CollectiveCase c{.collective = parse_collective_kind(coll),
+                   .dtype = d,
+                   .count = coll == "reduce_scatter" ? per * p : per,
+                   .options = {.algorithm = a, .accumulate_f32 = std::nullopt},
+                   .ranks = p,
+                   .make_input = functional ? random_input : nullptr,  // made on each rank, not held for all
+                   .read_outputs = false,
+                   .timed = true};
+  const CollectiveOutcome res = run_collective(*ctx, c);
   Row row;
   row.topology = topo;
   row.collective = coll;
   row.algorithm = std::string(algorithm_name(a));
   row.ranks = p;
   row.bytes = static_cast<std::uint64_t>(whole ? per : per * p) * dtype_size(d);
-  const sim::Duration t = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+  const sim::Duration t =
+      *std::max_element(res.end.begin(), res.end.end()) - *std::min_element(res.start.begin(), res.start.end());
   row.sim_time_us = sim::to_us(t);
   row.algbw = t ? static_cast<double>(row.bytes) / sim::to_s(t) / 1e9 : 0;
   row.busbw = row.algbw * bus_factor(coll, p);
-  row.wall_s = w1 - w0;
+  row.wall_s = res.wall_s;
   row.functional = functional;
   return row;
 }

@@ -15,8 +15,7 @@
 #include "bench_util.h"
 #include "runtime/sim_backend.h"
 #include "sim/hw/topology.h"
-#include "tp/layers.h"
-#include "tp/parallel_state.h"
+#include "tp/mlp_step.h"
 
 using namespace cubesim;
 using namespace cubesim::bench;
@@ -57,20 +56,17 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {  // fewer cubes than tp
         continue;
       }
-      rt::RunReport rep = ctx->spawn(tp, [&](int r) {
-        tp::initialize_model_parallel(tp);
-        tp::ParallelMLP mlp(*ctx, {.hidden = hidden, .ffn = ffn, .dtype = DType::bf16, .seed = 7});
-        rt::Tensor x = ctx->empty(r, {tokens, hidden}, DType::bf16, "x");
-        rt::Tensor dy = ctx->empty(r, {tokens, hidden}, DType::bf16, "dy");
-        if (functional) {
-          std::vector<float> v(static_cast<std::size_t>(tokens * hidden));
-          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-          x.copy_from_host_f32(v.data(), tokens * hidden);
-          dy.copy_from_host_f32(v.data(), tokens * hidden);
-        }
-        mlp.forward(x);
-        mlp.backward(dy);
-      });
+      tp::MlpStepOptions so{
+          .mlp = {.hidden = hidden, .ffn = ffn, .dtype = DType::bf16, .seed = 7},
+          .tokens = tokens,
+          .tp = tp,
+          .inputs_first = true};
+      if (functional) {  // the same cheap pattern for x and dy: this bench measures time, not numerics
+        so.x.resize(static_cast<std::size_t>(tokens * hidden));
+        for (std::size_t i = 0; i < so.x.size(); ++i) so.x[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+        so.dy = so.x;
+      }
+      const rt::RunReport rep = tp::run_mlp_step(*ctx, so).report;
       const auto& r0 = rep.ranks.at(0);
       const double sim_us = sim::to_us(rep.sim_time), comp = sim::to_us(r0.compute), comm = sim::to_us(r0.comm);
       t.row({topo, std::to_string(tp), fmt::format("{:.1f}", sim_us), fmt::format("{:.1f}", comp), fmt::format("{:.1f}", comm),

@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -35,8 +34,7 @@
 #include "runtime/sim_backend.h"
 #include "sim/hw/topology.h"
 #include "tp/equivalence.h"
-#include "tp/layers.h"
-#include "tp/parallel_state.h"
+#include "tp/mlp_step.h"
 #ifdef CUBESIM_XCHECK_CUDA
 #include "runtime/cuda_backend.h"
 #endif
@@ -64,54 +62,23 @@ struct Args {
 using RankTensors = std::vector<std::map<std::string, std::vector<std::uint8_t>>>;
 
 struct MlpRun {
-  RankTensors tensors;
-  rt::RunReport report;
-  std::vector<rt::OpRecord> ops;                 // every rank, every step
-  std::vector<std::vector<std::uint64_t>> steps; // per rank: a begin_region token per step
+  tp::MlpStepResult step;
+  std::vector<rt::OpRecord> ops;  // every rank, every step
 };
 
-// forward + backward `iters` times on `tp` ranks, from random inputs (never zeros: they run faster
-// than real data on tensor cores); `collect` reads every tensor back.
-MlpRun run_mlp(rt::Context& ctx, const Size& s, int tp, bool collect, int iters, std::uint64_t seed = 99) {
-  const DType dt = DType::bf16;
-  const bool values = !ctx.backend().timing_only();
-  std::vector<float> x, dy;
-  if (values) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> nrm(0.0f, 1.0f);
-    x.resize(static_cast<std::size_t>(s.tokens * s.hidden));
-    dy.resize(x.size());
-    for (auto& v : x) v = round_to(dt, nrm(rng));
-    for (auto& v : dy) v = round_to(dt, 0.1f * nrm(rng));
-  }
+// forward + backward `iters` times on `tp` ranks, each iteration a measured "step" region, from
+// random inputs (never zeros: they run faster than real data on tensor cores); `collect` reads
+// every tensor back.
+MlpRun run_mlp(rt::Context& ctx, const Size& s, int tp, bool collect, int iters) {
   MlpRun run;
-  run.tensors.resize(static_cast<std::size_t>(tp));
-  run.steps.resize(static_cast<std::size_t>(tp));
-  run.report = ctx.spawn(tp, [&](int r) {
-    tp::initialize_model_parallel(tp);
-    tp::ParallelMLP mlp(ctx, {.hidden = s.hidden, .ffn = s.ffn, .dtype = dt, .seed = 7});
-    rt::Tensor xt = values ? ctx.from_host_f32(r, {s.tokens, s.hidden}, dt, x) : ctx.empty(r, {s.tokens, s.hidden}, dt);
-    rt::Tensor dyt = values ? ctx.from_host_f32(r, {s.tokens, s.hidden}, dt, dy) : ctx.empty(r, {s.tokens, s.hidden}, dt);
-    rt::Tensor y, dx;
-    for (int it = 0; it < iters; ++it) {
-      const std::uint64_t tok = ctx.backend().begin_region(r, "step");
-      y = mlp.forward(xt);
-      dx = mlp.backward(dyt);
-      ctx.backend().end_region(tok);
-      run.steps[static_cast<std::size_t>(r)].push_back(tok);
-    }
-    if (collect && values) {
-      auto& m = run.tensors[static_cast<std::size_t>(r)];
-      m["output"] = y.to_host_bytes();
-      m["input_grad"] = dx.to_host_bytes();
-      m["fc1.output"] = mlp.pre_activation.to_host_bytes();
-      m["fc1.weight_grad"] = mlp.fc1.weight_grad.to_host_bytes();
-      m["fc1.bias_grad"] = mlp.fc1.bias_grad.to_host_bytes();
-      m["fc2.weight_grad"] = mlp.fc2.weight_grad.to_host_bytes();
-      m["fc2.bias_grad"] = mlp.fc2.bias_grad.to_host_bytes();
-    }
-    tp::destroy_model_parallel();
-  });
+  run.step = tp::run_mlp_step(ctx, {.mlp = {.hidden = s.hidden, .ffn = s.ffn, .dtype = DType::bf16, .seed = 7},
+                                    .tokens = s.tokens,
+                                    .tp = tp,
+                                    .iterations = iters,
+                                    .collect = collect ? tp::Collect::all : tp::Collect::none,
+                                    .step_regions = true,
+                                    .inputs_first = true,
+                                    .hold_tensors = true});
   run.ops = ctx.op_records();
   return run;
 }
@@ -293,7 +260,7 @@ int main(int argc, char** argv) {
         for (const Mode& m : modes) {
           auto cctx = cuda_context(tp, m.opts, false);
           gpu_name = static_cast<rt::CudaBackend&>(cctx->backend()).device_name(0);
-          diffs.push_back(compare(run_mlp(*cctx, a.check, tp, true, 1).tensors, sim.tensors));
+          diffs.push_back(compare(run_mlp(*cctx, a.check, tp, true, 1).step.tensors, sim.step.tensors));
         }
         const double tol = tp::tp_tolerance(DType::bf16, std::max(tp, 2));
         Table t({"tensor", "exact+ring vs sim", "tensor_core+nccl vs sim (max abs, rel norm)"});
@@ -318,7 +285,7 @@ int main(int argc, char** argv) {
     const MlpRun sim = run_mlp(*sctx, a.time, tp, false, 1);
     const auto sim_ops = rank0_ops(sim.ops, 0, SIZE_MAX);
     fmt::print("\ntime: MLP step {} tokens x {} hidden x {} ffn, bf16, rank 0; simulated step {:.1f} us\n", a.time.tokens,
-               a.time.hidden, a.time.ffn, sim::to_us(sim.report.sim_time));
+               a.time.hidden, a.time.ffn, sim::to_us(sim.step.report.sim_time));
     std::vector<std::string> header = {"op", "sim us"};
     std::map<std::string, std::vector<double>> measured[2];
     std::vector<double> step_us[2];
@@ -331,7 +298,7 @@ int main(int argc, char** argv) {
         const MlpRun g = run_mlp(*cctx, a.time, tp, false, a.iters);
         rt::Backend& be = cctx->backend();
         for (int it = 1; it < a.iters; ++it) {
-          step_us[mi].push_back(1e6 * be.measured_seconds(g.steps[0][static_cast<std::size_t>(it)]));
+          step_us[mi].push_back(1e6 * be.measured_seconds(g.step.steps[0][static_cast<std::size_t>(it)]));
           for (const auto& [key, op] : rank0_ops(g.ops, static_cast<std::size_t>(it) * sim_ops.size(), sim_ops.size())) {
             measured[mi][key].push_back(1e6 * be.measured_seconds(op->region));
           }
@@ -355,7 +322,7 @@ int main(int argc, char** argv) {
       out["timing"].push_back(j);
     }
     {
-      const double s_us = sim::to_us(sim.report.sim_time);
+      const double s_us = sim::to_us(sim.step.report.sim_time);
       std::vector<std::string> row = {"step (forward + backward)", fmt::format("{:.1f}", s_us)};
       nlohmann::json j = {{"tp", tp}, {"op", "step"}, {"kind", "step"}, {"sim_us", s_us}};
       for (int mi = 0; mi < (cuda ? 2 : 0); ++mi) {

@@ -4,12 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
 
 #include <fmt/format.h>
 
 #include "runtime/errors.h"
-#include "tp/parallel_state.h"
+#include "tp/mlp_step.h"
 
 namespace cubesim::tp {
 
@@ -41,61 +40,38 @@ std::vector<float> concat_cols(const std::vector<std::vector<float>>& parts, std
   return v;
 }
 
-Run run_mlp(rt::Context& ctx, const MlpCheckOptions& o, int tp, const std::vector<float>& x,
-            const std::vector<float>& dy) {
+// The MLP step on `tp` ranks of ctx with every tensor collected, reassembled into full tensors.
+Run run_mlp(rt::Context& ctx, const MlpCheckOptions& o, int tp) {
   const std::int64_t T = o.tokens, H = o.mlp.hidden;
   const bool sp = o.mlp.sequence_parallel && tp > 1;
-  if (sp && T % tp != 0) {
-    throw rt::RuntimeError(fmt::format("sequence parallel needs tokens ({}) divisible by tp ({})", T, tp));
-  }
-  const std::int64_t rows = sp ? T / tp : T;
-  std::vector<std::map<std::string, std::vector<float>>> got(static_cast<std::size_t>(tp));
-  std::vector<std::map<std::string, std::vector<std::uint8_t>>> bits(static_cast<std::size_t>(tp));
-  Run run;
-  MlpOptions mo = o.mlp;
-  mo.sequence_parallel = sp;
-  run.report = ctx.spawn(tp, [&](int rank) {
-    initialize_model_parallel(tp);
-    ParallelMLP mlp(ctx, mo);
-    const std::int64_t r0 = sp ? rank * rows : 0;
-    const std::vector<float> xs(x.begin() + r0 * H, x.begin() + (r0 + rows) * H);
-    const std::vector<float> dys(dy.begin() + r0 * H, dy.begin() + (r0 + rows) * H);
-    rt::Tensor xt = ctx.from_host_f32(rank, {rows, H}, mo.dtype, xs);
-    rt::Tensor y = mlp.forward(xt);
-    rt::Tensor dyt = ctx.from_host_f32(rank, {rows, H}, mo.dtype, dys);
-    rt::Tensor dx = mlp.backward(dyt);
-    auto& g = got[static_cast<std::size_t>(rank)];
-    g["output"] = y.to_host_f32();
-    g["input_grad"] = dx.to_host_f32();
-    g["fc1.output"] = mlp.pre_activation.to_host_f32();
-    g["fc1.weight_grad"] = mlp.fc1.weight_grad.to_host_f32();
-    g["fc2.weight_grad"] = mlp.fc2.weight_grad.to_host_f32();
-    if (mo.bias) {
-      g["fc1.bias_grad"] = mlp.fc1.bias_grad.to_host_f32();
-      g["fc2.bias_grad"] = mlp.fc2.bias_grad.to_host_f32();
-    }
-    bits[static_cast<std::size_t>(rank)]["output"] = y.to_host_bytes();
-    bits[static_cast<std::size_t>(rank)]["input_grad"] = dx.to_host_bytes();
-    destroy_model_parallel();
-  });
+  const MlpStepResult step = run_mlp_step(
+      ctx, {.mlp = o.mlp, .tokens = T, .tp = tp, .data_seed = o.data_seed, .collect = Collect::all});
+  const DType d = o.mlp.dtype;
   auto collect = [&](const std::string& name) {
     std::vector<std::vector<float>> parts;
-    for (auto& g : got) parts.push_back(g[name]);
+    for (const auto& m : step.tensors) {
+      const auto& b = m.at(name);
+      std::vector<float> v(b.size() / dtype_size(d));
+      convert_to_f32(b.data(), d, v.data(), v.size());
+      parts.push_back(std::move(v));
+    }
     return parts;
   };
+  Run run;
+  run.report = step.report;
   // Outputs and input grads: replicated unless sequence parallel (then row shards).
   for (const char* name : {"output", "input_grad"}) {
-    run.full[name] = sp ? concat_rows(collect(name)) : got[0][name];
+    run.full[name] = sp ? concat_rows(collect(name)) : collect(name)[0];
     if (!sp) {
-      for (auto& b : bits) run.per_rank[name].push_back(b[name]);
+      for (const auto& m : step.tensors) run.per_rank[name].push_back(m.at(name));
     }
   }
   run.full["fc1.output"] = concat_cols(collect("fc1.output"), T);           // feature shards
   run.full["fc1.weight_grad"] = concat_rows(collect("fc1.weight_grad"));    // [ffn/tp, H] row shards
   run.full["fc2.weight_grad"] = concat_cols(collect("fc2.weight_grad"), H); // [H, ffn/tp] column shards
-  if (mo.bias) {
+  if (o.mlp.bias) {
     run.full["fc1.bias_grad"] = concat_rows(collect("fc1.bias_grad"));
-    run.full["fc2.bias_grad"] = got[0]["fc2.bias_grad"];
+    run.full["fc2.bias_grad"] = collect("fc2.bias_grad")[0];
   }
   return run;
 }
@@ -129,27 +105,19 @@ double tp_tolerance(DType d, int tp) {
 }
 
 EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions& o) {
-  if (o.tp < 1 || o.tp > ctx.world_size()) {
-    throw rt::RuntimeError(fmt::format("check_mlp_equivalence: tp {} needs 1 to {} ranks (the context's world)", o.tp,
-                                       ctx.world_size()));
+  if (ctx.backend().timing_only()) {
+    throw rt::RuntimeError("check_mlp_equivalence: the context is timing-only (it keeps no values to compare); "
+                           "use run_mlp_step (cubesim.tp.run_mlp) for timing, or a context with values "
+                           "(timing_only=False)");
   }
-  const std::int64_t T = o.tokens, H = o.mlp.hidden;
-  std::mt19937_64 rng(o.data_seed);
-  std::normal_distribution<float> nrm(0.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(T * H)), dy(static_cast<std::size_t>(T * H));
-  for (auto& v : x) v = round_to(o.mlp.dtype, nrm(rng));
-  for (auto& v : dy) v = round_to(o.mlp.dtype, 0.1f * nrm(rng));
-
   EquivalenceReport rep;
-  Run tpr = run_mlp(ctx, o, o.tp, x, dy);
+  Run tpr = run_mlp(ctx, o, o.tp);  // checks the options
   rep.run = tpr.report;
 
-  rt::ContextOptions ho;
-  ho.world_size = 1;
-  rt::Context host1(ho);
+  rt::Context host1(rt::ContextOptions{.world_size = 1});
   MlpCheckOptions ro = o;
   ro.mlp.sequence_parallel = false;
-  Run ref = run_mlp(host1, ro, 1, x, dy);
+  Run ref = run_mlp(host1, ro, 1);
 
   const double tol = tp_tolerance(o.mlp.dtype, o.tp);
   for (const auto& [name, values] : tpr.full) {
@@ -157,10 +125,14 @@ EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions&
     rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), !sums_partials, tol));
   }
   if (!ctx.backend().reference()) {
-    rt::ContextOptions hp;
-    hp.world_size = o.tp;
-    rt::Context hostp(hp);
-    Run replay = run_mlp(hostp, o, o.tp, x, dy);
+    // The replay must run the collectives as the context does (algorithm, f32 accumulation,
+    // hierarchy): they fix the reduction order, hence the bits.
+    const rt::ContextOptions& co = ctx.options();
+    rt::Context hostp(rt::ContextOptions{.world_size = o.tp,
+                                         .algorithm = co.algorithm,
+                                         .accumulate_f32 = co.accumulate_f32,
+                                         .hierarchy = co.hierarchy});
+    Run replay = run_mlp(hostp, o, o.tp);
     for (const auto& [name, values] : tpr.full) {
       rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
     }

@@ -2,7 +2,9 @@
 //
 // check_mlp_equivalence runs ParallelMLP forward and backward with tp ranks on a context (any
 // backend), the unsharded model (tp 1) on the host, and, when the context is not the host, the same
-// tp program on the host: the replay of the same reduction order. Per tensor it reports max abs
+// tp program on the host with the context's collective settings (algorithm, accumulate_f32,
+// hierarchy): the replay of the same reduction order. Every run is a tp::run_mlp_step
+// (tp/mlp_step.h) on the same seeded data. Per tensor it reports max abs
 // error and relative norm ‖got − ref‖ / ‖ref‖ against each reference, and whether the claim holds:
 //   vs unsharded: bitwise where the contract fixes the order — fc1's output (column-parallel
 //     forward) and every weight and bias gradient — and within tolerance(dtype, tp) for the

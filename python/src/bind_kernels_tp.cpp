@@ -4,8 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <random>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -14,6 +12,7 @@
 #include "kernels/elementwise.h"
 #include "tp/equivalence.h"
 #include "tp/layers.h"
+#include "tp/mlp_step.h"
 #include "tp/parallel_state.h"
 
 namespace py = pybind11;
@@ -185,10 +184,6 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
   o.tokens = tokens;
   o.tp = tpsize;
   o.data_seed = data_seed;
-  if (ctx->backend().timing_only()) {
-    throw py::value_error("check_mlp_equivalence: the context is timing-only (it keeps no values to compare); "
-                          "use run_mlp for timing, or a context with timing_only=False");
-  }
   const auto before = track_snapshot(*ctx);
   tp::EquivalenceReport rep;
   {
@@ -201,41 +196,15 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
 PyRunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
                     const std::string& dtype, const std::string& gelu, bool bias, bool sp, std::uint64_t seed,
                     std::uint64_t data_seed) {
-  const tp::MlpOptions mo = mlp_opts(hidden, ffn, gelu, bias, sp && tpsize > 1, dtype, seed);
-  if (tpsize < 1 || tpsize > ctx->world_size()) {
-    throw py::value_error(fmt::format("run_mlp: tp {} needs 1 to {} ranks (the context's world)", tpsize, ctx->world_size()));
-  }
-  if (mo.sequence_parallel && tokens % tpsize != 0) {
-    throw py::value_error(fmt::format("run_mlp: sequence parallel needs tokens ({}) divisible by tp ({})", tokens, tpsize));
-  }
-  const bool values = !ctx->backend().timing_only();
-  std::vector<float> x, dy;
-  if (values) {
-    std::mt19937_64 rng(data_seed);
-    std::normal_distribution<float> nrm(0.0f, 1.0f);
-    x.resize(static_cast<std::size_t>(tokens * hidden));
-    dy.resize(x.size());
-    for (auto& v : x) v = nrm(rng);
-    for (auto& v : dy) v = 0.1f * nrm(rng);
-  }
+  const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
+                             .tokens = tokens,
+                             .tp = tpsize,
+                             .data_seed = data_seed};
   const auto before = track_snapshot(*ctx);
   rt::RunReport rep;
   {
     ReleaseGil nogil;
-    rep = ctx->spawn(tpsize, [&](int rank) {
-      tp::initialize_model_parallel(tpsize);
-      tp::ParallelMLP mlp(*ctx, mo);
-      const std::int64_t rows = mo.sequence_parallel ? tokens / tpsize : tokens;
-      const std::int64_t r0 = mo.sequence_parallel ? rank * rows : 0;
-      auto input = [&](const std::vector<float>& v, const char* what) {
-        if (!values) return ctx->empty(rank, {rows, hidden}, mo.dtype, what);
-        const std::vector<float> part(v.begin() + r0 * hidden, v.begin() + (r0 + rows) * hidden);
-        return ctx->from_host_f32(rank, {rows, hidden}, mo.dtype, part);
-      };
-      mlp.forward(input(x, "x"));
-      mlp.backward(input(dy, "dy"));
-      tp::destroy_model_parallel();
-    });
+    rep = tp::run_mlp_step(*ctx, o).report;
   }
   return make_report(*ctx, rep, before);
 }
@@ -537,6 +506,12 @@ void bind_kernels_tp(py::module_& m) {
   t.def("run_mlp", &run_mlp, py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("tokens") = 64,
         py::arg("hidden") = 1024, py::arg("ffn") = 4096, py::arg("dtype") = "bf16", py::arg("gelu") = "tanh",
         py::arg("bias") = true, py::arg("sequence_parallel") = false, py::arg("seed") = 1234, py::arg("data_seed") = 99,
-        "One ParallelMLP forward and backward with tp ranks on ctx (random inputs; none on a timing-only "
-        "context), for its RunReport. The GIL is released while it runs.");
+        "One ParallelMLP forward and backward with tp ranks on ctx (tp::run_mlp_step: seeded random inputs, none "
+        "on a timing-only context), for its RunReport. The GIL is released while it runs.");
+  t.def("valid_tp_sizes",
+        [](int devices, std::int64_t ffn, std::int64_t tokens, bool sp) {
+          return tp::valid_tp_sizes({.ffn = ffn, .sequence_parallel = sp}, tokens, devices);
+        },
+        py::arg("devices"), py::arg("ffn"), py::arg("tokens"), py::arg("sequence_parallel") = false,
+        "The tp values 1..devices a model allows: tp divides ffn and, with sequence_parallel, tokens.");
 }

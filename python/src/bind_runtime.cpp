@@ -1,6 +1,6 @@
 // Python bindings of the runtime: Context (sim and host backends), Tensor (numpy in and out),
 // spawn with a Python rank function, process groups, collectives, ops, run reports and trace, and
-// run_collective, a helper that runs one collective on every rank from numpy inputs.
+// Context.run_collective, a thin wrapper of rt::run_collective (runtime/run_collective.h).
 //
 // Rank functions written in Python run inside simulated processes (fibers on this thread). Each
 // rank gets a Python thread state of its own, so the interpreter's per-thread state (frame stack,
@@ -12,7 +12,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
+#include <functional>
+#include <numeric>
 #include <optional>
 
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 #include "runtime/collectives.h"
 #include "runtime/errors.h"
 #include "runtime/ops.h"
+#include "runtime/run_collective.h"
 #include "runtime/sim_backend.h"
 #include "sim/core/time.h"
 #include "sim/hw/topology.h"
@@ -91,12 +93,6 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
     c = info.make(o, args);
   }
   return CtxPtr(std::move(c));
-}
-
-rt::ReduceOp reduce_op_arg(const std::string& s) {
-  if (s == "sum") return rt::ReduceOp::sum;
-  if (s == "max") return rt::ReduceOp::max;
-  throw py::value_error("reduce op '" + s + "' is not valid; use 'sum' or 'max'");
 }
 
 rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
@@ -205,91 +201,24 @@ CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, cons
                                 const std::string& dtype_name, const std::string& op_name, int root,
                                 const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
                                 int hierarchy, bool bits) {
-  static const char* kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
-  if (std::find(std::begin(kNames), std::end(kNames), name) == std::end(kNames)) {
-    throw py::value_error("run_collective: '" + name +
-                          "' is not a collective; use all_reduce, all_gather, reduce_scatter or broadcast");
-  }
-  const DType dt = dtype_arg(dtype_name);
-  const rt::ReduceOp op = reduce_op_arg(op_name);
-  const int p = static_cast<int>(py::len(inputs));
-  if (p < 1 || p > ctx->world_size()) {
-    throw py::value_error(fmt::format("run_collective: {} inputs given; give one array per rank, 1 to {} (the "
-                                      "context's ranks)",
-                                      p, ctx->world_size()));
-  }
-  if (root < 0 || root >= p) throw py::value_error(fmt::format("run_collective: root {} is not a rank 0..{}", root, p - 1));
-  std::vector<std::vector<std::uint8_t>> in(static_cast<std::size_t>(p));
-  std::vector<py::ssize_t> shape0;
-  for (int k = 0; k < p; ++k) {
-    py::array a = py::array::ensure(inputs[static_cast<std::size_t>(k)]);
-    if (!a) throw py::type_error(fmt::format("run_collective: input {} is not array-like", k));
-    std::vector<py::ssize_t> sh(a.shape(), a.shape() + a.ndim());
-    if (sh.empty()) sh.push_back(1);
-    if (k == 0) shape0 = sh;
-    else if (sh != shape0) {
-      throw py::value_error(fmt::format("run_collective: input {} has shape ({}) but input 0 has ({}); every rank "
-                                        "contributes the same shape",
-                                        k, fmt::join(sh, ", "), fmt::join(shape0, ", ")));
-    }
-    in[static_cast<std::size_t>(k)] = array_to_bytes(a, dt, "run_collective");
-  }
-  std::int64_t n_in = 1;
-  for (auto d : shape0) n_in *= d;
-  std::vector<std::int64_t> out_shape(shape0.begin(), shape0.end());
-  std::int64_t n_out = n_in;
-  if (name == "all_gather") {
-    n_out = n_in * p;
-    out_shape[0] *= p;
-  } else if (name == "reduce_scatter") {
-    if (n_in % p != 0) {
-      throw py::value_error(fmt::format("run_collective: reduce_scatter over {} ranks needs inputs whose size is a "
-                                        "multiple of {}; got {} elements",
-                                        p, p, n_in));
-    }
-    n_out = n_in / p;
-    if (out_shape[0] % p == 0) out_shape[0] /= p;
-    else out_shape = {n_out};
-  }
-  const rt::CollectiveOptions o = coll_opts(algorithm, accumulate_f32, hierarchy, false);
-  if (o.algorithm) {
-    const auto ok = rt::supported_algorithms(name);
-    if (std::find(ok.begin(), ok.end(), *o.algorithm) == ok.end()) {
-      std::vector<std::string_view> names;
-      for (auto a : ok) names.push_back(rt::algorithm_name(a));
-      throw py::value_error(fmt::format("run_collective: {} has no algorithm '{}'; valid: {}", name, *algorithm,
-                                        fmt::join(names, ", ")));
-    }
-  }
-  std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(p));
+  rt::CollectiveCase c{.collective = rt::parse_collective_kind(name),
+                       .dtype = dtype_arg(dtype_name),
+                       .op = rt::parse_reduce_op(op_name),
+                       .root = root,
+                       .options = coll_opts(std::nullopt, accumulate_f32, hierarchy, false)};
+  if (algorithm) c.options.algorithm = rt::parse_algorithm_for(c.collective, *algorithm);
+  const rt::Shape shape = arrays_to_bytes(inputs, c.dtype, "run_collective", c.inputs);
+  c.count = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
   const auto before = track_snapshot(*ctx);
-  rt::RunReport rep;
+  rt::CollectiveOutcome out;
   {
     ReleaseGil nogil;
-    std::vector<int> members;
-    for (int k = 0; k < p; ++k) members.push_back(k);
-    rt::ProcessGroup* g = p == ctx->world_size() ? &ctx->world() : &ctx->new_group(members);
-    // Outputs start as NaN, so elements a collective failed to write show.
-    const std::vector<float> poison(static_cast<std::size_t>(n_out), std::numeric_limits<float>::quiet_NaN());
-    rep = ctx->spawn(p, [&](int r) {
-      const auto& bytes = in[static_cast<std::size_t>(r)];
-      rt::Tensor t = ctx->from_host_bytes(r, {n_in}, dt, bytes.data(), bytes.size());
-      rt::Tensor result = t;
-      if (name == "all_reduce") {
-        rt::all_reduce(t, op, g, o);
-      } else if (name == "broadcast") {
-        rt::broadcast(t, root, g, o);
-      } else {
-        result = ctx->from_host_f32(r, {n_out}, dt, poison);
-        if (name == "all_gather") rt::all_gather(result, t, g, o);
-        else rt::reduce_scatter(result, t, op, g, o);
-      }
-      out[static_cast<std::size_t>(r)] = result.to_host_bytes();
-    });
+    out = rt::run_collective(*ctx, c);
   }
+  const rt::Shape out_shape = rt::collective_output_shape(c.collective, shape, static_cast<int>(c.inputs.size()));
   CollectiveResult res;
-  for (const auto& b : out) res.outputs.append(bytes_to_array(b, dt, out_shape, bits));
-  res.report = make_report(*ctx, rep, before);
+  for (const auto& b : out.outputs) res.outputs.append(bytes_to_array(b, c.dtype, out_shape, bits));
+  res.report = make_report(*ctx, out.report, before);
   return res;
 }
 
@@ -655,7 +584,7 @@ void bind_runtime(py::module_& m) {
         [](const PyTensor& t, const std::string& op, rt::ProcessGroup* g, std::optional<std::string> alg,
            std::optional<bool> acc, int hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
-          const auto rop = reduce_op_arg(op);
+          const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
           return rt::all_reduce(t.t, rop, g, o);
         },
@@ -677,7 +606,7 @@ void bind_runtime(py::module_& m) {
         [](const PyTensor& out, const PyTensor& in, const std::string& op, rt::ProcessGroup* g,
            std::optional<std::string> alg, std::optional<bool> acc, int hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
-          const auto rop = reduce_op_arg(op);
+          const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
           return rt::reduce_scatter(out.t, in.t, rop, g, o);
         },

@@ -96,6 +96,11 @@ std::string dtype_str(DType d);
 // rules: uint16 arrays are bf16/f16 bit patterns, uint32 arrays f32 bit patterns, every other
 // numeric array is converted by value (to f32, then rounded to nearest even to dtype).
 std::vector<std::uint8_t> array_to_bytes(const py::array& a, DType dtype, const char* what);
+// A sequence of arrays of one shape (one per rank) as bytes each, by array_to_bytes's rules, into
+// `out`; returns the shape ([1] for scalars). TypeError for an item that is not array-like,
+// ValueError for one whose shape differs from the first's.
+std::vector<std::int64_t> arrays_to_bytes(const py::sequence& arrays, DType dtype, const char* what,
+                                          std::vector<std::vector<std::uint8_t>>& out);
 // The inverse: float32 values (exact widening), or with bits=true the raw bit patterns
 // (uint16 for bf16/f16, uint32 for f32).
 py::array bytes_to_array(const std::vector<std::uint8_t>& bytes, DType dtype, const std::vector<std::int64_t>& shape,

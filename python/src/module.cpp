@@ -10,6 +10,9 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "common.h"
 #include "runtime/errors.h"
 #include "sim/core/simulator.h"
@@ -87,6 +90,27 @@ std::vector<std::uint8_t> array_to_bytes(const py::array& a, DType dtype, const 
   if (!f) throw py::error_already_set();
   if (n) convert_from_f32(f.data(), out.data(), dtype, n);
   return out;
+}
+
+std::vector<std::int64_t> arrays_to_bytes(const py::sequence& arrays, DType dtype, const char* what,
+                                          std::vector<std::vector<std::uint8_t>>& out) {
+  std::vector<std::int64_t> shape0;
+  const auto n = py::len(arrays);
+  for (std::size_t k = 0; k < n; ++k) {
+    py::array a = py::array::ensure(arrays[k]);
+    if (!a) throw py::type_error(fmt::format("{}: input {} is not array-like", what, k));
+    std::vector<std::int64_t> sh(a.shape(), a.shape() + a.ndim());
+    if (sh.empty()) sh.push_back(1);
+    if (k == 0) {
+      shape0 = sh;
+    } else if (sh != shape0) {
+      throw py::value_error(fmt::format("{}: input {} has shape ({}) but input 0 has ({}); every rank contributes the "
+                                        "same shape",
+                                        what, k, fmt::join(sh, ", "), fmt::join(shape0, ", ")));
+    }
+    out.push_back(array_to_bytes(a, dtype, what));
+  }
+  return shape0;
 }
 
 py::array bytes_to_array(const std::vector<std::uint8_t>& bytes, DType dtype, const std::vector<std::int64_t>& shape,

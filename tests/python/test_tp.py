@@ -107,3 +107,30 @@ def test_check_mlp_equivalence_on_host_and_errors():
         cs.tp.check_mlp_equivalence(cs.Context("sim", timing_only=True))
     with pytest.raises(cs.RankError, match="not divisible by the tensor-parallel size 3"):
         cs.tp.run_mlp(cs.Context("host", world_size=3), tp=3, tokens=8, hidden=32, ffn=64)
+
+
+def test_valid_tp_sizes():
+    for devices in (1, 4, 8, 16):
+        for ffn in (7, 96, 4096):
+            for tokens in (10, 64):
+                for sp in (False, True):
+                    want = [p for p in range(1, devices + 1) if ffn % p == 0 and (not sp or tokens % p == 0)]
+                    assert cs.tp.valid_tp_sizes(devices, ffn=ffn, tokens=tokens, sequence_parallel=sp) == want
+    with pytest.raises(ValueError, match="devices 0 is not valid"):
+        cs.tp.valid_tp_sizes(0, ffn=64, tokens=8)
+
+
+@pytest.mark.parametrize("algorithm", [a["name"] for a in cs.algorithms() if "all_reduce" in a["collectives"]])
+def test_check_mlp_equivalence_on_sim_with_every_algorithm(algorithm):
+    # The host replay runs the collectives as the context does, so its bits match for every algorithm.
+    ctx = cs.Context("sim", world_size=8, topology="mesh4x4", algorithm=algorithm)
+    rep = cs.tp.check_mlp_equivalence(ctx, tp=8, tokens=16, hidden=32, ffn=64)
+    assert rep.passed, [c for c in rep.checks if not c.passed]
+    assert sum(c.against == "host replay" for c in rep.checks) == 7
+
+
+def test_run_mlp_errors():
+    with pytest.raises(ValueError, match=r"sequence parallel needs tokens \(6\) divisible by tp \(4\)"):
+        cs.tp.run_mlp(cs.Context("host", world_size=4), tp=4, tokens=6, hidden=32, ffn=64, sequence_parallel=True)
+    with pytest.raises(ValueError, match="tp 5 needs 1 to 4 ranks"):
+        cs.tp.run_mlp(cs.Context("host", world_size=4), tp=5)

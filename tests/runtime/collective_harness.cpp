@@ -29,36 +29,29 @@ CollResult run_collective(const Factory& make, const CollCase& c) {
   auto ctx = make(c.ranks);
   std::mt19937_64 rng(c.seed);
   CollResult r;
-  const std::int64_t in_n = c.coll == "reduce_scatter" ? c.n * c.ranks : c.n;
-  const std::int64_t out_n = c.coll == "all_gather" ? c.n * c.ranks : c.n;
-  for (int k = 0; k < c.ranks; ++k) r.inputs.push_back(random_values(in_n, c.dtype, rng));
-  r.out_bytes.resize(static_cast<std::size_t>(c.ranks));
-  r.out.resize(static_cast<std::size_t>(c.ranks));
-  CollectiveOptions o;
-  o.algorithm = c.algo;
-  o.accumulate_f32 = c.acc_f32;
-  r.report = ctx->spawn(c.ranks, [&](int rank) {
-    Tensor in = ctx->from_host_f32(rank, {in_n}, c.dtype, r.inputs[static_cast<std::size_t>(rank)]);
-    Tensor out;
-    if (c.coll == "all_reduce") {
-      all_reduce(in, c.op, nullptr, o);
-      out = in;
-    } else if (c.coll == "broadcast") {
-      broadcast(in, c.root, nullptr, o);
-      out = in;
-    } else {
-      // Poison the output so unwritten elements show.
-      std::vector<float> nan(static_cast<std::size_t>(out_n), std::numeric_limits<float>::quiet_NaN());
-      out = ctx->from_host_f32(rank, {out_n}, c.dtype, nan);
-      if (c.coll == "all_gather") {
-        all_gather(out, in, nullptr, o);
-      } else {
-        reduce_scatter(out, in, c.op, nullptr, o);
-      }
-    }
-    r.out_bytes[static_cast<std::size_t>(rank)] = out.to_host_bytes();
-    r.out[static_cast<std::size_t>(rank)] = out.to_host_f32();
-  });
+  const CollectiveRequest::Kind kind = parse_collective_kind(c.coll);
+  const std::int64_t in_n = kind == CollectiveRequest::Kind::reduce_scatter ? c.n * c.ranks : c.n;
+  CollectiveCase cc{.collective = kind,
+                    .dtype = c.dtype,
+                    .count = in_n,
+                    .op = c.op,
+                    .root = c.root,
+                    .options = {.algorithm = c.algo, .accumulate_f32 = c.acc_f32},
+                    .ranks = c.ranks};
+  for (int k = 0; k < c.ranks; ++k) {
+    r.inputs.push_back(random_values(in_n, c.dtype, rng));
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(in_n) * dtype_size(c.dtype));
+    convert_from_f32(r.inputs.back().data(), bytes.data(), c.dtype, r.inputs.back().size());
+    cc.inputs.push_back(std::move(bytes));
+  }
+  CollectiveOutcome o = rt::run_collective(*ctx, cc);
+  r.report = o.report;
+  r.out_bytes = std::move(o.outputs);
+  for (const auto& b : r.out_bytes) {
+    std::vector<float> v(b.size() / dtype_size(c.dtype));
+    convert_to_f32(b.data(), c.dtype, v.data(), v.size());
+    r.out.push_back(std::move(v));
+  }
   return r;
 }
 

@@ -1,6 +1,7 @@
 // collective_harness.h — runs a collective on every rank of a context made by a factory, with
-// random inputs, and returns every rank's output bytes. The same cases run on every backend; a
-// backend plugs in by providing a factory.
+// random inputs, and returns every rank's output bytes (through rt::run_collective,
+// runtime/run_collective.h). The same cases run on every backend; a backend plugs in by providing
+// a factory.
 #pragma once
 
 #include <functional>
@@ -11,6 +12,7 @@
 
 #include "runtime/collectives.h"
 #include "runtime/context.h"
+#include "runtime/run_collective.h"
 
 namespace cubesim::rt::testing {
 

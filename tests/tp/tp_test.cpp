@@ -4,12 +4,15 @@
 // gather_output / input_is_parallel; and the errors a user can cause.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
+#include "runtime/algorithms/table.h"
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
 #include "sim/hw/topology.h"
 #include "tp/equivalence.h"
+#include "tp/mlp_step.h"
 #include "tp/parallel_state.h"
 
 namespace cubesim::tp {
@@ -91,6 +94,93 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, TpMlp, ::testing::ValuesIn(cases()), [](const auto& i) { return i.param.name(); });
+
+// The host replay runs the collectives as the context does, so the check holds for every
+// algorithm of the table (each fixes its own reduction order), with and without f32 accumulation
+// and sequence parallelism where the algorithm does the collectives that needs.
+TEST(TpMlp, EquivalentOnSimForEveryAlgorithm) {
+  for (const rt::algo::Row& row : rt::algo::rows()) {
+    using K = rt::CollectiveRequest::Kind;
+    if (!row.supports(K::all_reduce)) continue;
+    const bool sp = row.supports(K::all_gather) && row.supports(K::reduce_scatter);
+    for (const bool acc : {false, true}) {
+      for (const bool seq : {false, sp}) {
+        rt::ContextOptions co{.world_size = 8, .algorithm = row.id, .accumulate_f32 = acc, .stack_size = 128 * 1024};
+        auto ctx = rt::make_sim_context(co, hw::load_topology("mesh4x4"), {.check_uninitialized = true});
+        MlpCheckOptions o{.mlp = {.hidden = 64, .ffn = 128, .sequence_parallel = seq, .dtype = DType::bf16},
+                          .tokens = 32,
+                          .tp = 8};
+        const EquivalenceReport rep = check_mlp_equivalence(*ctx, o);
+        for (const auto& t : rep.checks) {
+          EXPECT_TRUE(t.pass) << row.name << (acc ? " accumulate_f32" : "") << (seq ? " sequence parallel" : "") << ": "
+                              << t.tensor << " vs " << t.against << ", max abs " << t.max_abs;
+        }
+        EXPECT_TRUE(rep.pass) << row.name;
+        EXPECT_EQ(std::count_if(rep.checks.begin(), rep.checks.end(), [](auto& t) { return t.against == "host replay"; }),
+                  7)
+            << row.name;
+      }
+    }
+  }
+}
+
+// The step's data: seeded (bitwise the same every run, row shards with sequence parallelism) or
+// given; and its errors.
+TEST(TpMlpStep, DataCollectAndErrors) {
+  auto ctx = make(true, 4);
+  MlpStepOptions o{.mlp = {.hidden = 32, .ffn = 64, .sequence_parallel = true, .dtype = DType::bf16},
+                   .tokens = 8,
+                   .tp = 4,
+                   .collect = Collect::outputs};
+  const MlpStepResult a = run_mlp_step(*ctx, o);
+  ASSERT_EQ(a.tensors.size(), 4u);
+  EXPECT_EQ(a.tensors[0].size(), 2u);
+  EXPECT_EQ(a.tensors[0].at("output").size(), 2u * 32 * 2);  // 2 of 8 rows, bf16
+  EXPECT_TRUE(a.steps[0].empty());
+  // The same values, given: the same bits.
+  {
+    std::mt19937_64 rng(o.data_seed);
+    std::normal_distribution<float> nrm(0.0f, 1.0f);
+    o.x.resize(8 * 32);
+    o.dy.resize(8 * 32);
+    for (auto& v : o.x) v = nrm(rng);
+    for (auto& v : o.dy) v = 0.1f * nrm(rng);
+  }
+  const MlpStepResult b = run_mlp_step(*ctx, o);
+  EXPECT_EQ(a.tensors, b.tensors);
+  o.iterations = 3;
+  o.step_regions = true;
+  const MlpStepResult c = run_mlp_step(*ctx, o);
+  EXPECT_EQ(c.steps[1].size(), 3u);
+  EXPECT_EQ(a.tensors, c.tensors);  // an iteration recomputes the same step
+
+  auto expect_error = [&](MlpStepOptions bad, const std::string& needle, rt::Context& on) {
+    try {
+      run_mlp_step(on, bad);
+      ADD_FAILURE() << "expected an error containing: " << needle;
+    } catch (const rt::RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  MlpStepOptions base{.mlp = {.hidden = 32, .ffn = 64}, .tokens = 8, .tp = 4};
+  expect_error({.mlp = base.mlp, .tokens = 8, .tp = 5}, "tp 5 needs 1 to 4 ranks", *ctx);
+  expect_error({.mlp = base.mlp, .tokens = 8, .tp = 0}, "tp 0 needs 1 to 4 ranks", *ctx);
+  expect_error({.mlp = {.hidden = 32, .ffn = 64, .sequence_parallel = true}, .tokens = 6, .tp = 4},
+               "sequence parallel needs tokens (6) divisible by tp (4); valid tp for these tokens and ffn: 1, 2", *ctx);
+  expect_error({.mlp = base.mlp, .tokens = 0, .tp = 4}, "tokens 0 is not valid", *ctx);
+  expect_error({.mlp = base.mlp, .tokens = 8, .tp = 4, .x = std::vector<float>(5)}, "x has 5 values; give tokens x hidden",
+               *ctx);
+  auto timing = rt::make_sim_context(rt::ContextOptions{.world_size = 4}, hw::load_topology("ring4"), {.timing_only = true});
+  expect_error({.mlp = base.mlp, .tokens = 8, .tp = 4, .collect = Collect::all}, "timing-only", *timing);
+  EXPECT_GT(run_mlp_step(*timing, base).report.sim_time, 0u);
+}
+
+TEST(TpMlpStep, ValidTpSizes) {
+  EXPECT_EQ(valid_tp_sizes({.ffn = 96}, 10, 8), (std::vector<int>{1, 2, 3, 4, 6, 8}));
+  EXPECT_EQ(valid_tp_sizes({.ffn = 96, .sequence_parallel = true}, 10, 8), (std::vector<int>{1, 2}));
+  EXPECT_EQ(valid_tp_sizes({.ffn = 7}, 64, 4), (std::vector<int>{1}));
+  EXPECT_THROW(valid_tp_sizes({.ffn = 96}, 10, 0), rt::RuntimeError);
+}
 
 // A column layer with gather_output feeding a row layer that splits its own input, against tp 1.
 TEST(TpLayers, GatherOutputAndSplitInput) {
