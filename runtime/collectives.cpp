@@ -246,7 +246,9 @@ void barrier(ProcessGroup* group) {
   Comm comm(ctx, g, "barrier", "()");
   const sim::Time t0 = ctx.simulator().now();
   const int p = comm.size();
-  Tensor token = comm.scratch(1, DType::f32);
+  // The token's value means nothing, but it is written: a memory that checks for uninitialized
+  // reads refuses to send bytes nobody wrote.
+  Tensor token = ctx.zeros(rank, {1}, DType::f32, "barrier token");
   Tensor in = comm.scratch(1, DType::f32);
   int round = 0;
   for (int d = 1; d < p; d *= 2, ++round) {

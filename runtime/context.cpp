@@ -91,6 +91,25 @@ sim::Trace::TrackId Context::compute_track(int rank) {
 }
 sim::Trace::TrackId Context::comm_track(int rank) { return trace().track("comm", fmt::format("rank{}", rank)); }
 
+std::vector<MeasuredTotals> Context::measured_totals(int ranks) {
+  std::vector<MeasuredTotals> out(static_cast<std::size_t>(std::max(ranks, 0)));
+  for (int r = 0; r < ranks; ++r) out[static_cast<std::size_t>(r)].rank = r;
+  for (const OpRecord& op : op_records_) {
+    if (op.region == 0 || op.rank < 0 || op.rank >= ranks) continue;
+    const double s = backend_->measured_seconds(op.region);
+    if (s < 0) continue;
+    MeasuredTotals& m = out[static_cast<std::size_t>(op.rank)];
+    if (op.kind == "gemm") {
+      m.gemm_s += s;
+      ++m.gemms;
+    } else {
+      m.collective_s += s;
+      ++m.collectives;
+    }
+  }
+  return out;
+}
+
 void Context::declare_tracks() {
   for (int r = 0; r < world_size_; ++r) {
     compute_track(r);

@@ -50,6 +50,16 @@ struct OpRecord {
   std::uint64_t region = 0;      // the backend's begin_region token (Backend::measured_seconds)
 };
 
+// The real time a backend measured for one rank's GEMMs and collectives (record_ops on a backend
+// that measures: cuda).
+struct MeasuredTotals {
+  int rank = 0;
+  double gemm_s = 0;
+  int gemms = 0;
+  double collective_s = 0;
+  int collectives = 0;
+};
+
 // Simulated time a rank spent, split by what it was doing.
 struct RankTimeline {
   int rank = 0;
@@ -123,6 +133,9 @@ class Context {
 
   // The GEMMs and collectives of the last spawn() (ContextOptions::record_ops).
   const std::vector<OpRecord>& op_records() const { return op_records_; }
+  // Per rank 0..ranks-1, the sums of what the backend measured over op_records() (zero where it
+  // measured nothing).
+  std::vector<MeasuredTotals> measured_totals(int ranks);
   void record_op(OpRecord r) {
     if (opts_.record_ops) op_records_.push_back(std::move(r));
   }

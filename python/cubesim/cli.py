@@ -284,8 +284,8 @@ def cmd_topo_validate(args):
 # ---- run -----------------------------------------------------------------------------------------
 
 
-def valid_tps(limit, ffn, tokens, sequence_parallel):
-    return [p for p in range(1, limit + 1) if ffn % p == 0 and (not sequence_parallel or tokens % p == 0)]
+def valid_tps(limit, args):
+    return cs.tp.valid_tp_sizes(limit, args.ffn, args.tokens, args.sequence_parallel)
 
 
 def choose_tp(args, limit, holder):
@@ -293,10 +293,10 @@ def choose_tp(args, limit, holder):
     largest that fits. holder names the devices in messages ("topology 'ring4' has 4 cubes")."""
     need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
     if args.tp is None:
-        return valid_tps(limit, args.ffn, args.tokens, args.sequence_parallel)[-1] if limit else 1
+        return valid_tps(limit, args)[-1] if limit else 1
     if args.tp < 1:
         raise UsageError(f"--tp {args.tp}: tp must be at least 1")
-    valid = valid_tps(limit or args.tp, args.ffn, args.tokens, args.sequence_parallel)
+    valid = valid_tps(limit or args.tp, args)
     if limit is not None and args.tp > limit:
         raise UsageError(
             f"--tp {args.tp}: {holder}, one per rank; valid tp values here: {', '.join(map(str, valid))}"
@@ -305,19 +305,6 @@ def choose_tp(args, limit, holder):
     if args.tp not in valid:
         raise UsageError(f"--tp {args.tp}: tp must divide {need}; valid tp values here: {', '.join(map(str, valid))}")
     return args.tp
-
-
-def measured_rows(ctx, tp):
-    """Per rank, the GEMM and collective time CUDA events measured (cuda backend, record_ops)."""
-    rows = [{"rank": r, "gemm_s": 0.0, "gemms": 0, "collective_s": 0.0, "collectives": 0} for r in range(tp)]
-    for op in ctx.op_records():
-        if op["measured_s"] is None or not 0 <= op["rank"] < tp:
-            continue
-        row = rows[op["rank"]]
-        key = "gemm" if op["kind"] == "gemm" else "collective"
-        row[key + "_s"] += op["measured_s"]
-        row[key + "s"] += 1
-    return rows
 
 
 def cmd_run(args):
@@ -416,7 +403,7 @@ def cmd_run(args):
             {"rank": r.rank, "compute_ps": r.compute_ps, "comm_ps": r.comm_ps, "finish_ps": r.finish_ps}
             for r in report.ranks
         ],
-        "measured": measured_rows(ctx, tp) if args.backend == "cuda" else None,
+        "measured": ctx.measured_totals(tp) if args.backend == "cuda" else None,
         "hardware": report.utilisation(tp) if topo and not args.no_hardware_stats else None,
         "tracks": report.to_dict()["tracks"],
         "trace": trace_info,

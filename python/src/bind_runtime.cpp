@@ -534,6 +534,24 @@ void bind_runtime(py::module_& m) {
            "With record_ops=True: every GEMM and collective of the last run, per rank in program order, as dicts "
            "(rank, kind 'gemm'|'collective', name, detail, start_ps, end_ps in simulated time, measured_s: seconds "
            "measured by CUDA events on the cuda backend, else None).")
+      .def("measured_totals",
+           [](rt::Context& c, int ranks) {
+             py::list l;
+             for (const auto& m : c.measured_totals(ranks)) {
+               py::dict d;
+               d["rank"] = m.rank;
+               d["gemm_s"] = m.gemm_s;
+               d["gemms"] = m.gemms;
+               d["collective_s"] = m.collective_s;
+               d["collectives"] = m.collectives;
+               l.append(d);
+             }
+             return l;
+           },
+           py::arg("ranks"),
+           "With record_ops=True on a backend that measures (cuda): per rank 0..ranks-1 of the last run, the "
+           "seconds CUDA events measured for its GEMMs and collectives, and how many (dicts: rank, gemm_s, gemms, "
+           "collective_s, collectives).")
       .def("trace_stats", [](rt::Context& c) { return c.trace().stats(); },
            "Every track's statistics since the context was made (kept even when trace=False).")
       .def("save_trace", [](rt::Context& c, const std::string& path) { c.trace().save(path); }, py::arg("path"),

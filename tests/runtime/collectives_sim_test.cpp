@@ -88,11 +88,7 @@ TEST(SimTiming, RunCollectiveTimedWithoutValues) {
     convert_from_f32(v.data(), b.data(), DType::bf16, v.size());
     c.inputs.push_back(std::move(b));
   }
-  // Not sim_on's context: barrier()'s token is never written, which check_uninitialized refuses.
-  ContextOptions o;
-  o.world_size = 8;
-  o.stack_size = 64 * 1024;
-  auto functional = make_sim_context(o, hw::load_topology("mesh4x4"));
+  auto functional = sim_on("mesh4x4")(8);  // checks for uninitialized reads, barrier tokens included
   const CollectiveOutcome f = rt::run_collective(*functional, c);
   EXPECT_TRUE(t.outputs.empty() && f.outputs.empty());
   EXPECT_EQ(t.start, f.start);
