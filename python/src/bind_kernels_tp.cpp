@@ -173,7 +173,7 @@ tp::MlpOptions mlp_opts(std::int64_t hidden, std::int64_t ffn, const std::string
 struct PyEquivalence {
   std::vector<tp::TensorCheck> checks;
   bool passed = false;
-  PyRunReport run;
+  rt::RunReport run;
 };
 
 PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
@@ -184,29 +184,27 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
   o.tokens = tokens;
   o.tp = tpsize;
   o.data_seed = data_seed;
-  const auto before = track_snapshot(*ctx);
   tp::EquivalenceReport rep;
   {
     ReleaseGil nogil;
     rep = tp::check_mlp_equivalence(*ctx, o);
   }
-  return PyEquivalence{rep.checks, rep.pass, make_report(*ctx, rep.run, before)};
+  return PyEquivalence{rep.checks, rep.pass, rep.run};
 }
 
-PyRunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
+rt::RunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
                     const std::string& dtype, const std::string& gelu, bool bias, bool sp, std::uint64_t seed,
                     std::uint64_t data_seed) {
   const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
                              .tokens = tokens,
                              .tp = tpsize,
                              .data_seed = data_seed};
-  const auto before = track_snapshot(*ctx);
   rt::RunReport rep;
   {
     ReleaseGil nogil;
     rep = tp::run_mlp_step(*ctx, o).report;
   }
-  return make_report(*ctx, rep, before);
+  return rep;
 }
 
 }  // namespace

@@ -129,7 +129,7 @@ std::string describe_python_error(const py::error_already_set& e) {
 }
 
 // ctx.spawn(fn): fn(rank) for every rank, as a simulated process, in Python.
-PyRunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<int> nprocs_arg) {
+rt::RunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<int> nprocs_arg) {
   const int nprocs = nprocs_arg.value_or(ctx->world_size());
   if (nprocs < 1 || nprocs > ctx->world_size()) {
     throw py::value_error(fmt::format("spawn: nprocs {} is not valid; the context has {} ranks; spawn between 1 and {}",
@@ -140,7 +140,6 @@ PyRunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<in
   for (auto& s : states) s = PyThreadState_New(interp);
   std::vector<py::object> causes(static_cast<std::size_t>(nprocs));  // what each rank's fn raised
   const py::handle unwind = unwind_exception_type();
-  const auto before = track_snapshot(*ctx);
   rt::RunReport rep;
   std::exception_ptr failure;
   {
@@ -189,12 +188,12 @@ PyRunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<in
       throw py::error_already_set();
     }
   }
-  return make_report(*ctx, rep, before);
+  return rep;
 }
 
 struct CollectiveResult {
   py::list outputs;
-  PyRunReport report;
+  rt::RunReport report;
 };
 
 CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, const py::sequence& inputs,
@@ -209,7 +208,6 @@ CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, cons
   if (algorithm) c.options.algorithm = rt::parse_algorithm_for(c.collective, *algorithm);
   const rt::Shape shape = arrays_to_bytes(inputs, c.dtype, "run_collective", c.inputs);
   c.count = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
-  const auto before = track_snapshot(*ctx);
   rt::CollectiveOutcome out;
   {
     ReleaseGil nogil;
@@ -218,7 +216,7 @@ CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, cons
   const rt::Shape out_shape = rt::collective_output_shape(c.collective, shape, static_cast<int>(c.inputs.size()));
   CollectiveResult res;
   for (const auto& b : out.outputs) res.outputs.append(bytes_to_array(b, c.dtype, out_shape, bits));
-  res.report = make_report(*ctx, out.report, before);
+  res.report = out.report;
   return res;
 }
 
@@ -242,8 +240,8 @@ py::dict usage_dict(const hw::UnitUsage& u) {
 
 // The share of the run's simulated time each unit of the first `cubes` cubes was busy, as the
 // CLI's hardware table and its JSON show it (sim/hw/utilisation.h).
-py::dict utilisation_dict(const PyRunReport& r, int cubes) {
-  const hw::Utilisation u = hw::utilisation(r.run.usage, r.run.sim_time, cubes);
+py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
+  const hw::Utilisation u = hw::utilisation(r.usage, r.sim_time, cubes);
   py::list cs;
   for (const auto& c : u.cubes) {
     py::dict d;
@@ -267,14 +265,14 @@ py::dict utilisation_dict(const PyRunReport& r, int cubes) {
   return d;
 }
 
-py::dict report_dict(const PyRunReport& r) {
+py::dict report_dict(const rt::RunReport& r) {
   py::dict d;
-  d["sim_time_ps"] = r.run.sim_time;
-  d["wall_s"] = r.run.wall_s;
-  d["events"] = r.run.events;
-  d["event_hash"] = r.run.event_hash;
+  d["sim_time_ps"] = r.sim_time;
+  d["wall_s"] = r.wall_s;
+  d["events"] = r.events;
+  d["event_hash"] = r.event_hash;
   py::list ranks;
-  for (const auto& t : r.run.ranks) {
+  for (const auto& t : r.ranks) {
     py::dict x;
     x["rank"] = t.rank;
     x["compute_ps"] = t.compute;
@@ -284,10 +282,10 @@ py::dict report_dict(const PyRunReport& r) {
   }
   d["ranks"] = ranks;
   py::list tracks;
-  for (const auto& s : r.run.tracks) tracks.append(pyb::track_stats_dict(s));
+  for (const auto& s : r.tracks) tracks.append(pyb::track_stats_dict(s));
   d["tracks"] = tracks;
   py::list usage;
-  for (const auto& u : r.run.usage) usage.append(usage_dict(u));
+  for (const auto& u : r.usage) usage.append(usage_dict(u));
   d["usage"] = usage;
   return d;
 }
@@ -318,23 +316,23 @@ void bind_runtime(py::module_& m) {
         return fmt::format("<TrackStats {}/{}: {} spans, busy {}>", s.group, s.name, s.spans, sim::format_time(s.busy));
       });
 
-  py::class_<PyRunReport>(m, "RunReport",
+  py::class_<rt::RunReport>(m, "RunReport",
                           "What a run produced: simulated time (picoseconds), host wall time, events executed, "
                           "each rank's compute/communication split, and the per-track statistics of this run.")
-      .def_property_readonly("sim_time_ps", [](const PyRunReport& r) { return r.run.sim_time; },
+      .def_property_readonly("sim_time_ps", [](const rt::RunReport& r) { return r.sim_time; },
                              "Simulated time when the last rank finished, picoseconds (0 on the host backend).")
-      .def_property_readonly("sim_time_us", [](const PyRunReport& r) { return sim::to_us(r.run.sim_time); })
-      .def_property_readonly("wall_s", [](const PyRunReport& r) { return r.run.wall_s; })
-      .def_property_readonly("events", [](const PyRunReport& r) { return r.run.events; })
-      .def_property_readonly("event_hash", [](const PyRunReport& r) { return r.run.event_hash; },
+      .def_property_readonly("sim_time_us", [](const rt::RunReport& r) { return sim::to_us(r.sim_time); })
+      .def_property_readonly("wall_s", [](const rt::RunReport& r) { return r.wall_s; })
+      .def_property_readonly("events", [](const rt::RunReport& r) { return r.events; })
+      .def_property_readonly("event_hash", [](const rt::RunReport& r) { return r.event_hash; },
                              "The simulator's event-order fingerprint after the run: equal runs give equal hashes.")
-      .def_property_readonly("ranks", [](const PyRunReport& r) { return r.run.ranks; })
-      .def_property_readonly("tracks", [](const PyRunReport& r) { return r.run.tracks; },
+      .def_property_readonly("ranks", [](const rt::RunReport& r) { return r.ranks; })
+      .def_property_readonly("tracks", [](const rt::RunReport& r) { return r.tracks; },
                              "Tracks with activity during this run (spans and busy time counted over this run).")
       .def_property_readonly("usage",
-                             [](const PyRunReport& r) {
+                             [](const rt::RunReport& r) {
                                py::list l;
-                               for (const auto& u : r.run.usage) l.append(usage_dict(u));
+                               for (const auto& u : r.usage) l.append(usage_dict(u));
                                return l;
                              },
                              "What each hardware unit did during this run, from the units' counters (no trace "
@@ -347,9 +345,9 @@ void bind_runtime(py::module_& m) {
            "its PEs of the MAC array, vector unit and DMA channels and its busiest HBM channel; for the links "
            "among those cubes (and the switch), directions, active, busiest, busiest_busy, mean_busy_active.")
       .def("to_dict", &report_dict, "The report as plain values (for JSON).")
-      .def("__repr__", [](const PyRunReport& r) {
-        return fmt::format("<RunReport sim_time {} ({} ranks, {} events, {:.3f} s wall)>", sim::format_time(r.run.sim_time),
-                           r.run.ranks.size(), r.run.events, r.run.wall_s);
+      .def("__repr__", [](const rt::RunReport& r) {
+        return fmt::format("<RunReport sim_time {} ({} ranks, {} events, {:.3f} s wall)>", sim::format_time(r.sim_time),
+                           r.ranks.size(), r.events, r.wall_s);
       });
 
   py::class_<rt::ProcessGroup>(m, "ProcessGroup",

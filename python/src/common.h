@@ -79,15 +79,6 @@ struct PyTensor {
   ~PyTensor() { t = rt::Tensor(); }  // the storage goes back to the context's memory before the context may go
 };
 
-// A run report plus the per-track statistics of that run (spans and busy time accrued during it).
-struct PyRunReport {
-  rt::RunReport run;
-};
-
-// Statistics of every track so far; pass the result to make_report after the run.
-std::vector<sim::Trace::TrackStats> track_snapshot(rt::Context& ctx);
-PyRunReport make_report(rt::Context& ctx, const rt::RunReport& run, const std::vector<sim::Trace::TrackStats>& before);
-
 // "f32" | "bf16" | "f16" (and the aliases kernels::parse_dtype takes); ValueError otherwise.
 DType dtype_arg(const std::string& name);
 std::string dtype_str(DType d);

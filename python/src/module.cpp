@@ -206,12 +206,6 @@ std::vector<std::pair<std::string, nlohmann::json>> overrides_arg(const py::hand
   return out;
 }
 
-std::vector<sim::Trace::TrackStats> track_snapshot(rt::Context& ctx) { return ctx.trace().stats(); }
-
-PyRunReport make_report(rt::Context& ctx, const rt::RunReport& run, const std::vector<sim::Trace::TrackStats>& before) {
-  return PyRunReport{run};
-}
-
 void register_exceptions(py::module_& m) {
   g_topology_error = new_exception(m, "TopologyError", PyExc_ValueError,
                                    "An invalid topology file or document; the message names the file, the dotted "
