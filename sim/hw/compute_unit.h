@@ -75,11 +75,7 @@ class ComputeUnit final : public Unit {
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
 
  private:
-  void count(UnitUsage& u) const override {
-    u.bytes = server_.bytes;  // operations
-    u.pieces = server_.chunks;
-    u.busy = server_.busy;
-  }
+  void count(UnitUsage& u) const override { count_server(server_, u); }
   RateSpec spec_;
   Server server_;  // bytes field counts operations here
 };

@@ -46,11 +46,7 @@ class DmaChannel final : public PathUnit {
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
 
  private:
-  void count(UnitUsage& u) const override {
-    u.bytes = server.bytes;
-    u.pieces = server.chunks;
-    u.busy = server.busy;
-  }
+  void count(UnitUsage& u) const override { count_server(server, u); }
 };
 
 struct DmaEngine {

@@ -55,11 +55,7 @@ class Link final : public PathUnit {
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
 
  private:
-  void count(UnitUsage& u) const override {
-    u.bytes = server_.bytes;
-    u.pieces = server_.chunks;
-    u.busy = server_.busy;
-  }
+  void count(UnitUsage& u) const override { count_server(server_, u); }
   int index_;
   LinkSpec spec_;
   sim::Duration pre_;

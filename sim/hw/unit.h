@@ -21,6 +21,7 @@
 
 #include "sim/core/time.h"
 #include "sim/core/trace.h"
+#include "sim/hw/server.h"
 
 namespace cubesim::hw {
 
@@ -64,6 +65,13 @@ struct UnitUsage {
 // pieces, busy time, hits and misses are differences; a memory's busy time is its busiest channel's
 // over the interval.
 std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<const UnitUsage> before);
+
+// Adds a server's counters (bytes, pieces, busy time) to u: what a unit of one server counts.
+inline void count_server(const Server& s, UnitUsage& u) {
+  u.bytes += s.bytes;
+  u.pieces += s.chunks;
+  u.busy += s.busy;
+}
 
 class Unit {
  public:
