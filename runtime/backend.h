@@ -1,11 +1,9 @@
 // backend.h — where a program runs: the one seam between "what it computes" and "where".
 //
 // Model code (tp/) and the collectives are written once against Context/Tensor; a Backend
-// provides storage on each rank, timed movement between ranks, and compute. Three exist:
-//   sim   simulated cubes: bytes in simulated HBM, movement through simulated links, time charged
-//         from the hardware model (values are computed on the host by the same kernels);
-//   host  the reference: plain CPU memory, no time;
-//   cuda  real GPUs (one rank per GPU, runtime/cuda_backend.h).
+// provides storage on each rank, timed movement between ranks, and compute. The backends are the
+// rows of the registry (runtime/backend_registry.h; cubesim.backend_info() lists them), e.g. a
+// simulated system (sim_backend.h), the host reference (host_backend.h), real GPUs (cuda_backend.h).
 // All calls are made from a rank's own process (a fiber), which a timed call blocks.
 //
 // Hooks a backend may take over (each returns false by default, and the runtime then computes on
@@ -123,6 +121,8 @@ class Backend {
   // false, and the runtime runs the selected algorithm over Comm (copy + reduce).
   virtual bool collective(const CollectiveRequest& r) { return false; }
 
+  // Whether begin_region/end_region measure real time (backends on hardware: cuda).
+  virtual bool measures_time() const { return false; }
   // Real-time measurement of one GEMM or collective on `rank` ("gemm", "collective"), for backends
   // on hardware: begin returns a token (0: not measured), end closes it, and measured_seconds gives
   // its duration once the spawn() that ran it has returned (negative when not measured).

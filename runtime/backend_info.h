@@ -5,6 +5,7 @@
 //
 //   extern const BackendInfo kHostBackendInfo;
 //   const BackendInfo kHostBackendInfo{.name = "host", .summary = "...", .options = "none",
+//                                      .devices = [] { return -1; },
 //                                      .unavailable = [] { return std::string(); }, .make = &make_host};
 //
 // A backend's own options come by name (a JSON object) and the backend reads them with an
@@ -33,6 +34,10 @@ struct BackendInfo {
   std::string_view name;     // "sim", "host", "cuda"
   std::string_view summary;  // one line, for listings and help
   std::string_view options;  // the options it takes, for help: "timing_only (bool), hazards ('throw'|...)"
+  // True when it simulates the system of a topology (it takes one; its ranks are the cubes).
+  bool simulates = false;
+  // Ranks it offers here without a topology: -1 any number (host), else the devices (cuda: GPUs).
+  int (*devices)() = nullptr;
   // Why the backend cannot run here ("this build has no CUDA", "no GPU: ..."); "" when it can.
   std::string (*unavailable)();
   // A context on it. Throws BackendUnavailableError when unavailable, RuntimeError naming a bad option.

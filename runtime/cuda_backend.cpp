@@ -589,6 +589,7 @@ const BackendInfo kCudaBackendInfo{
     .name = "cuda",
     .summary = "real GPUs, one rank per GPU: exact or tensor-core GEMMs, the runtime's collectives or NCCL",
     .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl')",
+    .devices = &cuda_device_count,
     .unavailable = [] { return cuda_device_count() > 0 ? std::string() : "no usable GPU: " + cuda_unavailable_reason(); },
     .make = &make_cuda};
 

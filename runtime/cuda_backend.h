@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
   std::uint64_t begin_region(int rank, std::string_view kind) override;
   void end_region(std::uint64_t token) override;
   double measured_seconds(std::uint64_t token) override;
+  bool measures_time() const override { return true; }
 
   const CudaBackendOptions& options() const;
   std::string device_name(int rank) const;  // "NVIDIA H200"

@@ -21,6 +21,7 @@ const BackendInfo kCudaBackendInfo{
     .name = "cuda",
     .summary = "real GPUs, one rank per GPU (not in this build)",
     .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl')",
+    .devices = [] { return 0; },
     .unavailable = [] { return std::string(kWhy); },
     .make = &make_cuda};
 

@@ -48,6 +48,7 @@ const BackendInfo kHostBackendInfo{
     .name = "host",
     .summary = "the reference: plain CPU memory, no simulated time; the bit-exact replay of a simulated run",
     .options = "none (world_size >= 1 ranks)",
+    .devices = [] { return -1; },
     .unavailable = [] { return std::string(); },
     .make = &make_host};
 

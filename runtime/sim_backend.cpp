@@ -135,6 +135,8 @@ const BackendInfo kSimBackendInfo{
     .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
     .options = "timing_only (bool), check_uninitialized (bool), hazards ('throw' | 'record' | 'off'); a topology "
                "(default single_cube)",
+    .simulates = true,
+    .devices = [] { return -1; },
     .unavailable = [] { return std::string(); },
     .make = &make_sim};
 

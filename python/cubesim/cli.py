@@ -1,7 +1,8 @@
 """The cubesim command line.
 
     cubesim topo list | show NAME | validate FILE
-    cubesim run [--topology NAME|FILE] [--tp N] [--backend sim|host|cuda] [--trace FILE] [--json FILE] ...
+    cubesim run [--topology NAME|FILE] [--tp N] [--backend NAME] [--trace FILE] [--json FILE] ...
+    cubesim algorithms | backends
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim algorithms [--json FILE]
 
@@ -307,37 +308,44 @@ def choose_tp(args, limit, holder):
     return args.tp
 
 
+def backend_row(name):
+    return next(b for b in cs.backend_info() if b["name"] == name)
+
+
 def cmd_run(args):
     out = Output(args.json)
-    if args.timing_only and args.backend != "sim":
-        raise UsageError("--timing-only needs --backend sim (the host and cuda backends keep values)")
+    backend = backend_row(args.backend)
+    simulating = [b["name"] for b in cs.backend_info() if b["simulates"]]
+    if args.timing_only and not backend["simulates"]:
+        raise UsageError(f"--timing-only needs --backend {' or '.join(simulating)} (backend '{args.backend}' keeps "
+                         "values)")
     if args.dtype not in cs.DTYPES:
         raise UsageError(f"--dtype {args.dtype}: use one of {', '.join(cs.DTYPES)}")
     for flag in ("hidden", "ffn", "tokens"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     sets = parse_sets(args.set)
-    sim = args.backend == "sim"
+    sim = backend["simulates"]
     topo = None
     if sim:
         topo = cs.load_topology(args.topology, overrides=sets or None)
         tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
-    elif args.backend == "cuda":
-        gpus = cs.cuda_device_count()
-        if gpus == 0:
-            cs.Context("cuda", world_size=1)  # raises BackendUnavailableError saying why
-        tp = choose_tp(args, gpus, f"this machine has {plural(gpus, 'GPU')}")
+    elif not backend["available"]:
+        cs.Context(args.backend, world_size=1)  # raises BackendUnavailableError saying why
+    elif backend["devices"] >= 0:
+        tp = choose_tp(args, backend["devices"],
+                       f"backend '{args.backend}' has {plural(backend['devices'], 'device')} here")
     else:
         tp = choose_tp(args, None, "")
 
     ctx = cs.Context(
         args.backend,
         world_size=tp,
-        topology=topo,  # the Topology loaded above (loaded and validated once); None off sim
-        timing_only=args.timing_only if sim else None,  # a backend option: sim's only
+        topology=topo,  # the Topology loaded above (loaded and validated once); None unless simulating
+        timing_only=True if args.timing_only else None,  # a backend option: simulating backends take it
         trace=bool(args.trace),  # the hardware table comes from the units' counters, not from a trace
         algorithm=args.algorithm,
-        record_ops=args.backend == "cuda",
+        record_ops=True,  # a record per GEMM and collective: what backends that measure time report
     )
     if args.trace:
         ctx.declare_hardware_tracks()
@@ -403,22 +411,20 @@ def cmd_run(args):
             {"rank": r.rank, "compute_ps": r.compute_ps, "comm_ps": r.comm_ps, "finish_ps": r.finish_ps}
             for r in report.ranks
         ],
-        "measured": ctx.measured_totals(tp) if args.backend == "cuda" else None,
+        "measured": ctx.measured_totals(tp) if ctx.measures_time else None,
         "hardware": report.utilisation(tp) if topo and not args.no_hardware_stats else None,
         "tracks": report.to_dict()["tracks"],
+        # Every hardware unit that did something during the run, with its counters.
+        "usage": [u for u in report.usage if u["pieces"] or u["busy_ps"]],
         "trace": trace_info,
         "pass": passed if passed is not None else True,
     }
-    print_run(out, args, topo, tp, eq, report, result, trace_info)
+    print_run(out, args, ctx, topo, tp, eq, report, result, trace_info)
     out.json(result)
     return EXIT_OK if result["pass"] else EXIT_FAILED
 
 
-def ctx_desc(tp):
-    return f"ranks 0-{tp - 1} on GPUs 0-{tp - 1}, exact GEMMs, ring collectives"
-
-
-def print_run(out, args, topo, tp, eq, report, result, trace_info):
+def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
     what = "checked against the host reference" if eq is not None else "timing only (no values, no check)"
     out.say(f"cubesim run: ParallelMLP forward + backward, {what}")
     out.say()
@@ -427,10 +433,9 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
         out.say(f"  topology  {topo.name}: {plural(topo.num_cubes, 'cube')} x {pes} PEs, network {topo.network} "
                 f"({topo.origin})")
         placement = "rank 0 on cube 0" if tp == 1 else f"ranks 0-{tp - 1} on cubes 0-{tp - 1}"
-        out.say(f"  backend   sim, tp {tp}: {placement}, collectives {args.algorithm}")
+        out.say(f"  backend   {args.backend}, tp {tp}: {placement}, collectives {args.algorithm}")
     else:
-        desc = "host (the reference: no simulated time)" if args.backend == "host" else f"cuda ({ctx_desc(tp)})"
-        out.say(f"  backend   {desc}, tp {tp}")
+        out.say(f"  backend   {args.backend} ({ctx.describe()}), tp {tp}, collectives {args.algorithm}")
     m = result["mlp"]
     out.say(
         f"  model     hidden {m['hidden']}, ffn {m['ffn']}, tokens {m['tokens']}, {m['dtype']}, GELU {m['gelu']}"
@@ -505,12 +510,12 @@ def print_run(out, args, topo, tp, eq, report, result, trace_info):
             else:
                 out.say("  links: none between the ranks' cubes (one rank)")
     elif result["measured"] is not None:
-        out.say(f"measured on the GPUs (CUDA events around every GEMM and collective); wall {report.wall_s:.3f} s")
+        out.say(f"measured by the backend (real time around every GEMM and collective); wall {report.wall_s:.3f} s")
         rows = [[m["rank"], f"{1e6 * m['gemm_s']:.1f} us", m["gemms"], f"{1e6 * m['collective_s']:.1f} us", m["collectives"]]
                 for m in result["measured"]]
         out.say(format_table(["rank", "GEMMs", "count", "collectives", "count"], rows, align=["r"] * 5))
     else:
-        out.say(f"wall time: {report.wall_s:.3f} s (the host backend keeps no simulated time)")
+        out.say(f"wall time: {report.wall_s:.3f} s (backend '{args.backend}' keeps no simulated time)")
     out.say()
     if trace_info:
         out.say(
@@ -582,6 +587,17 @@ def cmd_xcheck(args):
 
 
 # ---- algorithms ----------------------------------------------------------------------------------
+
+
+def cmd_backends(args):
+    # The rows of runtime/backend_registry.h, as the runtime reports them: nothing is listed here.
+    out = Output(args.json)
+    rows = cs.backend_info()
+    out.say(format_table(["name", "here", "summary", "options"],
+                         [[b["name"], "yes" if b["available"] else f"no: {b['why_not']}", b["summary"], b["options"]]
+                          for b in rows]))
+    out.json({"backends": rows})
+    return EXIT_OK
 
 
 def cmd_algorithms(args):
@@ -697,6 +713,10 @@ def build_parser():
     al = sub.add_parser("algorithms", help="the collective algorithms: name, the collectives each does, summary")
     json_opt(al)
     al.set_defaults(fn=cmd_algorithms)
+
+    be = sub.add_parser("backends", help="the backends: name, whether it runs here (and why not), summary, options")
+    json_opt(be)
+    be.set_defaults(fn=cmd_backends)
     return p
 
 
@@ -730,6 +750,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("cubesim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (cubesim ... | head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
 
 
 if __name__ == "__main__":

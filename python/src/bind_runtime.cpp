@@ -434,8 +434,8 @@ void bind_runtime(py::module_& m) {
                                   "  ctx = cubesim.Context('sim', topology='ring4')      # one rank per cube\n"
                                   "  ctx = cubesim.Context('host', world_size=4)         # the reference, no time\n"
                                   "  report = ctx.spawn(lambda rank: ...)                # fn(rank) on every rank\n\n"
-                                  "backend: a name from backend_info() ('sim', 'host', 'cuda'; one that cannot run "
-                                  "here raises BackendUnavailableError saying why). world_size 0 (sim): one rank per "
+                                  "backend: a name from backend_info() (one that cannot run here raises "
+                                  "BackendUnavailableError saying why). world_size 0 (sim): one rank per "
                                   "cube. topology (sim only): a name, a path or a Topology (from load_topology; "
                                   "default single_cube); overrides (dict of dotted paths) go with a name or path. "
                                   "Backend options (None: the backend's default; a backend rejects those it does not "
@@ -454,6 +454,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })
+      .def_property_readonly("measures_time", [](rt::Context& c) { return c.backend().measures_time(); },
+                             "Whether the backend measures real time (cuda: CUDA events; see measured_totals()).")
       .def_property_readonly("trace_enabled", [](rt::Context& c) { return c.trace().enabled(); })
       .def_property_readonly("now_ps", [](rt::Context& c) { return c.simulator().now(); },
                              "Simulated time so far (runs follow one another on one clock).")
@@ -573,13 +575,17 @@ void bind_runtime(py::module_& m) {
       d["name"] = std::string(b->name);
       d["summary"] = std::string(b->summary);
       d["options"] = std::string(b->options);
+      d["simulates"] = b->simulates;
+      d["devices"] = b->devices();
       const std::string why = b->unavailable();
       d["available"] = why.empty();
       d["why_not"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
       l.append(d);
     }
     return l;
-  }, "Every backend of the registry: name, summary, the options it takes, whether it can run here and why not.");
+  }, "Every backend of the registry: name, summary, the options it takes, simulates (it takes a topology and its "
+     "ranks are the cubes), devices (ranks it offers here without a topology; -1: any number), whether it can run "
+     "here and why not.");
   m.def("cuda_built", [] {
 #ifdef CUBESIM_PY_HAVE_CUDA
     return true;

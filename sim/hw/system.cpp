@@ -303,6 +303,14 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     f.stages.push_back(std::move(sf));
   }
   f.chunk_time = p->pace;
+  // A chunk is injected by an event d_pre after its head left the source, so local stages before
+  // the first link book up to d_pre in the past: bookings younger than that must not be forgotten.
+  if (p->d_pre > lookback_) {
+    throw std::logic_error(fmt::format("path {} -> {}: its stages before the first link delay a chunk by {}, more than "
+                                       "the booking lookback {}: widen System::lookback_ (system.cpp) to cover the "
+                                       "new unit's delay",
+                                       src.name(), dst.name(), sim::format_time(p->d_pre), sim::format_time(lookback_)));
+  }
   return p;
 }
 

@@ -136,6 +136,15 @@ class System {
   void inject(TransferRecord* r, std::uint64_t chunk);
   void land(TransferRecord* r);
   void register_unit(Unit& u);  // gives u the next UnitId
+  // Registers a unit that belongs to no cube, PE or link and keeps it (units a topology adds to
+  // a path: the constructor builds them, build_path places them).
+  template <class U>
+  U& own(std::unique_ptr<U> u) {
+    U& r = *u;
+    register_unit(r);
+    owned_.push_back(std::move(u));
+    return r;
+  }
 
   sim::Simulator* sim_;
   Topology topo_;
@@ -146,6 +155,7 @@ class System {
   std::vector<std::unique_ptr<Memory>> memories_;
   std::vector<std::unique_ptr<Cube>> cubes_;
   std::vector<std::unique_ptr<Link>> links_;
+  std::vector<std::unique_ptr<Unit>> owned_;  // see own()
   Memory* host_ = nullptr;
   std::unordered_map<std::uint64_t, std::unique_ptr<Path>> paths_;
   std::vector<std::unique_ptr<TransferRecord>> records_;

@@ -9,18 +9,6 @@
 
 namespace cubesim::hw {
 
-std::string_view unit_kind_name(UnitKind k) {
-  switch (k) {
-    case UnitKind::memory: return "memory";
-    case UnitKind::dma_read: return "dma_read";
-    case UnitKind::dma_write: return "dma_write";
-    case UnitKind::link: return "link";
-    case UnitKind::mac: return "mac";
-    case UnitKind::vector: return "vector";
-  }
-  return "?";
-}
-
 std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<const UnitUsage> before) {
   if (now.size() != before.size()) {
     throw std::logic_error(fmt::format("usage_since: {} units now but {} before: not snapshots of one System",

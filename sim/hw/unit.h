@@ -30,7 +30,17 @@ enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vec
 inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory, UnitKind::dma_read, UnitKind::dma_write,
                                              UnitKind::link,   UnitKind::mac,      UnitKind::vector};
 // "memory", "dma_read", "dma_write", "link", "mac", "vector"
-std::string_view unit_kind_name(UnitKind k);
+constexpr std::string_view unit_kind_name(UnitKind k) {
+  switch (k) {
+    case UnitKind::memory: return "memory";
+    case UnitKind::dma_read: return "dma_read";
+    case UnitKind::dma_write: return "dma_write";
+    case UnitKind::link: return "link";
+    case UnitKind::mac: return "mac";
+    case UnitKind::vector: return "vector";
+  }
+  return "?";
+}
 
 // A unit's index in its System (System::unit(id)); ids are dense, in the order the System built them.
 struct UnitId {

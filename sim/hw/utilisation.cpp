@@ -29,19 +29,19 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, in
       continue;
     }
     if (!in_run(u.place.cube)) continue;
+    // The kinds the table shows; any other unit of a cube (a cache, say) is not in it.
     Sums& s = sums[static_cast<std::size_t>(u.place.cube)];
-    switch (u.kind) {
-      case UnitKind::mac:
-        s.mac += busy;
-        ++s.pes;
-        break;
-      case UnitKind::vector: s.vector += busy; break;
-      case UnitKind::dma_read: s.dma_read += busy; break;
-      case UnitKind::dma_write: s.dma_write += busy; break;
-      case UnitKind::memory:
-        if (u.place.pe < 0) s.hbm = std::max(s.hbm, busy);  // the cube's HBM, not a PE's TCM
-        break;
-      case UnitKind::link: break;
+    if (u.kind == UnitKind::mac) {
+      s.mac += busy;
+      ++s.pes;
+    } else if (u.kind == UnitKind::vector) {
+      s.vector += busy;
+    } else if (u.kind == UnitKind::dma_read) {
+      s.dma_read += busy;
+    } else if (u.kind == UnitKind::dma_write) {
+      s.dma_write += busy;
+    } else if (u.kind == UnitKind::memory && u.place.pe < 0) {
+      s.hbm = std::max(s.hbm, busy);  // the cube's HBM, not a PE's TCM
     }
   }
   for (int c = 0; c < cubes; ++c) {

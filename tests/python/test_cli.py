@@ -86,6 +86,14 @@ def test_run_trace_file_parses_and_has_the_tracks(capsys, tmp_path):
     assert sum(1 for e in ev if e.get("ph") == "X") > 0
 
 
+def test_run_json_has_every_active_units_counters(capsys):
+    rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--tp", "2", *SMALL)
+    usage = {u["name"]: u for u in json.loads(out)["usage"]}
+    assert rc == 0 and usage["link c0->c1"]["bytes"] > 0 and usage["cube1.pe0.mac"]["busy_ps"] > 0
+    assert all(u["pieces"] > 0 or u["busy_ps"] > 0 for u in usage.values())
+    assert "cube3.hbm" not in usage  # ranks on cubes 0 and 1 only
+
+
 def test_run_no_hardware_stats_leaves_the_table_out(capsys):
     rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--tp", "2", "--no-hardware-stats", *SMALL)
     assert rc == 0 and json.loads(out)["hardware"] is None
@@ -326,3 +334,10 @@ def test_xcheck_forwards_only_its_own_unknown_options(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["run", "--no-such-option"])
     assert e.value.code == 2
+
+
+def test_backends_prints_the_registry(capsys, tmp_path):
+    rc, out, _ = run_cli(capsys, "backends")
+    assert rc == 0 and all(b["name"] in out and b["summary"] in out for b in cs.backend_info())
+    rc, out, _ = run_cli(capsys, "backends", "--json", "-")
+    assert rc == 0 and json.loads(out)["backends"] == cs.backend_info()

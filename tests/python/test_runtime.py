@@ -487,7 +487,7 @@ def test_run_report_usage_comes_from_the_units_counters_without_a_trace():
     traced = cs.tp.run_mlp(cs.Context("sim", topology="ring4", trace=True), **kw)
     assert plain.usage == traced.usage, "counters do not depend on tracing"
     by_name = {u["name"]: u for u in plain.usage}
-    assert {u["kind"] for u in plain.usage} == {"memory", "dma_read", "dma_write", "link", "mac", "vector"}
+    assert {u["kind"] for u in plain.usage} >= {"memory", "dma_read", "dma_write", "link", "mac", "vector"}
     assert by_name["link c0->c1"]["bytes"] > 0 and by_name["link c0->c1"]["busy_ps"] > 0
     assert by_name["cube0.pe0.mac"]["bytes"] > 0  # operations
     assert by_name["cube1.hbm"]["busy_ps"] == max(by_name["cube1.hbm"]["channel_busy_ps"])
@@ -509,7 +509,8 @@ def test_a_switch_counts_its_links_in_the_hardware_table():
 
 def test_backends_come_from_the_registry_and_check_their_options():
     info = {b["name"]: b for b in cs.backend_info()}
-    assert set(info) == {"sim", "host", "cuda"} and set(cs.backends()) == set(info)
+    assert set(info) >= {"sim", "host", "cuda"} and set(cs.backends()) == set(info)
+    assert info["sim"]["simulates"] and not info["host"]["simulates"] and info["host"]["devices"] == -1
     assert info["sim"]["available"] and info["host"]["available"] and info["host"]["why_not"] is None
     assert all(b["summary"] and b["options"] for b in info.values())
     if not info["cuda"]["available"]:
