@@ -134,9 +134,10 @@ class Backend {
   // timing is identical.
   virtual bool timing_only() const { return false; }
 
-  // The counters of the hardware units the backend simulates (hw::System::usage()); none on
-  // backends that simulate no hardware.
-  virtual std::vector<hw::UnitUsage> usage() const { return {}; }
+  // The hardware units the backend simulates and their counters so far (hw::System::units(),
+  // counters()); none on backends that simulate no hardware.
+  virtual std::shared_ptr<const std::vector<hw::UnitInfo>> units() const { return nullptr; }
+  virtual std::vector<hw::UnitCounters> counters() const { return {}; }
   // Names the trace tracks of the hardware the first `ranks` ranks run on (hw::System::declare_tracks).
   virtual void declare_tracks(int ranks) {}
 };

@@ -144,7 +144,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   op_records_.clear();
   const sim::Time start = sim_->now();
   const std::uint64_t events0 = sim_->events_executed();
-  const std::vector<hw::UnitUsage> usage0 = backend_->usage();
+  const std::vector<hw::UnitCounters> usage0 = backend_->counters();
   const std::vector<sim::Trace::TrackStats> tracks0 = sim_->trace().stats();
   for (int r = 0; r < nprocs; ++r) {
     spawn_for_rank(r, fmt::format("rank{}", r), [this, r, &fn] {
@@ -165,7 +165,8 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   rep.sim_time = sim_->now() - start;
   rep.events = sim_->events_executed() - events0;
   rep.event_hash = sim_->event_order_hash();
-  rep.usage = hw::usage_since(backend_->usage(), usage0);
+  rep.units = backend_->units();
+  rep.unit_counters = hw::counters_since(backend_->counters(), usage0);
   const auto& tracks = sim_->trace().stats();
   for (std::size_t i = 0; i < tracks.size(); ++i) {
     sim::Trace::TrackStats t = tracks[i];

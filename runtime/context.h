@@ -76,8 +76,13 @@ struct RunReport {
   // since the context was made): equal runs give equal hashes; the golden tests pin it.
   std::uint64_t event_hash = 0;
   std::vector<RankTimeline> ranks;
-  // What each hardware unit did during the run (counters; empty on backends that simulate none).
-  std::vector<hw::UnitUsage> usage;
+  // What each hardware unit did during the run: the units and their counters over the run (none on
+  // backends that simulate no hardware); usage() pairs them.
+  std::shared_ptr<const std::vector<hw::UnitInfo>> units;
+  std::vector<hw::UnitCounters> unit_counters;
+  std::vector<hw::UnitUsage> usage() const {
+    return units ? hw::usage_of(*units, unit_counters) : std::vector<hw::UnitUsage>{};
+  }
   // The trace tracks that got spans during the run, with the spans and busy time of this run.
   std::vector<sim::Trace::TrackStats> tracks;
 };

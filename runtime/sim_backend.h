@@ -63,7 +63,8 @@ class SimBackend final : public Backend {
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool timing_only() const override { return opts_.timing_only; }
-  std::vector<hw::UnitUsage> usage() const override { return system_->usage(); }
+  std::shared_ptr<const std::vector<hw::UnitInfo>> units() const override { return system_->units(); }
+  std::vector<hw::UnitCounters> counters() const override { return system_->counters(); }
   void declare_tracks(int ranks) override { system_->declare_tracks(ranks); }
 
   hw::System& system() { return *system_; }

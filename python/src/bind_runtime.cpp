@@ -241,7 +241,7 @@ py::dict usage_dict(const hw::UnitUsage& u) {
 // The share of the run's simulated time each unit of the first `cubes` cubes was busy, as the
 // CLI's hardware table and its JSON show it (sim/hw/utilisation.h).
 py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
-  const hw::Utilisation u = hw::utilisation(r.usage, r.sim_time, cubes);
+  const hw::Utilisation u = hw::utilisation(r.usage(), r.sim_time, cubes);
   py::list cs;
   for (const auto& c : u.cubes) {
     py::dict d;
@@ -285,7 +285,7 @@ py::dict report_dict(const rt::RunReport& r) {
   for (const auto& s : r.tracks) tracks.append(pyb::track_stats_dict(s));
   d["tracks"] = tracks;
   py::list usage;
-  for (const auto& u : r.usage) usage.append(usage_dict(u));
+  for (const auto& u : r.usage()) usage.append(usage_dict(u));
   d["usage"] = usage;
   return d;
 }
@@ -332,7 +332,7 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("usage",
                              [](const rt::RunReport& r) {
                                py::list l;
-                               for (const auto& u : r.usage) l.append(usage_dict(u));
+                               for (const auto& u : r.usage()) l.append(usage_dict(u));
                                return l;
                              },
                              "What each hardware unit did during this run, from the units' counters (no trace "

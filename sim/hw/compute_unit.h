@@ -28,9 +28,7 @@ class ComputeUnit final : public Unit {
  public:
   // kind: UnitKind::mac or UnitKind::vector.
   ComputeUnit(UnitKind kind, RateSpec spec, int cube, int pe)
-      : Unit(kind, fmt::format("cube{}.pe{}.{}", cube, pe, unit_kind_name(kind)), UnitPlace{.cube = cube, .pe = pe},
-             fmt::format("cube{}", cube), fmt::format("pe{}.{}", pe, unit_kind_name(kind))),
-        spec_(spec) {}
+      : Unit(kind, UnitPlace{.cube = cube, .pe = pe}), spec_(spec) {}
 
   const RateSpec& spec() const { return spec_; }
   bool supports(DType d) const { return spec_.rate(d) > 0; }
@@ -73,9 +71,11 @@ class ComputeUnit final : public Unit {
   Server& server() { return server_; }
   const Server& server() const { return server_; }
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
+  std::string track_group() const override { return cube_name(place().cube); }
+  std::string track_name() const override { return pe_name(place().pe) + "." + std::string(unit_kind_name(kind())); }
 
  private:
-  void count(UnitUsage& u) const override { count_server(server_, u); }
+  void count(UnitCounters& u) const override { count_server(server_, u); }
   RateSpec spec_;
   Server server_;  // bytes field counts operations here
 };

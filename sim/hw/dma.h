@@ -10,8 +10,6 @@
 //   sys.transfer(pe.tcm().at(c_off), sys.hbm(0).at(c_addr), c_bytes);   // write channel
 #pragma once
 
-#include <fmt/format.h>
-
 #include "sim/hw/path_unit.h"
 #include "sim/hw/server.h"
 #include "sim/hw/topology.h"
@@ -23,9 +21,8 @@ class DmaChannel final : public PathUnit {
   enum class Direction : std::uint8_t { read, write };  // read: into the TCM; write: out of it
 
   DmaChannel(int cube, int pe, Direction dir, sim::Bandwidth bandwidth)
-      : PathUnit(dir == Direction::read ? UnitKind::dma_read : UnitKind::dma_write, fmt::format("cube{}.pe{}.dma.{}", cube, pe, dir == Direction::read ? "read" : "write"),
-                 UnitPlace{.cube = cube, .pe = pe}, fmt::format("cube{}", cube),
-                 fmt::format("pe{}.dma.{}", pe, dir == Direction::read ? "read" : "write"), Order::local),
+      : PathUnit(dir == Direction::read ? UnitKind::dma_read : UnitKind::dma_write, UnitPlace{.cube = cube, .pe = pe},
+                 Order::local),
         direction(dir) {
     server.bandwidth = bandwidth;
   }
@@ -39,14 +36,17 @@ class DmaChannel final : public PathUnit {
     const sim::Duration d = server.duration(v.bytes);
     const auto [start, end] = server.book(v.forget_before, v.head + v.pre, d);
     server.account(v.bytes, d);
-    if (v.trace) trace_chunk(v, server, track_name(), start, end, v.bytes);
+    if (v.trace) trace_chunk(v, server, kNoChannel, start, end, v.bytes);
     return {start + v.post, std::max(end, v.tail + v.pre) + v.post};
   }
   StageFigures figures() const override { return StageFigures::of(server.bandwidth); }
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
+  std::string track_group() const override { return cube_name(place().cube); }
+  std::string track_name() const override { return pe_name(place().pe) + suffix(direction); }
 
  private:
-  void count(UnitUsage& u) const override { count_server(server, u); }
+  static const char* suffix(Direction d) { return d == Direction::read ? ".dma.read" : ".dma.write"; }
+  void count(UnitCounters& u) const override { count_server(server, u); }
 };
 
 struct DmaEngine {

@@ -22,8 +22,7 @@ namespace cubesim::hw {
 class Link final : public PathUnit {
  public:
   Link(int index, const LinkSpec& spec, sim::Duration extra_overhead)
-      : PathUnit(UnitKind::link, "link " + spec.name, UnitPlace{.from = spec.from, .to = spec.to}, "links",
-                 "link " + spec.name, Order::arrival),
+      : PathUnit(UnitKind::link, UnitPlace{.from = spec.from, .to = spec.to}, Order::arrival),
         index_(index),
         spec_(spec),
         pre_(spec.figures.overhead + extra_overhead) {
@@ -48,14 +47,16 @@ class Link final : public PathUnit {
     const Time end = std::max(start + server_.duration(v.bytes), v.tail + v.pre);
     server_.free = end;
     server_.account(v.bytes, end - start);
-    if (v.trace) trace_chunk(v, server_, track_name(), start, end, v.bytes);
+    if (v.trace) trace_chunk(v, server_, kNoChannel, start, end, v.bytes);
     return {start + v.post, end + v.post};
   }
   StageFigures figures() const override { return StageFigures::of(spec_.figures.bandwidth); }
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }
+  std::string track_group() const override { return "links"; }
+  std::string track_name() const override { return name(); }
 
  private:
-  void count(UnitUsage& u) const override { count_server(server_, u); }
+  void count(UnitCounters& u) const override { count_server(server_, u); }
   int index_;
   LinkSpec spec_;
   sim::Duration pre_;

@@ -9,24 +9,8 @@
 
 namespace cubesim::hw {
 
-namespace {
-// Trace group and track of a memory: "cube3" / "hbm", "cube3" / "pe5.tcm", "host" / "memory".
-std::string track_group_of(const MemorySetup& s) {
-  return s.kind == MemoryKind::kHost ? std::string("host") : fmt::format("cube{}", s.cube);
-}
-std::string track_name_of(const MemorySetup& s) {
-  switch (s.kind) {
-    case MemoryKind::kHbm: return "hbm";
-    case MemoryKind::kTcm: return fmt::format("pe{}.tcm", s.pe);
-    case MemoryKind::kHost: return "memory";
-  }
-  return "memory";
-}
-}  // namespace
-
 Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
-    : PathUnit(UnitKind::memory, setup.name, UnitPlace{.cube = setup.cube, .pe = setup.pe}, track_group_of(setup),
-               track_name_of(setup), Order::local),
+    : PathUnit(UnitKind::memory, UnitPlace{.cube = setup.cube, .pe = setup.pe}, Order::local),
       sim_(&sim),
       hazards_(&hazards),
       kind_(setup.kind),
@@ -37,7 +21,7 @@ Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
       latency_(setup.latency),
       interleave_(setup.interleave == 0 ? 1 : setup.interleave),
       channels_(setup.channels == 0 ? 1 : setup.channels),
-      allocator_(setup.name, setup.capacity) {
+      allocator_(name(), setup.capacity) {
   const sim::Bandwidth bandwidth = setup.bandwidth;
   // Equal channels (the remainder of bytes_per_s / channels, under one byte per second per channel,
   // is dropped), so that evenly striped traffic books all channels alike.
@@ -170,11 +154,8 @@ Passage Memory::serve(const ChunkVisit& v) {
     s.account(total, d);
     first = std::min(first, start);
     last = std::max(last, end);
-    if (v.trace) {
-      // Evenly striped chunks go on the memory's own track, others on their channel's.
-      trace_chunk(v, s, n > 1 && ch != sim::kTimeMax ? fmt::format("{}.ch{}", track_name(), ch) : track_name(), start,
-                  end, total);
-    }
+    // Evenly striped chunks go on the memory's own track, others on their channel's.
+    if (v.trace) trace_chunk(v, s, n > 1 && ch != sim::kTimeMax ? ch : kNoChannel, start, end, total);
   };
   auto piece = [&](std::uint32_t ch, std::uint64_t bytes) { piece_on(channels_[ch], ch, bytes, bytes); };
   if (n == 1) {
@@ -213,15 +194,30 @@ StageFigures Memory::figures() const {
   return StageFigures::of(bandwidth_, channels(), interleave_);
 }
 
+std::string Memory::track_group() const { return kind_ == MemoryKind::kHost ? std::string("host") : cube_name(cube()); }
+
+std::string Memory::track_name() const {
+  switch (kind_) {
+    case MemoryKind::kHbm: return "hbm";
+    case MemoryKind::kTcm: return pe_name(pe()) + ".tcm";
+    case MemoryKind::kHost: return "memory";
+  }
+  return "memory";
+}
+
+std::string Memory::track_name_of(std::uint64_t channel) const {
+  return channel == kNoChannel ? track_name() : track_name() + ".ch" + std::to_string(channel);
+}
+
 void Memory::declare_tracks(sim::Trace& trace) {
   if (channels_.size() == 1) {
     trace.track(track_name(), track_group());
     return;
   }
-  for (std::size_t ch = 0; ch < channels_.size(); ++ch) trace.track(fmt::format("{}.ch{}", track_name(), ch), track_group());
+  for (std::size_t ch = 0; ch < channels_.size(); ++ch) trace.track(track_name_of(ch), track_group());
 }
 
-void Memory::count(UnitUsage& u) const {
+void Memory::count(UnitCounters& u) const {
   // Striped work occupied every channel alike: it counts on each.
   u.bytes = stripe_.bytes;
   u.pieces = stripe_.chunks;

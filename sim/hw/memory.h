@@ -43,7 +43,6 @@ struct MemorySetup {
   MemoryKind kind = MemoryKind::kHbm;
   int cube = -1;  // -1 for the host
   int pe = -1;    // -1 unless a TCM
-  std::string name;  // "cube3.hbm", "cube3.pe5.tcm", "host"
   std::uint64_t capacity = 0;
   sim::Bandwidth bandwidth;
   sim::Duration latency = 0;  // paid by reads
@@ -128,10 +127,13 @@ class Memory final : public PathUnit {
   StageFigures figures() const override;
   // The HBM's channel tracks ("hbm.ch0", ...), or the memory's own track when it has one channel.
   void declare_tracks(sim::Trace& trace) override;
+  std::string track_group() const override;  // "cube3", "host"
+  std::string track_name() const override;   // "hbm", "pe5.tcm", "memory"
+  std::string track_name_of(std::uint64_t channel) const override;  // "hbm.ch3"
 
  private:
   friend class System;  // moves bytes when a transfer lands, and keeps in_flight_
-  void count(UnitUsage& u) const override;
+  void count(UnitCounters& u) const override;
   sim::Simulator* sim_;
   HazardTracker* hazards_;
   MemoryKind kind_;

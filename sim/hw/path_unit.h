@@ -58,9 +58,7 @@ class PathUnit : public Unit {
  public:
   enum class Order : std::uint8_t { arrival, local };
 
-  PathUnit(UnitKind kind, std::string name, UnitPlace place, std::string track_group, std::string track_name,
-           Order order)
-      : Unit(kind, std::move(name), place, std::move(track_group), std::move(track_name)), order_(order) {}
+  PathUnit(UnitKind kind, UnitPlace place, Order order) : Unit(kind, place), order_(order) {}
 
   Order order() const { return order_; }
   // Serves one chunk (see the header comment). Counters are updated; a span is recorded when
@@ -71,11 +69,14 @@ class PathUnit : public Unit {
   virtual StageFigures figures() const = 0;
 
  protected:
-  // Records a chunk's span [start, end) on server s's track (made on first use: `name` in this
-  // unit's track group), clipped to start after the track's last span: split bookings can overlap
-  // in [first, last], and a track's spans must not.
-  void trace_chunk(const ChunkVisit& v, Server& s, std::string_view name, sim::Time start, sim::Time end,
+  // Records a chunk's span [start, end) on server s's track (made on first use:
+  // track_name_of(channel) in this unit's track group), clipped to start after the track's last
+  // span: split bookings can overlap in [first, last], and a track's spans must not.
+  void trace_chunk(const ChunkVisit& v, Server& s, std::uint64_t channel, sim::Time start, sim::Time end,
                    std::uint64_t bytes);
+  // The track of a server of the unit (a memory's channel; kNoChannel: the unit's own track).
+  static constexpr std::uint64_t kNoChannel = ~std::uint64_t{0};
+  virtual std::string track_name_of(std::uint64_t channel) const { return track_name(); }
 
  private:
   Order order_;

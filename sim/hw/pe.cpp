@@ -9,7 +9,7 @@ Pe::Pe(sim::Simulator& sim, int cube, int index, const PeSpec& spec, Memory& tcm
     : sim_(&sim),
       cube_(cube),
       index_(index),
-      name_(fmt::format("cube{}.pe{}", cube, index)),
+      name_(cube_pe_name(cube, index, {})),
       spec_(spec),
       tcm_(&tcm),
       dma_(cube, index, spec.dma),

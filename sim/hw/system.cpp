@@ -125,7 +125,6 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
     const int c = spec.id;
     Memory* hbm = memory(MemorySetup{.kind = MemoryKind::kHbm,
                                      .cube = c,
-                                     .name = fmt::format("cube{}.hbm", c),
                                      .capacity = spec.hbm.capacity_bytes,
                                      .bandwidth = spec.hbm.bandwidth,
                                      .latency = spec.hbm.latency,
@@ -136,7 +135,6 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
       Memory* tcm = memory(MemorySetup{.kind = MemoryKind::kTcm,
                                        .cube = c,
                                        .pe = p,
-                                       .name = fmt::format("cube{}.pe{}.tcm", c, p),
                                        .capacity = spec.pe.tcm.capacity_bytes,
                                        .bandwidth = spec.pe.tcm.bandwidth,
                                        .latency = spec.pe.tcm.latency,
@@ -152,7 +150,6 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
   }
   if (topo_.host.present) {
     host_ = memory(MemorySetup{.kind = MemoryKind::kHost,
-                               .name = "host",
                                .capacity = topo_.host.capacity_bytes,
                                .bandwidth = topo_.host.bandwidth,
                                .latency = topo_.host.latency,
@@ -205,6 +202,23 @@ std::vector<UnitUsage> System::usage() const {
   std::vector<UnitUsage> v;
   v.reserve(units_.size());
   for (const Unit* u : units_) v.push_back(u->usage());
+  return v;
+}
+
+std::shared_ptr<const std::vector<UnitInfo>> System::units() const {
+  if (!catalog_) {
+    auto v = std::make_shared<std::vector<UnitInfo>>();
+    v->reserve(units_.size());
+    for (const Unit* u : units_) v->push_back(u->info());
+    catalog_ = std::move(v);
+  }
+  return catalog_;
+}
+
+std::vector<UnitCounters> System::counters() const {
+  std::vector<UnitCounters> v;
+  v.reserve(units_.size());
+  for (const Unit* u : units_) v.push_back(u->counters());
   return v;
 }
 

@@ -87,6 +87,10 @@ class System {
   Unit& unit(UnitId id) { return *units_.at(id.value); }
   // Every unit's counters so far, in id order (usage_since() gives an interval's).
   std::vector<UnitUsage> usage() const;
+  // The counters alone, and what identifies each unit (made once, shared: a report may outlive
+  // the System).
+  std::vector<UnitCounters> counters() const;
+  std::shared_ptr<const std::vector<UnitInfo>> units() const;
   // Names the trace tracks of the hardware the first `cubes` cubes use (each cube's HBM channels,
   // each PE's MAC array, vector unit and DMA channels, the links among those cubes and the switch),
   // in that order, so that a saved trace shows the whole machine; spans appear only where
@@ -152,6 +156,7 @@ class System {
   HazardTracker hazard_tracker_;
   Router router_;
   std::vector<Unit*> units_;  // every unit, by UnitId
+  mutable std::shared_ptr<const std::vector<UnitInfo>> catalog_;  // units(), made on first use
   std::vector<std::unique_ptr<Memory>> memories_;
   std::vector<std::unique_ptr<Cube>> cubes_;
   std::vector<std::unique_ptr<Link>> links_;

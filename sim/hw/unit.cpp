@@ -1,23 +1,76 @@
 #include "sim/hw/unit.h"
 
 #include <algorithm>
+#include <charconv>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "sim/hw/path_unit.h"
+#include "sim/hw/topology.h"
 
 namespace cubesim::hw {
 
-std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<const UnitUsage> before) {
+namespace {
+void append_int(std::string& s, int v) {
+  char buf[16];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  s.append(buf, r.ptr);
+}
+}  // namespace
+
+std::string cube_name(int cube) {
+  std::string s = "cube";
+  append_int(s, cube);
+  return s;
+}
+
+std::string pe_name(int pe) {
+  std::string s = "pe";
+  append_int(s, pe);
+  return s;
+}
+
+std::string cube_pe_name(int cube, int pe, std::string_view suffix) {
+  std::string s;
+  s.reserve(4 + 11 + 3 + 11 + suffix.size());
+  s += "cube";
+  append_int(s, cube);
+  s += ".pe";
+  append_int(s, pe);
+  s += suffix;
+  return s;
+}
+
+std::string unit_name(UnitKind kind, const UnitPlace& p) {
+  auto node = [](int n) {
+    if (n == kSwitchNode) return std::string("sw");
+    if (n == kHostNode) return std::string("host");
+    std::string s = "c";
+    append_int(s, n);
+    return s;
+  };
+  switch (kind) {
+    case UnitKind::memory:
+      if (p.cube < 0) return "host";
+      return p.pe >= 0 ? cube_pe_name(p.cube, p.pe, ".tcm") : cube_name(p.cube) + ".hbm";
+    case UnitKind::dma_read: return cube_pe_name(p.cube, p.pe, ".dma.read");
+    case UnitKind::dma_write: return cube_pe_name(p.cube, p.pe, ".dma.write");
+    case UnitKind::link: return "link " + node(p.from) + "->" + node(p.to);
+    case UnitKind::mac: return cube_pe_name(p.cube, p.pe, ".mac");
+    case UnitKind::vector: return cube_pe_name(p.cube, p.pe, ".vector");
+  }
+  return std::string(unit_kind_name(kind));
+}
+
+std::vector<UnitCounters> counters_since(std::vector<UnitCounters> now, std::span<const UnitCounters> before) {
   if (now.size() != before.size()) {
-    throw std::logic_error(fmt::format("usage_since: {} units now but {} before: not snapshots of one System",
+    throw std::logic_error(fmt::format("counters_since: {} units now but {} before: not snapshots of one System",
                                        now.size(), before.size()));
   }
-  std::vector<UnitUsage> out(now.begin(), now.end());
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    UnitUsage& u = out[i];
-    const UnitUsage& b = before[i];
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    UnitCounters& u = now[i];
+    const UnitCounters& b = before[i];
     u.bytes -= b.bytes;
     u.pieces -= b.pieces;
     u.hits -= b.hits;
@@ -29,13 +82,26 @@ std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<con
       u.busy -= b.busy;
     }
   }
+  return now;
+}
+
+std::vector<UnitUsage> usage_of(std::span<const UnitInfo> units, std::span<const UnitCounters> counters) {
+  if (units.size() != counters.size()) {
+    throw std::logic_error(fmt::format("usage_of: {} units but {} counters", units.size(), counters.size()));
+  }
+  std::vector<UnitUsage> out(units.size());
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    static_cast<UnitInfo&>(out[i]) = units[i];
+    static_cast<UnitCounters&>(out[i]) = counters[i];
+    out[i].name = unit_name(units[i].kind, units[i].place);
+  }
   return out;
 }
 
-void PathUnit::trace_chunk(const ChunkVisit& v, Server& s, std::string_view name, sim::Time start, sim::Time end,
+void PathUnit::trace_chunk(const ChunkVisit& v, Server& s, std::uint64_t channel, sim::Time start, sim::Time end,
                            std::uint64_t bytes) {
   sim::Trace& tr = *v.trace;
-  if (s.track == Server::kNoTrack) s.track = tr.track(name, track_group());
+  if (s.track == Server::kNoTrack) s.track = tr.track(track_name_of(channel), track_group());
   start = std::max(start, s.traced_until);
   if (end <= start) return;
   s.traced_until = end;

@@ -57,12 +57,8 @@ struct UnitPlace {
   int to = -1;
 };
 
-// A unit's counters, and what identifies it.
-struct UnitUsage {
-  UnitId id;
-  UnitKind kind = UnitKind::memory;
-  std::string name;         // "cube0.hbm", "cube0.pe3.dma.read", "link c0->c1", "cube0.pe3.mac"
-  UnitPlace place;
+// What a unit has done so far.
+struct UnitCounters {
   std::uint64_t bytes = 0;  // bytes served; a compute unit counts operations
   std::uint64_t pieces = 0; // chunks (or pieces of compute work) served
   sim::Duration busy = 0;   // time occupied; a memory of several channels: its busiest channel's
@@ -71,13 +67,36 @@ struct UnitUsage {
   std::uint64_t misses = 0;
 };
 
+// What identifies a unit (plain data: a System's catalog of thousands of units costs no strings).
+struct UnitInfo {
+  UnitId id;
+  UnitKind kind = UnitKind::memory;
+  UnitPlace place;
+};
+
+// A unit's name, from its kind and place: "cube0.hbm", "cube0.pe3.tcm", "host", "cube0.pe3.dma.read",
+// "link c0->c1" (links name their endpoints c<i>, sw, host), "cube0.pe3.mac". Every unit's name()
+// is this (a new kind names itself here).
+std::string unit_name(UnitKind kind, const UnitPlace& place);
+
+// A unit's counters, and what identifies it.
+struct UnitUsage : UnitInfo, UnitCounters {
+  std::string name;  // unit_name(kind, place)
+};
+
 // The counters accrued between two snapshots of the same System (`before` taken first): bytes,
-// pieces, busy time, hits and misses are differences; a memory's busy time is its busiest channel's
-// over the interval.
-std::vector<UnitUsage> usage_since(std::span<const UnitUsage> now, std::span<const UnitUsage> before);
+// pieces, busy time, hits and misses are differences; a memory's busy time is its busiest
+// channel's over the interval.
+std::vector<UnitCounters> counters_since(std::vector<UnitCounters> now, std::span<const UnitCounters> before);
+// Each unit's identity with its counters (the same units, in id order).
+std::vector<UnitUsage> usage_of(std::span<const UnitInfo> units, std::span<const UnitCounters> counters);
+inline std::vector<UnitUsage> usage_since(std::span<const UnitInfo> units, std::vector<UnitCounters> now,
+                                          std::span<const UnitCounters> before) {
+  return usage_of(units, counters_since(std::move(now), before));
+}
 
 // Adds a server's counters (bytes, pieces, busy time) to u: what a unit of one server counts.
-inline void count_server(const Server& s, UnitUsage& u) {
+inline void count_server(const Server& s, UnitCounters& u) {
   u.bytes += s.bytes;
   u.pieces += s.chunks;
   u.busy += s.busy;
@@ -85,52 +104,63 @@ inline void count_server(const Server& s, UnitUsage& u) {
 
 class Unit {
  public:
-  Unit(UnitKind kind, std::string name, UnitPlace place, std::string track_group, std::string track_name)
-      : kind_(kind),
-        name_(std::move(name)),
-        place_(place),
-        track_group_(std::move(track_group)),
-        track_name_(std::move(track_name)) {}
+  // The unit's name is unit_name(kind, place), made when first asked: systems of thousands of units
+  // pay for names only where someone reads them.
+  Unit(UnitKind kind, UnitPlace place) : kind_(kind), place_(place) {}
   virtual ~Unit() = default;
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
   UnitId id() const { return id_; }
   UnitKind kind() const { return kind_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const {
+    if (name_.empty()) name_ = unit_name(kind_, place_);
+    return name_;
+  }
   const UnitPlace& place() const { return place_; }
+  UnitInfo info() const { return UnitInfo{.id = id_, .kind = kind_, .place = place_}; }
 
-  // The counters so far (identity filled in; the unit's own figures).
+  // The counters so far.
+  UnitCounters counters() const {
+    UnitCounters c;
+    count(c);
+    return c;
+  }
+  // The counters with what identifies the unit.
   UnitUsage usage() const {
     UnitUsage u;
-    u.id = id_;
-    u.kind = kind_;
-    u.name = name_;
-    u.place = place_;
+    static_cast<UnitInfo&>(u) = info();
+    u.name = name();
     count(u);
     return u;
   }
 
   // The unit's trace track: group ("cube3", "links", "host") and name ("pe5.dma.read",
-  // "link c0->c1"). A memory of several channels also has a track per channel ("hbm.ch3").
-  const std::string& track_group() const { return track_group_; }
-  const std::string& track_name() const { return track_name_; }
+  // "link c0->c1"); made when a trace needs them. A memory of several channels also has a track per
+  // channel ("hbm.ch3").
+  virtual std::string track_group() const = 0;
+  virtual std::string track_name() const = 0;
   // Names the unit's trace track(s) in `trace` now, so that a trace shows the unit even where it
   // did nothing (tracks are otherwise made on the first span).
   virtual void declare_tracks(sim::Trace& trace) = 0;
 
  protected:
-  // Adds the unit's counters to u.
-  virtual void count(UnitUsage& u) const = 0;
+  // Adds the unit's counters to c.
+  virtual void count(UnitCounters& c) const = 0;
 
  private:
   friend class System;  // assigns ids
   UnitId id_;
   UnitKind kind_;
-  std::string name_;
+  mutable std::string name_;
   UnitPlace place_;
-  std::string track_group_;
-  std::string track_name_;
 };
+
+// Names of a cube's units, built with one allocation and no format string (systems of thousands of
+// units name them all for a report): "cube3", "pe5", and cube_pe_name(3, 5, ".dma.read") is
+// "cube3.pe5.dma.read".
+std::string cube_name(int cube);
+std::string pe_name(int pe);
+std::string cube_pe_name(int cube, int pe, std::string_view suffix);
 
 }  // namespace cubesim::hw

@@ -43,6 +43,14 @@ TEST(Units, EveryPieceOfHardwareIsAUnitWithItsOwnIdAndName) {
   EXPECT_EQ(kinds[UnitKind::mac], 4 * 2);
   EXPECT_EQ(kinds[UnitKind::vector], 4 * 2);
   EXPECT_EQ(kinds[UnitKind::link], 8);
+  for (int i = 0; i < sys.num_links(); ++i) {
+    EXPECT_EQ(sys.link(i).name(), "link " + sys.topology().links[static_cast<std::size_t>(i)].name);
+  }
+  EXPECT_EQ(sys.hbm(2).name(), "cube2.hbm");
+  EXPECT_EQ(sys.tcm(3, 1).name(), "cube3.pe1.tcm");
+  EXPECT_EQ(sys.pe(1, 0).mac().name(), "cube1.pe0.mac");
+  EXPECT_EQ(unit_name(UnitKind::link, UnitPlace{.from = kHostNode, .to = 2}), "link host->c2");
+  EXPECT_EQ(unit_name(UnitKind::link, UnitPlace{.from = 2, .to = kSwitchNode}), "link c2->sw");
   const UnitUsage& l = find(u, "link c1->c2");
   EXPECT_EQ(l.place.from, 1);
   EXPECT_EQ(l.place.to, 2);
@@ -103,19 +111,20 @@ TEST(Units, UsageSinceGivesAnIntervalsCounters) {
   sim::Simulator sim;
   System sys(sim, small_topology());
   const auto data = random_bytes(1 << 20, 3);
-  std::vector<UnitUsage> mid;
+  std::vector<UnitCounters> mid;
   run_process(sim, [&] {
     sys.hbm(1).write(0, data);
     sys.transfer(sys.hbm(1).at(0), sys.hbm(2).at(0), 1 << 20);
-    mid = sys.usage();
+    mid = sys.counters();
     sys.transfer(sys.hbm(1).at(0), sys.hbm(0).at(0), 1 << 19);
   });
-  const auto delta = usage_since(sys.usage(), mid);
+  const auto delta = usage_since(*sys.units(), sys.counters(), mid);
   EXPECT_EQ(find(delta, "link c1->c2").bytes, 0u);
   EXPECT_EQ(find(delta, "link c1->c0").bytes, 1u << 19);
   EXPECT_EQ(find(delta, "cube1.hbm").bytes, 1u << 19);
   EXPECT_EQ(find(delta, "link c1->c0").busy, find(sys.usage(), "link c1->c0").busy);
-  EXPECT_THROW(usage_since(delta, std::vector<UnitUsage>(3)), std::logic_error);
+  EXPECT_THROW(counters_since(sys.counters(), std::vector<UnitCounters>(3)), std::logic_error);
+  EXPECT_EQ(sys.units().get(), sys.units().get()) << "made once";
 }
 
 TEST(Units, UtilisationIsTheShareOfTheIntervalEachUnitWasBusy) {
