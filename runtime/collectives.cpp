@@ -59,10 +59,8 @@ Call prologue(Collective kind, const std::vector<const Tensor*>& tensors, Proces
   Algorithm a = o.algorithm ? *o.algorithm : (g.default_algorithm ? *g.default_algorithm : ctx.options().algorithm);
   const algo::Row& row = algo::row(a);
   if (!row.supports(kind)) {
-    std::vector<std::string_view> names;
-    for (Algorithm x : supported_algorithms(name)) names.push_back(algorithm_name(x));
-    throw RuntimeError(fmt::format("{}: algorithm '{}' is not available; valid: {}", coll, row.name,
-                                   fmt::join(names, ", ")));
+    throw RuntimeError(
+        fmt::format("{}: algorithm '{}' is not available; valid: {}", coll, row.name, algo::supported_names(kind)));
   }
   return Call{.ctx = ctx,
               .group = g,

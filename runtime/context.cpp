@@ -123,8 +123,8 @@ void Context::spawn_for_rank(int rank, std::string name, std::function<void()> f
 }
 
 namespace {
-// The rank a process acts for: every process the runtime spawns carries its rank's slot as its
-// user pointer (-1 for a process of someone else's).
+// The rank a process acts for: every process of a context's simulator is spawned by the context
+// (spawn_for_rank) and carries its rank's slot as its user pointer; -1 for none.
 int rank_of(void* user) { return user ? static_cast<const Context::RankSlot*>(user)->rank : -1; }
 }  // namespace
 

@@ -79,10 +79,8 @@ CollectiveRequest::Kind parse_collective_kind(std::string_view s) {
 Algorithm parse_algorithm_for(CollectiveRequest::Kind k, std::string_view s) {
   const Algorithm a = parse_algorithm(s);
   if (algo::row(a).supports(k)) return a;
-  const std::string_view name = collective_kind_name(k);
-  std::vector<std::string_view> names;
-  for (Algorithm x : supported_algorithms(name)) names.push_back(algorithm_name(x));
-  throw RuntimeError(fmt::format("{} has no algorithm '{}'; valid: {}", name, s, fmt::join(names, ", ")));
+  throw RuntimeError(
+      fmt::format("{} has no algorithm '{}'; valid: {}", collective_kind_name(k), s, algo::supported_names(k)));
 }
 
 std::int64_t collective_output_count(Kind k, std::int64_t count, int ranks) {

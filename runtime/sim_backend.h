@@ -22,11 +22,11 @@
 
 namespace cubesim::rt {
 
-// How the backend runs; what it runs on is the hw::Topology given next to these (built once, by
-// hw::load_topology with any overrides, by whoever chose it).
 // The topology a sim context runs when none is given (the smallest shipped system).
 inline constexpr const char* kDefaultTopology = "single_cube";
 
+// How the backend runs; what it runs on is the hw::Topology given next to these (built once, by
+// hw::load_topology with any overrides, by whoever chose it).
 struct SimBackendOptions {
   bool timing_only = false;
   bool check_uninitialized = false;  // reading HBM never written is an error

@@ -152,11 +152,11 @@ std::string pct(double sim, double meas) {
   return fmt::format("{:+.1f}%", 100.0 * (sim - meas) / meas);
 }
 
-std::unique_ptr<rt::Context> sim_context(const std::string& topo, int tp, bool timing_only, bool record) {
+std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool timing_only, bool record) {
   rt::ContextOptions o;
   o.world_size = tp;
   o.record_ops = record;
-  return rt::make_sim_context(o, hw::load_topology(topo), {.timing_only = timing_only});
+  return rt::make_sim_context(o, topo, {.timing_only = timing_only});
 }
 
 int usage(const std::string& msg) {
@@ -197,13 +197,14 @@ int main(int argc, char** argv) {
   }
   if (a.iters < 2) return usage("--iters must be at least 2 (the first step is a warm-up)");
 
-  int cubes = 0;
+  hw::Topology topo;  // loaded and validated once; every simulated context runs this object
   try {
-    cubes = sim_context(a.topology, 0, true, false)->world_size();
+    topo = hw::load_topology(a.topology);
   } catch (const std::exception& e) {
     fmt::print(stderr, "cubesim-xcheck: {}\n", e.what());
     return 2;
   }
+  const int cubes = static_cast<int>(topo.cubes.size());
   int gpus = 0;
   std::string no_gpu = "this build has no CUDA backend";
 #ifdef CUBESIM_XCHECK_CUDA
@@ -247,7 +248,7 @@ int main(int argc, char** argv) {
     fmt::print("\n=== tp {} on '{}' ===\n", tp, a.topology);
     // ---- bits
     {
-      auto sctx = sim_context(a.topology, tp, false, false);
+      auto sctx = sim_context(topo, tp, false, false);
       const MlpRun sim = run_mlp(*sctx, a.check, tp, true, 1);
       fmt::print("bits: MLP {} tokens x {} hidden x {} ffn, bf16, forward + backward; reference: the simulator\n",
                  a.check.tokens, a.check.hidden, a.check.ffn);
@@ -281,7 +282,7 @@ int main(int argc, char** argv) {
 #endif
     }
     // ---- time
-    auto sctx = sim_context(a.topology, tp, true, true);
+    auto sctx = sim_context(topo, tp, true, true);
     const MlpRun sim = run_mlp(*sctx, a.time, tp, false, 1);
     const auto sim_ops = rank0_ops(sim.ops, 0, SIZE_MAX);
     fmt::print("\ntime: MLP step {} tokens x {} hidden x {} ffn, bf16, rank 0; simulated step {:.1f} us\n", a.time.tokens,

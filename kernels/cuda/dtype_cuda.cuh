@@ -1,6 +1,6 @@
 // dtype_cuda.cuh — device-side loads and stores of cubesim::DType elements (widening is exact; narrowing
 // is round-to-nearest-even through CUDA's own __float2bfloat16_rn / __float2half_rn, which
-// kernels/dtype.h reproduces on the host bit for bit).
+// base/dtype.h reproduces on the host bit for bit).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dtype_cuda.cuh"
 
 namespace cubesim::cuda {
 
@@ -21,15 +22,6 @@ __device__ __forceinline__ float load(const void* p, DType t, std::int64_t i) {
     case DType::f32: break;
   }
   return static_cast<const float*>(p)[i];
-}
-
-// One rounding, RNE; CUDA's canonical NaNs equal base/dtype.h's.
-__device__ __forceinline__ void store(void* p, DType t, std::int64_t i, float v) {
-  switch (t) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); return;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); return;
-    case DType::f32: static_cast<float*>(p)[i] = v; return;
-  }
 }
 
 constexpr int kThreads = 256;
@@ -51,14 +43,14 @@ __global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t 
       // (so max(-0, +0) keeps dst's zero, as on the host).
       r = (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : (a < b ? b : a);
     }
-    store(dst, t, i, r);
+    detail::store_elem_rt(dst, t, i, r);
   }
 }
 
 __global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    store(y, yt, i, kernels::gelu(k, load(x, xt, i)));
+    detail::store_elem_rt(y, yt, i, kernels::gelu(k, load(x, xt, i)));
   }
 }
 
@@ -66,14 +58,14 @@ __global__ void gelu_backward_kernel(kernels::GeluKind k, const void* x, DType x
                                      DType dxt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    store(dx, dxt, i, kernels::gelu_backward(k, load(x, xt, i), load(dy, dyt, i)));
+    detail::store_elem_rt(dx, dxt, i, kernels::gelu_backward(k, load(x, xt, i), load(dy, dyt, i)));
   }
 }
 
 __global__ void add_kernel(const void* a, DType at, const void* b, DType bt, void* y, DType yt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    store(y, yt, i, __fadd_rn(load(a, at, i), load(b, bt, i)));
+    detail::store_elem_rt(y, yt, i, __fadd_rn(load(a, at, i), load(b, bt, i)));
   }
 }
 
@@ -81,7 +73,7 @@ __global__ void add_bias_kernel(const void* x, DType xt, const void* bias, DType
                                 std::int64_t cols) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    store(y, yt, i, __fadd_rn(load(x, xt, i), load(bias, bt, i % cols)));
+    detail::store_elem_rt(y, yt, i, __fadd_rn(load(x, xt, i), load(bias, bt, i % cols)));
   }
 }
 
@@ -92,7 +84,7 @@ __global__ void bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt,
        c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     float acc = 0.0f;
     for (std::int64_t m = 0; m < rows; ++m) acc = __fadd_rn(acc, load(dy, dyt, m * cols + c));
-    store(db, dbt, c, acc);
+    detail::store_elem_rt(db, dbt, c, acc);
   }
 }
 

@@ -1,4 +1,4 @@
-// verify_conversions_cuda.cu — checks kernels/dtype.h against the GPU, exhaustively: every one of
+// verify_conversions_cuda.cu — checks base/dtype.h against the GPU, exhaustively: every one of
 // the 2^32 f32 patterns narrowed by __float2bfloat16_rn and __float2half_rn on the device, and every
 // 16-bit pattern widened by __bfloat162float and __half2float, compared with the host functions.
 // Not part of the build (CI has no GPU); run it on a CUDA machine from the repository root:
@@ -115,6 +115,6 @@ int main() {
               wb_nan, wh, wh_nan);
   const bool ok = bad_bf == 0 && bad_hf == 0 && bad_bf_nan == 0 && bad_hf_nan == 0 && wb == 0 && wh == 0 &&
                   wb_nan == 0 && wh_nan == 0;
-  std::printf("%s\n", ok ? "OK: kernels/dtype.h converts exactly as CUDA does, NaNs included" : "MISMATCH");
+  std::printf("%s\n", ok ? "OK: base/dtype.h converts exactly as CUDA does, NaNs included" : "MISMATCH");
   return ok ? 0 : 1;
 }

@@ -2,9 +2,9 @@
 
     cubesim topo list | show NAME | validate FILE
     cubesim run [--topology NAME|FILE] [--tp N] [--backend NAME] [--trace FILE] [--json FILE] ...
-    cubesim algorithms | backends
+    cubesim algorithms | backends [--json FILE]
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
-    cubesim algorithms [--json FILE]
+    cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
 
 Human output is aligned tables on stdout; --json FILE writes the same results for machines
 (--json - prints only the JSON, on stdout). Exit codes: 0 success; 1 the job ran and failed (a check
@@ -332,6 +332,7 @@ def cmd_run(args):
         tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
     elif not backend["available"]:
         cs.Context(args.backend, world_size=1)  # raises BackendUnavailableError saying why
+        raise UsageError(f"--backend {args.backend}: it cannot run here ({backend['why_not']})")
     elif backend["devices"] >= 0:
         tp = choose_tp(args, backend["devices"],
                        f"backend '{args.backend}' has {plural(backend['devices'], 'device')} here")
@@ -348,7 +349,7 @@ def cmd_run(args):
         record_ops=True,  # a record per GEMM and collective: what backends that measure time report
     )
     if args.trace:
-        ctx.declare_hardware_tracks()
+        ctx.declare_tracks()
     model = dict(
         tp=tp,
         tokens=args.tokens,
@@ -586,7 +587,7 @@ def cmd_xcheck(args):
     return {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_FAILED)
 
 
-# ---- algorithms ----------------------------------------------------------------------------------
+# ---- algorithms, backends: the runtime's tables -----------------------------------------------------
 
 
 def cmd_backends(args):

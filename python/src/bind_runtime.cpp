@@ -82,6 +82,11 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
     throw py::type_error(fmt::format("Context: topology must be a name, a path or a Topology, not {}",
                                      py::str(py::type::of(topology).attr("__name__")).cast<std::string>()));
   } else if (!overrides.is_none()) {
+    if (!info.simulates) {
+      throw py::value_error(fmt::format("Context: overrides change a topology, and backend '{}' simulates none; give "
+                                        "them to a simulating backend (see backend_info())",
+                                        info.name));
+    }
     name = rt::kDefaultTopology;
   }
   const auto ov = overrides_arg(overrides);
@@ -557,10 +562,11 @@ void bind_runtime(py::module_& m) {
       .def("save_trace", [](rt::Context& c, const std::string& path) { c.trace().save(path); }, py::arg("path"),
            "Writes the recorded spans as Chrome/Perfetto trace JSON (open in ui.perfetto.dev): a process row per "
            "group (rankN, cubeN, links), a thread row per track.")
-      .def("declare_hardware_tracks", &rt::Context::declare_tracks,
+      .def("declare_tracks", &rt::Context::declare_tracks,
            "Names the tracks of every rank and of the hardware they run on (each cube's HBM, each PE's MAC, "
-           "vector unit and DMA read/write channels, the links between the ranks' cubes), so a saved trace shows "
-           "the whole machine; spans appear only where something ran.");
+           "vector unit and DMA read/write channels, the links among the ranks' cubes and the switch), so a saved "
+           "trace shows the whole machine; spans appear only where something ran.")
+      .def("declare_hardware_tracks", &rt::Context::declare_tracks, "The former name of declare_tracks().");
 
   m.def("backends", [] {
     py::dict d;

@@ -79,7 +79,7 @@ struct PyTensor {
   ~PyTensor() { t = rt::Tensor(); }  // the storage goes back to the context's memory before the context may go
 };
 
-// "f32" | "bf16" | "f16" (and the aliases kernels::parse_dtype takes); ValueError otherwise.
+// "f32" | "bf16" | "f16" (and the aliases parse_dtype in base/dtype.h takes); ValueError otherwise.
 DType dtype_arg(const std::string& name);
 std::string dtype_str(DType d);
 

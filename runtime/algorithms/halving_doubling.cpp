@@ -2,7 +2,10 @@
 #include "runtime/algorithms/halving_doubling.h"
 
 #include <functional>
+#include <stdexcept>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace cubesim::rt::algo {
 
@@ -55,6 +58,16 @@ std::vector<Range> halving_history(std::int64_t n, int v, int p2) {
   h.push_back(seg);  // the final segment last
   return h;
 }
+
+// The table's group requirement (table.cpp) refuses other sizes before a body runs; a direct call
+// that skipped it would pair the wrong members.
+void require_pow2(const char* what, int members) {
+  if (members < 1 || (members & (members - 1)) != 0) {
+    throw std::logic_error(fmt::format("{} on {} members: needs a power of two (the algorithm table checks this)",
+                                       what, members));
+  }
+}
+
 }  // namespace
 
 void hd_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
@@ -84,12 +97,14 @@ void hd_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, c
 
 void hd_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
   const int M = m.size();
+  require_pow2("hd_reduce_scatter", M);
   if (M == 1) return;
   halving(c, m, flat, op, m.pos, M, [](int v) { return v; }, nullptr);
 }
 
 void hd_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params&) {
   const int M = m.size();
+  require_pow2("hd_all_gather", M);
   if (M == 1) return;
   std::vector<Range> h = halving_history(flat.numel(), m.pos, M);
   const Range seg = h.back();

@@ -137,6 +137,14 @@ void require_group(const Row& r, Collective k, const Comm& c, int members) {
                                  collective_kind_name(k), need_text(need), members, any_group_alternatives(k)));
 }
 
+std::string supported_names(Collective k) {
+  std::vector<std::string_view> names;
+  for (const Row& r : rows()) {
+    if (r.supports(k)) names.push_back(r.name);
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 }  // namespace algo
 
 std::string_view algorithm_name(Algorithm a) { return algo::row(a).name; }

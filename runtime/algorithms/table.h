@@ -64,6 +64,9 @@ const Row& row(Algorithm a);
 // The row named `name`, or nullptr.
 const Row* find_row(std::string_view name);
 
+// "ring, direct, tree": the algorithms that do k, for messages that list the valid choices.
+std::string supported_names(Collective k);
+
 // Throws RuntimeError when a group of `members` does not meet what r's body for k needs: the
 // message names the call (c.name()), the algorithm, the group size and the algorithms that would do.
 void require_group(const Row& r, Collective k, const Comm& c, int members);

@@ -30,12 +30,6 @@ Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
   stripe_.bandwidth = channels_[0].bandwidth;
 }
 
-std::uint64_t Memory::bytes_served() const {
-  std::uint64_t b = stripe_.bytes;
-  for (const Server& c : channels_) b += c.bytes;
-  return b;
-}
-
 void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const {
   if (len > capacity_ || addr > capacity_ - len) {
     throw MemoryError(fmt::format("{}: {} [{:#x}, {:#x}) ({} bytes) is outside the memory: capacity {} ({} bytes), "
@@ -219,21 +213,23 @@ void Memory::declare_tracks(sim::Trace& trace) {
 
 void Memory::count(UnitCounters& u) const {
   // Striped work occupied every channel alike: it counts on each.
-  u.bytes = stripe_.bytes;
-  u.pieces = stripe_.chunks;
+  u.bytes += stripe_.bytes;
+  u.pieces += stripe_.chunks;
   for (const Server& c : channels_) {
     u.bytes += c.bytes;
     u.pieces += c.chunks;
   }
   if (channels_.size() == 1) {
-    u.busy = stripe_.busy + channels_[0].busy;
+    u.busy += stripe_.busy + channels_[0].busy;
     return;
   }
+  sim::Duration busiest = 0;
   u.channel_busy.reserve(channels_.size());
   for (const Server& c : channels_) {
     u.channel_busy.push_back(stripe_.busy + c.busy);
-    u.busy = std::max(u.busy, u.channel_busy.back());
+    busiest = std::max(busiest, u.channel_busy.back());
   }
+  u.busy += busiest;
 }
 
 }  // namespace cubesim::hw

@@ -66,7 +66,7 @@ class Memory final : public PathUnit {
 
   MemRef at(std::uint64_t addr) { return MemRef{this, addr}; }
 
-  MemoryKind kind() const { return kind_; }
+  MemoryKind memory_kind() const { return kind_; }  // HBM, TCM or host (kind() is the unit kind)
   int cube() const { return place().cube; }  // -1 for the host
   int pe() const { return place().pe; }      // -1 unless a TCM
   std::uint64_t capacity() const { return capacity_; }
@@ -110,10 +110,7 @@ class Memory final : public PathUnit {
   // ---- footprint and timing state ----
   const SparseStore& store() const { return store_; }
   std::uint64_t resident_bytes() const { return store_.resident_bytes(); }
-  std::span<Server> channel_servers() { return channels_; }
-  std::span<const Server> channel_servers() const { return channels_; }
-  // Bytes served by all channels (reads and writes of transfers).
-  std::uint64_t bytes_served() const;
+  // What the channels served: counters() (unit.h).
 
   // Throws MemoryError unless [addr, addr + len) lies inside the memory. `what` says who asked.
   void check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const;

@@ -130,10 +130,6 @@ struct Server {
     ++chunks;
     busy += occupied;
   }
-  void reset_stats() {
-    bytes = chunks = 0;
-    busy = 0;
-  }
 
  private:
   std::uint64_t memo_bytes_ = std::numeric_limits<std::uint64_t>::max();

@@ -280,11 +280,11 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     p->figures.links.push_back(id);
   };
 
-  Pe* src_pe = src.kind() == MemoryKind::kTcm ? &pe(src.cube(), src.pe()) : nullptr;
-  Pe* dst_pe = dst.kind() == MemoryKind::kTcm ? &pe(dst.cube(), dst.pe()) : nullptr;
+  Pe* src_pe = src.memory_kind() == MemoryKind::kTcm ? &pe(src.cube(), src.pe()) : nullptr;
+  Pe* dst_pe = dst.memory_kind() == MemoryKind::kTcm ? &pe(dst.cube(), dst.pe()) : nullptr;
   memory_stage(src, true);
   if (src_pe) dma_stage(*src_pe, false);
-  const bool src_host = src.kind() == MemoryKind::kHost, dst_host = dst.kind() == MemoryKind::kHost;
+  const bool src_host = src.memory_kind() == MemoryKind::kHost, dst_host = dst.memory_kind() == MemoryKind::kHost;
   if (src_host && !dst_host) {
     link_stage(router_.link_between(kHostNode, dst.cube()));
   } else if (dst_host && !src_host) {

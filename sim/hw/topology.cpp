@@ -47,6 +47,12 @@ std::string_view network_kind_name(NetworkKind k) {
   return "?";
 }
 
+std::string node_name(int node) {
+  if (node == kSwitchNode) return "sw";
+  if (node == kHostNode) return "host";
+  return "c" + std::to_string(node);
+}
+
 int Topology::find_link(int from, int to) const {
   for (std::size_t i = 0; i < links.size(); ++i) {
     if (links[i].from == from && links[i].to == to) return static_cast<int>(i);
@@ -116,12 +122,6 @@ std::string type_name(const json& v) {
   if (v.is_null()) return "null";
   if (v.is_array()) return "an array";
   return "an object";
-}
-
-std::string node_name(int node) {
-  if (node == kSwitchNode) return "sw";
-  if (node == kHostNode) return "host";
-  return fmt::format("c{}", node);
 }
 
 // ---------------------------------------------------------------- validation context and reader

@@ -84,6 +84,8 @@ struct CubeSpec {
 // Endpoints of a link that are not cubes.
 inline constexpr int kSwitchNode = -1;
 inline constexpr int kHostNode = -2;
+// "c3", "sw", "host": how link names ("c3->sw") and link units ("link c3->sw") name a node.
+std::string node_name(int node);
 
 struct LinkFigures {
   Bandwidth bandwidth;   // per direction

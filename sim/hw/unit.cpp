@@ -43,20 +43,13 @@ std::string cube_pe_name(int cube, int pe, std::string_view suffix) {
 }
 
 std::string unit_name(UnitKind kind, const UnitPlace& p) {
-  auto node = [](int n) {
-    if (n == kSwitchNode) return std::string("sw");
-    if (n == kHostNode) return std::string("host");
-    std::string s = "c";
-    append_int(s, n);
-    return s;
-  };
   switch (kind) {
     case UnitKind::memory:
       if (p.cube < 0) return "host";
       return p.pe >= 0 ? cube_pe_name(p.cube, p.pe, ".tcm") : cube_name(p.cube) + ".hbm";
     case UnitKind::dma_read: return cube_pe_name(p.cube, p.pe, ".dma.read");
     case UnitKind::dma_write: return cube_pe_name(p.cube, p.pe, ".dma.write");
-    case UnitKind::link: return "link " + node(p.from) + "->" + node(p.to);
+    case UnitKind::link: return "link " + node_name(p.from) + "->" + node_name(p.to);
     case UnitKind::mac: return cube_pe_name(p.cube, p.pe, ".mac");
     case UnitKind::vector: return cube_pe_name(p.cube, p.pe, ".vector");
   }

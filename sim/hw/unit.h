@@ -27,8 +27,6 @@ namespace cubesim::hw {
 
 // dma_read: a DMA channel into a PE's TCM; dma_write: out of it.
 enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector };
-inline constexpr UnitKind kAllUnitKinds[] = {UnitKind::memory, UnitKind::dma_read, UnitKind::dma_write,
-                                             UnitKind::link,   UnitKind::mac,      UnitKind::vector};
 // "memory", "dma_read", "dma_write", "link", "mac", "vector"
 constexpr std::string_view unit_kind_name(UnitKind k) {
   switch (k) {

@@ -5,9 +5,9 @@
 // (and the switch), how many directions there are, how many carried traffic and the busiest.
 // Computed from counters, so it needs no trace.
 //
-//   const auto before = sys.usage();
+//   const auto before = sys.counters();
 //   ... run ...
-//   Utilisation u = utilisation(usage_since(sys.usage(), before), sim.now() - t0, 4);
+//   Utilisation u = utilisation(usage_since(*sys.units(), sys.counters(), before), sim.now() - t0, 4);
 //   fmt::print("cube 0 MAC {:.1%}\n", u.cubes[0].pe_mac);
 #pragma once
 

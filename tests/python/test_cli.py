@@ -88,10 +88,21 @@ def test_run_trace_file_parses_and_has_the_tracks(capsys, tmp_path):
 
 def test_run_json_has_every_active_units_counters(capsys):
     rc, out, _ = run_cli(capsys, "run", "--json", "-", "--topology", "ring4", "--tp", "2", *SMALL)
-    usage = {u["name"]: u for u in json.loads(out)["usage"]}
-    assert rc == 0 and usage["link c0->c1"]["bytes"] > 0 and usage["cube1.pe0.mac"]["busy_ps"] > 0
-    assert all(u["pieces"] > 0 or u["busy_ps"] > 0 for u in usage.values())
-    assert "cube3.hbm" not in usage  # ranks on cubes 0 and 1 only
+    units = json.loads(out)["usage"]
+    usage = {u["name"]: u for u in units}
+    assert rc == 0 and "cube3.hbm" not in usage  # ranks on cubes 0 and 1 only
+    tokens, hidden, ffn_per_rank = 32, 64, 256 // 2
+    # Each rank runs six GEMMs of tokens x hidden x ffn/tp MACs (fc1, fc2 forward; their dgrad and
+    # wgrad), all on its cube's PEs: the MAC arrays count exactly those operations.
+    for cube in (0, 1):
+        macs = sum(u["bytes"] for u in units if u["kind"] == "mac" and u["cube"] == cube)
+        assert macs == 6 * tokens * hidden * ffn_per_rank
+    # Two ring all-reduces of a [tokens, hidden] bf16 tensor on 2 ranks (fc2's output, fc1's input
+    # gradient): each sends 2 * (p - 1) / p of the tensor over each direction of the link.
+    for link in ("link c0->c1", "link c1->c0"):
+        p, tensor_bytes = 2, tokens * hidden * 2
+        assert usage[link]["bytes"] == 2 * tensor_bytes * 2 * (p - 1) // p
+        assert usage[link]["busy_ps"] > 0
 
 
 def test_run_no_hardware_stats_leaves_the_table_out(capsys):

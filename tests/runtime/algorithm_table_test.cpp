@@ -68,6 +68,17 @@ TEST(AlgorithmTable, EveryCollectiveHasTheRingAndSupportedAlgorithmsReadsTheTabl
   EXPECT_TRUE(supported_algorithms("gossip").empty());
 }
 
+// Written out by hand (not read from the table), so that a body dropped from a row fails here.
+TEST(AlgorithmTable, EachCollectiveHasTheAlgorithmsItHad) {
+  using A = Algorithm;
+  EXPECT_EQ(supported_algorithms("all_reduce"),
+            (std::vector<A>{A::ring, A::direct, A::tree, A::halving_doubling, A::hierarchical}));
+  EXPECT_EQ(supported_algorithms("reduce_scatter"), (std::vector<A>{A::ring, A::direct, A::halving_doubling}));
+  EXPECT_EQ(supported_algorithms("all_gather"), (std::vector<A>{A::ring, A::direct, A::halving_doubling}));
+  EXPECT_EQ(supported_algorithms("broadcast"), (std::vector<A>{A::ring, A::direct, A::tree}));
+  EXPECT_EQ(algo::supported_names(Collective::broadcast), "ring, direct, tree");
+}
+
 TEST(AlgorithmTable, ACollectiveWithoutABodyIsRefusedWithTheValidAlgorithms) {
   int refused = 0;
   for (const algo::Row& r : algo::rows()) {
