@@ -11,16 +11,29 @@
 //      time beside the median measured GPU time (CUDA events on the rank's stream) with the error
 //      in percent: (simulated - measured) / measured.
 //
+//   3. (PyTorch) when GPUs are present and `python3` has PyTorch (or with --torch), times the same
+//      step written in plain PyTorch with NCCL (python/cubesim/gpu_measure.py, its `mlp` section:
+//      Megatron's ParallelMLP, the column layer's all-reduce overlapping its weight-gradient GEMM)
+//      and reports the simulator's error against it too; --torch-json FILE reads such a measurement
+//      instead (also with --sim-only, so a saved PyTorch run can be compared anywhere).
+// The time table lists rank 0's GEMMs and collectives, then three sums: GEMMs, blocking collectives
+// (the row layer's forward all-reduce) and everything else (the step minus both: elementwise ops,
+// launch gaps and the exposed tail of the overlapped all-reduce).
+//
 //   cubesim-xcheck [--topology h200x4] [--tp N]... [--tokens 4096 --hidden 4096 --ffn 14336]
 //                  [--check-tokens 256 --check-hidden 1024 --check-ffn 4096] [--iters 5]
-//                  [--json FILE] [--sim-only]
+//                  [--json FILE] [--sim-only] [--torch | --no-torch] [--torch-json FILE]
 // Without --tp: every power of two up to the smaller of the topology's cubes and the GPUs.
 // Exit status: 0 all bitwise claims hold; 1 a claim failed; 2 bad arguments; 3 no usable GPU (the
 // simulated side is still printed; --sim-only asks for it alone and exits 0).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -56,7 +69,86 @@ struct Args {
   int iters = 5;
   std::string json;
   bool sim_only = false;
+  enum class Torch { automatic, on, off } torch = Torch::automatic;
+  std::string torch_json;
 };
+
+// ---- the PyTorch reference (gpu_measure.py's `mlp` section) ----
+
+// Per tp: the step's median seconds and each op's ({"fc1.fwd": s, ...}).
+struct TorchStep {
+  double step = -1;
+  std::map<std::string, double> ops;
+};
+using TorchRef = std::map<int, TorchStep>;
+
+TorchRef read_torch(const std::string& path, const Size& s) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(fmt::format("--torch-json {}: cannot read it", path));
+  nlohmann::json doc;
+  try {
+    f >> doc;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("--torch-json {}: not JSON: {}", path, e.what()));
+  }
+  TorchRef out;
+  for (const auto& r : doc.value("mlp", nlohmann::json::array())) {
+    if (r.at("tokens") != s.tokens || r.at("hidden") != s.hidden || r.at("ffn") != s.ffn) continue;
+    TorchStep& t = out[r.at("tp").get<int>()];
+    t.step = r.at("step").get<double>();
+    for (const auto& o : r.at("ops")) t.ops[o.at("name").get<std::string>()] = o.at("time").get<double>();
+  }
+  return out;
+}
+
+std::string gpu_measure_script() {
+  if (const char* e = std::getenv("CUBESIM_GPU_MEASURE")) return e;
+  if (std::filesystem::exists(CUBESIM_GPU_MEASURE)) return CUBESIM_GPU_MEASURE;
+  return "python/cubesim/gpu_measure.py";  // a source tree carried to another machine
+}
+
+// Runs the PyTorch step for every tp; an empty result (and a reason) when PyTorch cannot run here.
+TorchRef run_torch(const std::vector<int>& tps, const Size& s, bool required, std::string& why) {
+  const std::string script = gpu_measure_script();
+  if (!std::filesystem::exists(script)) {
+    why = fmt::format("{} not found (set CUBESIM_GPU_MEASURE)", script);
+    return {};
+  }
+  if (!required && std::system("python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    why = "python3 has no PyTorch";
+    return {};
+  }
+  std::string ranks;
+  for (int t : tps) ranks += fmt::format("{}{}", ranks.empty() ? "" : ",", t);
+  const std::string out = (std::filesystem::temp_directory_path() / fmt::format("xcheck_torch_{}.json", ::getpid())).string();
+  const std::string cmd = fmt::format("python3 '{}' --sections env,mlp --ranks {} --mlp-shape {},{},{} --out '{}' 2>&1 | "
+                                      "grep -E '^mlp|failed|rror' >&2",
+                                      script, ranks, s.tokens, s.hidden, s.ffn, out);
+  fmt::print("pytorch: {}\n", cmd);
+  std::fflush(stdout);
+  (void)std::system(cmd.c_str());
+  if (!std::filesystem::exists(out)) {
+    why = "the PyTorch run wrote nothing (see the messages above)";
+    return {};
+  }
+  TorchRef r = read_torch(out, s);
+  std::filesystem::remove(out);
+  if (r.empty()) why = "the PyTorch run measured no step (see the messages above)";
+  return r;
+}
+
+// The PyTorch op that a simulated op of rank 0 corresponds to ("" for the overlapped all-reduce,
+// whose exposed tail PyTorch records as fc1.all_reduce_wait).
+std::string torch_op(const std::string& key) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"column fprop", "fc1.fwd"}, {"row fprop", "fc2.fwd"},     {"row dgrad", "fc2.dgrad"},
+      {"row wgrad", "fc2.wgrad"},  {"column dgrad", "fc1.dgrad"}, {"column wgrad", "fc1.wgrad"}};
+  for (const auto& [sim, torch] : names) {
+    if (key.rfind(sim, 0) == 0) return torch;
+  }
+  if (key.rfind("all_reduce", 0) == 0 && key.find("(0)") != std::string::npos) return "fc2.all_reduce";
+  return "";
+}
 
 // Per rank: tensor name -> bytes (bf16) of what the rank holds after forward + backward.
 using RankTensors = std::vector<std::map<std::string, std::vector<std::uint8_t>>>;
@@ -162,7 +254,8 @@ std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool 
 int usage(const std::string& msg) {
   fmt::print(stderr,
              "cubesim-xcheck: {}\nusage: cubesim-xcheck [--topology NAME] [--tp N]... [--tokens N] [--hidden N] [--ffn N] "
-             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only]\n",
+             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only] "
+             "[--torch | --no-torch] [--torch-json FILE]\n",
              msg);
   return 2;
 }
@@ -189,6 +282,9 @@ int main(int argc, char** argv) {
       else if (s == "--iters") a.iters = std::stoi(next());
       else if (s == "--json") a.json = next();
       else if (s == "--sim-only") a.sim_only = true;
+      else if (s == "--torch") a.torch = Args::Torch::on;
+      else if (s == "--no-torch") a.torch = Args::Torch::off;
+      else if (s == "--torch-json") a.torch_json = next();
       else if (s == "-h" || s == "--help") return usage("help"), 0;
       else return usage(fmt::format("unknown argument '{}'", s));
     } catch (const std::exception& e) {
@@ -227,6 +323,27 @@ int main(int argc, char** argv) {
                         {"bits", nlohmann::json::array()}, {"timing", nlohmann::json::array()}};
   std::string gpu_name = "-";
   bool claims_hold = true;
+
+  TorchRef torch;
+  std::string torch_why;
+  if (!a.torch_json.empty()) {
+    try {
+      torch = read_torch(a.torch_json, a.time);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "cubesim-xcheck: {}\n", e.what());
+      return 2;
+    }
+    if (torch.empty()) {
+      torch_why = fmt::format("{} has no MLP step of {} tokens x {} hidden x {} ffn", a.torch_json, a.time.tokens,
+                              a.time.hidden, a.time.ffn);
+    }
+  } else if (a.torch == Args::Torch::on || (a.torch == Args::Torch::automatic && cuda)) {
+    torch = run_torch(a.tps, a.time, a.torch == Args::Torch::on, torch_why);
+  } else {
+    torch_why = a.torch == Args::Torch::off ? "--no-torch" : "no GPU here (--torch-json FILE compares a saved run)";
+  }
+  if (torch.empty()) fmt::print("pytorch: not compared ({})\n", torch_why);
+  out["pytorch"] = torch.empty() ? nlohmann::json(torch_why) : nlohmann::json(a.torch_json.empty() ? "measured" : a.torch_json);
 
 #ifdef CUBESIM_XCHECK_CUDA
   struct Mode {
@@ -307,30 +424,72 @@ int main(int argc, char** argv) {
       }
     }
 #endif
+    const auto tt = torch.find(tp);
+    const TorchStep* tref = tt == torch.end() ? nullptr : &tt->second;
+    if (tref) {
+      header.push_back("pytorch us");
+      header.push_back("err");
+    }
+    // Columns: 0 the simulator, 1-2 the cuda modes, 3 PyTorch; sums of GEMMs and blocking collectives.
+    constexpr int kCols = 4;
+    double gemm_sum[kCols] = {}, coll_sum[kCols] = {};
+    bool have[kCols] = {true, cuda, cuda, tref != nullptr};
+    auto add = [&](int col, const std::string& kind, double us, const std::string& torch_name) {
+      if (us < 0) return;
+      if (kind == "gemm") gemm_sum[col] += us;
+      else if (torch_name == "fc2.all_reduce") coll_sum[col] += us;
+    };
     Table t(header);
     for (const auto& [key, op] : sim_ops) {
       const double s_us = sim::to_us(op->end - op->start);
+      const std::string tname = torch_op(key);
+      add(0, op->kind, s_us, tname);
       std::vector<std::string> row = {key, fmt::format("{:.1f}", s_us)};
       nlohmann::json j = {{"tp", tp}, {"op", key}, {"kind", op->kind}, {"sim_us", s_us}};
       for (int mi = 0; mi < (cuda ? 2 : 0); ++mi) {
         const auto it = measured[mi].find(key);
         const double m = it == measured[mi].end() ? -1 : median(it->second);
+        add(1 + mi, op->kind, m, tname);
         row.push_back(m < 0 ? "missing" : fmt::format("{:.1f}", m));
         row.push_back(pct(s_us, m));
         j[mi == 0 ? "exact_ring_us" : "tensor_core_nccl_us"] = m;
       }
+      if (tref) {
+        const auto it = tref->ops.find(tname);
+        const double m = tname.empty() || it == tref->ops.end() ? -1 : 1e6 * it->second;
+        add(3, op->kind, m, tname);
+        row.push_back(m < 0 ? "(overlapped)" : fmt::format("{:.1f}", m));
+        row.push_back(pct(s_us, m));
+        j["pytorch_us"] = m;
+      }
       t.row(row);
       out["timing"].push_back(j);
     }
-    {
-      const double s_us = sim::to_us(sim.step.report.sim_time);
-      std::vector<std::string> row = {"step (forward + backward)", fmt::format("{:.1f}", s_us)};
-      nlohmann::json j = {{"tp", tp}, {"op", "step"}, {"kind", "step"}, {"sim_us", s_us}};
-      for (int mi = 0; mi < (cuda ? 2 : 0); ++mi) {
-        const double m = median(step_us[mi]);
+    double step[kCols] = {sim::to_us(sim.step.report.sim_time), median(step_us[0]), median(step_us[1]),
+                          tref ? 1e6 * tref->step : -1};
+    const std::pair<const char*, int> sums[] = {{"GEMMs", 0}, {"blocking collectives", 1}, {"everything else", 2},
+                                                {"step (forward + backward)", 3}};
+    for (const auto& [label, which] : sums) {
+      auto value = [&](int c) {
+        if (!have[c] || step[c] < 0) return -1.0;
+        switch (which) {
+          case 0: return gemm_sum[c];
+          case 1: return coll_sum[c];
+          case 2: return step[c] - gemm_sum[c] - coll_sum[c];
+          case 3: return step[c];
+        }
+        return -1.0;
+      };
+      const double s_us = value(0);
+      std::vector<std::string> row = {label, fmt::format("{:.1f}", s_us)};
+      nlohmann::json j = {{"tp", tp}, {"op", which == 3 ? std::string("step") : std::string(label)},
+                          {"kind", which == 3 ? "step" : "sum"}, {"sim_us", s_us}};
+      for (int c = 1; c < kCols; ++c) {
+        if (!have[c]) continue;
+        const double m = value(c);
         row.push_back(fmt::format("{:.1f}", m));
         row.push_back(pct(s_us, m));
-        j[mi == 0 ? "exact_ring_us" : "tensor_core_nccl_us"] = m;
+        j[c == 1 ? "exact_ring_us" : c == 2 ? "tensor_core_nccl_us" : "pytorch_us"] = m;
       }
       t.row(row);
       out["timing"].push_back(j);

@@ -1,0 +1,303 @@
+"""cubesim.calibrate — fit a topology's physical figures to measurements of a real GPU machine.
+
+The measurements come from gpu_measure.py (PyTorch: cuBLAS, NCCL; see its docstring), run on the GPU
+machine; the fit runs the simulator itself (timing-only contexts) and adjusts a few physical figures
+of the base topology until its predictions match, then writes an overlay topology that `extends` the
+base and records every fitted figure, the measurements it came from and the GPU, driver and NCCL
+version in its `sources` and `calibration` sections.
+
+The model is small on purpose: each fitted figure is one number of the topology (a bandwidth, a
+latency, a clock, a cycle count), never a table of measured times, so predictions hold for shapes
+and sizes never measured. Measurements are split by a fixed rule into a calibration set (what the fit
+sees) and a held-out set (what the error tables judge): see SPLIT below.
+
+    from cubesim import calibrate
+    m = calibrate.load_measurements("calibration/h200_2gpu_2026-11-22.json")
+    fit = calibrate.fit(m, base="h200x8")             # -> Fit (values, overlay document, residuals)
+    calibrate.write_overlay(fit, "topologies/h200x8_calibrated.json")
+    rows = calibrate.check(m, "h200x8_calibrated")    # per measurement: measured, simulated, error
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Callable
+
+import cubesim as cs
+
+MEASURE_SCHEMA = "cubesim.measure/1"
+
+
+class CalibrationError(ValueError):
+    """A measurement file or overlay that cannot be used, with the reason."""
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def load_measurements(path):
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except OSError as e:
+        raise CalibrationError(f"measurements {path}: cannot read: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise CalibrationError(f"measurements {path}: not JSON: {e}") from None
+    if doc.get("schema") != MEASURE_SCHEMA:
+        raise CalibrationError(f"measurements {path}: schema {doc.get('schema')!r}; expected {MEASURE_SCHEMA!r} "
+                               "(written by gpu_measure.py / `cubesim calibrate --measure-only`)")
+    doc["_path"] = path
+    return doc
+
+
+def coll_time(rec):
+    """The device-side time of a collective: the CUDA-graph replay time when measured, else the eager median."""
+    return rec.get("graph_time") or rec["time"]
+
+
+# The split (a fixed rule, not a choice per run): what the fit may see.
+#   gemm: the square sweep and every other point of the M sweep (M = 1, 4, 16, ...), plus two
+#         shapes whose rows are not 16-byte aligned; held out: every MLP shape (tp 1/2/4/8, fwd,
+#         dgrad, wgrad), the other M-sweep points and the other odd shapes.
+#   coll: sizes 2^k with k even (4 B, 16 B, ..., 1 GiB on 2 GPUs); held out: odd k, and every
+#         rank count other than 2.
+#   mlp:  never in the fit.
+def in_fit(kind, rec, index=None):
+    if kind == "gemm":
+        if rec.get("name") == "square":
+            return True
+        if rec.get("name") == "m-sweep":
+            return index is not None and index % 2 == 0
+        return (rec["m"], rec["n"], rec["k"]) in ((777, 777, 777), (4096, 4096, 4095))
+    if kind == "coll":
+        return rec["ranks"] == 2 and int(math.log2(rec["bytes"])) % 2 == 0
+    return False
+
+
+def split(m, kind):
+    recs = m.get(kind, [])
+    if kind == "gemm":
+        msweep = [r for r in recs if r.get("name") == "m-sweep"]
+        idx = {id(r): i for i, r in enumerate(msweep)}
+        return ([r for r in recs if in_fit(kind, r, idx.get(id(r)))],
+                [r for r in recs if not in_fit(kind, r, idx.get(id(r)))])
+    return [r for r in recs if in_fit(kind, r)], [r for r in recs if not in_fit(kind, r)]
+
+
+# ---------------------------------------------------------------- predictions (the simulator)
+
+
+def topology_of(base, values):
+    """The base topology with `values` ({dotted path: value}) set."""
+    return cs.load_topology(base, overrides=dict(values)) if values else cs.load_topology(base)
+
+
+def sim_gemm(topo, m, n, k, ta=False, tb=False, dtype="bf16"):
+    """Simulated seconds of C[m,n] = A·B on one cube (timing only); ta/tb: the operand is a transposed view."""
+    ctx = cs.Context("sim", topology=topo, world_size=1, timing_only=True)
+
+    def rank_fn(r):
+        a = ctx.empty(0, [k, m] if ta else [m, k], dtype)
+        b = ctx.empty(0, [n, k] if tb else [k, n], dtype)
+        c = ctx.empty(0, [m, n], dtype)
+        cs.matmul(a.t() if ta else a, b.t() if tb else b, c)
+
+    return ctx.spawn(rank_fn, nprocs=1).sim_time_ps * 1e-12
+
+
+def sim_collective(topo, op, ranks, nbytes, algorithm="nccl", dtype="bf16"):
+    """Simulated seconds of one collective on `ranks` ranks; bytes as nccl-tests counts them."""
+    ctx = cs.Context("sim", topology=topo, world_size=ranks, timing_only=True)
+    n = nbytes // 2
+
+    def rank_fn(r):
+        if op == "all_reduce":
+            cs.all_reduce(ctx.empty(r, [n], dtype), algorithm=algorithm)
+        elif op == "all_gather":
+            cs.all_gather(ctx.empty(r, [n], dtype), ctx.empty(r, [n // ranks], dtype), algorithm=algorithm)
+        elif op == "reduce_scatter":
+            cs.reduce_scatter(ctx.empty(r, [n // ranks], dtype), ctx.empty(r, [n], dtype), algorithm=algorithm)
+        else:
+            raise CalibrationError(f"collective {op!r}: not one of all_reduce, all_gather, reduce_scatter")
+
+    return ctx.spawn(rank_fn).sim_time_ps * 1e-12
+
+
+def sim_peer(topo, nbytes):
+    """Simulated seconds of one GPU's copy of nbytes into another's memory (a send from rank 0 to 1)."""
+    ctx = cs.Context("sim", topology=topo, world_size=2, timing_only=True)
+    n = max(1, nbytes // 4)
+
+    def rank_fn(r):
+        t = ctx.empty(r, [n], "f32")
+        if r == 0:
+            cs.send(t, dst=1)
+        else:
+            cs.recv(t, src=0)
+
+    return ctx.spawn(rank_fn).sim_time_ps * 1e-12
+
+
+def sim_mlp(topo, tp, tokens, hidden, ffn):
+    """Simulated seconds of the ParallelMLP step (forward + backward, bf16, bias, GELU tanh) and per-op
+    times of rank 0 ({name: seconds}), timing only."""
+    r = cs.run_mlp(backend="sim", topology=topo, tp=tp, tokens=tokens, hidden=hidden, ffn=ffn, dtype="bf16",
+                   timing_only=True, algorithm="nccl", record_ops=True)
+    return r
+
+
+# ---------------------------------------------------------------- the fit
+
+
+@dataclasses.dataclass
+class Param:
+    """One fitted figure: a dotted topology path, its starting value and its bounds."""
+    path: str
+    start: float
+    lo: float
+    hi: float
+    what: str  # for the overlay's sources: what the figure is
+
+
+@dataclasses.dataclass
+class Group:
+    """Parameters fitted together against one kind of measurement."""
+    name: str
+    params: list
+    kind: str                               # measurement section: gemm | coll | peer
+    predict: Callable                       # (topo, record) -> seconds
+    measured: Callable = lambda r: r["time"]
+
+
+def fit_group(base, fixed, group, records, log=print, iterations=6):
+    """Levenberg–Marquardt on log(simulated / measured) over `records`, parameters in log space."""
+    names = [p.path for p in group.params]
+    x = [math.log(p.start) for p in group.params]
+    lo = [math.log(p.lo) for p in group.params]
+    hi = [math.log(p.hi) for p in group.params]
+
+    def residuals(xv):
+        vals = dict(fixed)
+        vals.update({n: round(math.exp(v), 6) for n, v in zip(names, xv)})
+        topo = topology_of(base, vals)
+        return [math.log(group.predict(topo, r) / group.measured(r)) for r in records]
+
+    def cost(res):
+        return sum(e * e for e in res)
+
+    res = residuals(x)
+    lam = 1e-2
+    for it in range(iterations):
+        h = 0.03
+        J = []
+        for j in range(len(x)):
+            xp = list(x)
+            xp[j] = min(hi[j], x[j] + h)
+            step = xp[j] - x[j]
+            if step == 0:
+                xp[j] = x[j] - h
+                step = -h
+            rp = residuals(xp)
+            J.append([(a - b) / step for a, b in zip(rp, res)])
+        # Normal equations (J^T J + lam diag) dx = -J^T r, with J stored column-wise.
+        n = len(x)
+        A = [[sum(J[i][k] * J[j][k] for k in range(len(res))) for j in range(n)] for i in range(n)]
+        g = [sum(J[i][k] * res[k] for k in range(len(res))) for i in range(n)]
+        improved = False
+        for _ in range(6):
+            M = [[A[i][j] + (lam * (A[i][i] + 1e-9) if i == j else 0.0) for j in range(n)] for i in range(n)]
+            dx = solve(M, [-v for v in g])
+            xn = [min(hi[i], max(lo[i], x[i] + dx[i])) for i in range(n)]
+            rn = residuals(xn)
+            if cost(rn) < cost(res):
+                x, res, lam, improved = xn, rn, lam / 3, True
+                break
+            lam *= 4
+        log(f"  {group.name} iteration {it + 1}: rms log error {math.sqrt(cost(res) / len(res)):.4f} "
+            + ", ".join(f"{nm.split('.')[-1]}={math.exp(v):.4g}" for nm, v in zip(names, x)))
+        if not improved:
+            break
+    return {n: round(math.exp(v), 6) for n, v in zip(names, x)}, res
+
+
+def solve(A, b):
+    """Gaussian elimination with partial pivoting (n is a handful)."""
+    n = len(b)
+    M = [row[:] + [b[i]] for i, row in enumerate(A)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(M[r][c]))
+        M[c], M[p] = M[p], M[c]
+        if abs(M[c][c]) < 1e-300:
+            continue
+        for r in range(c + 1, n):
+            f = M[r][c] / M[c][c]
+            for k in range(c, n + 1):
+                M[r][k] -= f * M[c][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        s = M[r][n] - sum(M[r][k] * x[k] for k in range(r + 1, n))
+        x[r] = s / M[r][r] if abs(M[r][r]) > 1e-300 else 0.0
+    return x
+
+
+# ---------------------------------------------------------------- error tables
+
+
+def error_rows(topo, m, kinds=("gemm", "coll", "peer")):
+    """Per measurement: (kind, label, measured s, simulated s, error, in_fit)."""
+    rows = []
+    for kind in kinds:
+        fit_set, held = split(m, kind)
+        fit_ids = {id(r) for r in fit_set}
+        for r in m.get(kind, []):
+            if kind == "gemm":
+                label = f"{r['name']} {r['m']}x{r['n']}x{r['k']}{' Aᵀ' if r['ta'] else ''}{' Bᵀ' if r['tb'] else ''}"
+                sim = sim_gemm(topo, r["m"], r["n"], r["k"], r["ta"], r["tb"])
+                meas = r["time"]
+            elif kind == "coll":
+                label = f"{r['op']} {r['ranks']} GPUs {r['bytes']} B"
+                sim = sim_collective(topo, r["op"], r["ranks"], r["bytes"])
+                meas = coll_time(r)
+            else:
+                label = f"peer copy {r['bytes']} B"
+                sim = sim_peer(topo, r["bytes"])
+                meas = r["time"]
+            rows.append({"kind": kind, "label": label, "record": r, "measured": meas, "simulated": sim,
+                         "error": (sim - meas) / meas, "in_fit": id(r) in fit_ids})
+    return rows
+
+
+def summarise(rows):
+    """Median / max |error| and geomean |error| per kind, held-out rows only."""
+    out = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        held = [abs(r["error"]) for r in rows if r["kind"] == kind and not r["in_fit"]]
+        if not held:
+            continue
+        held.sort()
+        geo = math.exp(sum(math.log(max(e, 1e-6)) for e in held) / len(held))
+        out[kind] = {"n": len(held), "median": held[len(held) // 2], "max": held[-1], "geomean": geo}
+    return out
+
+
+def gpu_of(m):
+    return (m.get("env") or {}).get("gpu")
+
+
+def check_gpu(overlay_doc, m):
+    """Refuses an overlay calibrated on another GPU than the measurements'."""
+    cal = (overlay_doc or {}).get("calibration") or {}
+    want, have = cal.get("gpu"), gpu_of(m)
+    if want and have and want != have:
+        raise CalibrationError(f"the overlay was calibrated on a {want}, but the GPU found is a {have}; "
+                               "measure and fit this GPU with `cubesim calibrate` (or pass an overlay made for it)")
+
+
+def write_overlay(doc, path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
