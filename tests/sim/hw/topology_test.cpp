@@ -54,7 +54,7 @@ void expect_error_contains(const std::function<void()>& f, const std::vector<std
 
 TEST(Topology, EveryShippedTopologyLoadsAndIsSourced) {
   const std::vector<std::string> names = list_topologies();
-  for (const char* n : {"single_cube", "ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"}) {
+  for (const char* n : {"single_cube", "ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8", "h200x8", "h100x8"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
   for (const std::string& n : names) {
