@@ -195,6 +195,15 @@ def cmd_topo_show(args):
     out.say(f"  origin    {t.origin}")
     net = t.network + (f" {'x'.join(map(str, t.dims))}" if t.dims else "")
     out.say(f"  network   {net}; {len(t.links)} link directions; messages cut into {fmt_bytes(t.chunk_bytes)} chunks")
+    sw = t.switch
+    if sw is not None:
+        line = f"latency {fmt_num(sw['latency_ns'])} ns"
+        if sw["links_per_cube"] > 1:
+            line += f"; {sw['links_per_cube']} striped links per cube (the links below are their sums)"
+        if sw["port_GBps"] is not None:
+            line += (f"; ports of {fmt_num(sw['port_GBps'])} GB/s, one per link "
+                     f"({fmt_num(sw['port_GBps'] * sw['links_per_cube'])} GB/s per cube and direction)")
+        out.say(f"  switch    {line}")
     # Cubes with the same figures are listed once.
     groups = {}
     for c in t.cubes:
@@ -240,6 +249,7 @@ def cmd_topo_show(args):
             "chunk_bytes": t.chunk_bytes,
             "cubes": t.cubes,
             "links": t.links,
+            "switch": t.switch,
             "host": t.host,
             "doc": t.doc,
         }
@@ -362,9 +372,13 @@ def cmd_run(args):
             if args.tp is not None and args.tp != len(cubes):
                 raise UsageError(f"--cubes {args.cubes} names {plural(len(cubes), 'cube')} for --tp {args.tp}: give one "
                                  "cube per rank")
-            if args.tp is None:
-                args.tp = len(cubes)
-            tp = choose_tp(args, len(cubes), f"--cubes {args.cubes} names {plural(len(cubes), 'cube')}")
+            tp = len(cubes)
+            valid = valid_tps(topo.num_cubes, args)
+            if tp not in valid:
+                need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
+                raise UsageError(f"--cubes {args.cubes} names {plural(tp, 'cube')}, one per rank, but tp {tp} does not "
+                                 f"divide {need}; valid tp values here: {', '.join(map(str, valid))} (name that many "
+                                 "cubes)")
         else:
             tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
             cubes = list(range(tp))

@@ -20,11 +20,14 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, st
   };
   std::vector<Sums> sums(cubes.size());
   // A cube id's index in `cubes`, or -1.
+  std::vector<int> index;
+  for (std::size_t i = 0; i < cubes.size(); ++i) {
+    if (cubes[i] < 0) continue;
+    if (static_cast<std::size_t>(cubes[i]) >= index.size()) index.resize(static_cast<std::size_t>(cubes[i]) + 1, -1);
+    index[static_cast<std::size_t>(cubes[i])] = static_cast<int>(i);
+  }
   auto slot = [&](int cube) -> int {
-    for (std::size_t i = 0; i < cubes.size(); ++i) {
-      if (cubes[i] == cube) return static_cast<int>(i);
-    }
-    return -1;
+    return cube >= 0 && static_cast<std::size_t>(cube) < index.size() ? index[static_cast<std::size_t>(cube)] : -1;
   };
   auto among = [&](int node) { return node == kSwitchNode || (node >= 0 && slot(node) >= 0); };
   Utilisation out;

@@ -436,7 +436,8 @@ std::vector<json> documents_with_every_schema_key() {
                                     "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
   docs.push_back(mesh);
   json sw = full;
-  sw["network"] = json::parse(R"({"kind": "switch", "chunk_bytes": 4096, "switch": {"latency_ns": 3},
+  sw["network"] = json::parse(R"({"kind": "switch", "chunk_bytes": 4096, "switch": {"latency_ns": 3,
+                                  "links_per_cube": 2, "port": {"bandwidth_GBps": 10}},
                                   "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
   sw["link_overrides"] = json::parse(R"([{"from": 0, "to": "switch", "bandwidth_scale": 0.5}])");
   docs.push_back(sw);
