@@ -1,7 +1,7 @@
 """The cubesim command line.
 
     cubesim topo list | show NAME | validate FILE
-    cubesim run [--topology NAME|FILE] [--tp N] [--backend NAME] [--trace FILE] [--json FILE] ...
+    cubesim run [--topology NAME|FILE] [--tp N] [--cubes LIST] [--backend NAME] [--trace FILE] [--json FILE] ...
     cubesim algorithms | backends [--json FILE]
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
