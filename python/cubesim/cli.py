@@ -591,8 +591,9 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
             f"{trace_info['spans']} spans); open it in https://ui.perfetto.dev"
         )
         if topo:
+            ports = topo.switch is not None and topo.switch["port_GBps"] is not None
             out.say("  tracks: per rank compute/comm; per cube HBM channels and each PE's MAC, vector and DMA "
-                    "read/write; links")
+                    "read/write; links" + ("; switch ports" if ports else ""))
             if trace_info["pe_spans"] == 0:
                 out.say("  note: the PE tracks are empty: this run charged its compute to the ranks' compute "
                         "tracks without running it on the PEs")
