@@ -88,6 +88,9 @@ class Backend {
   // The system a simulating backend runs (null for the others).
   virtual const hw::Topology* topology() const { return nullptr; }
   virtual int ranks() const = 0;  // devices available (cubes, GPUs, or any number on the host)
+  // The device rank r runs on (sim: the cube its tensors, GEMMs and transfers use; rank r on
+  // cube r unless the backend was given a placement).
+  virtual int device_of(int rank) const { return rank; }
   virtual std::string describe() const = 0;
 
   // Device memory on `rank`. Throws (out of memory with the allocator's statistics) naming `what`.

@@ -1,6 +1,8 @@
 #include "runtime/backend_info.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -39,6 +41,28 @@ std::string OptionReader::choice(std::string_view key, std::string_view dflt,
   const std::string shown = it->is_string() ? "'" + it->get<std::string>() + "'" : it->dump();
   throw RuntimeError(fmt::format("backend '{}': {}: {} is not valid; use one of {}", backend_, key, shown,
                                  fmt::join(choices, ", ")));
+}
+
+std::vector<int> OptionReader::int_list(std::string_view key) {
+  known_.emplace_back(key);
+  auto it = options_.find(key);
+  if (it == options_.end() || it->is_null()) return {};
+  std::vector<int> out;
+  bool ok = it->is_array();
+  if (ok) {
+    for (const auto& v : *it) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < INT32_MIN || v.get<std::int64_t>() > INT32_MAX) {
+        ok = false;
+        break;
+      }
+      out.push_back(static_cast<int>(v.get<std::int64_t>()));
+    }
+  }
+  if (!ok) {
+    throw RuntimeError(fmt::format("backend '{}': option '{}' is {}; give a list of integers, e.g. [0, 1, 2, 3]", backend_,
+                                   key, it->dump()));
+  }
+  return out;
 }
 
 void OptionReader::finish() const {

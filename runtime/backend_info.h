@@ -56,6 +56,8 @@ class OptionReader {
   bool flag(std::string_view key, bool dflt);
   // One of `choices`; RuntimeError listing them otherwise.
   std::string choice(std::string_view key, std::string_view dflt, std::initializer_list<std::string_view> choices);
+  // A list of integers (empty when absent); RuntimeError otherwise.
+  std::vector<int> int_list(std::string_view key);
   void finish() const;
 
  private:

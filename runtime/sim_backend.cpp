@@ -24,7 +24,33 @@ void SimStorage::write(std::uint64_t offset, const void* src, std::uint64_t n) {
 }
 std::string SimStorage::where() const { return fmt::format("{} @ {:#x}", mem_->name(), addr_); }
 
-SimBackend::SimBackend(hw::Topology topo, SimBackendOptions opts) : topo_(std::move(topo)), opts_(std::move(opts)) {}
+void check_placement(const std::vector<int>& cubes, const hw::Topology& topo, std::string_view what) {
+  const int n = static_cast<int>(topo.cubes.size());
+  for (std::size_t r = 0; r < cubes.size(); ++r) {
+    const int c = cubes[r];
+    if (c < 0 || c >= n) {
+      throw RuntimeError(fmt::format("{}: cube {} (for rank {}) does not exist; topology '{}' has cubes 0 to {}", what, c,
+                                     r, topo.name, n - 1));
+    }
+    for (std::size_t q = 0; q < r; ++q) {
+      if (cubes[q] == c) {
+        throw RuntimeError(fmt::format("{}: cube {} is named twice (ranks {} and {}); each rank needs a cube of its own, "
+                                       "0 to {} in topology '{}'",
+                                       what, c, q, r, n - 1, topo.name));
+      }
+    }
+  }
+}
+
+SimBackend::SimBackend(hw::Topology topo, SimBackendOptions opts) : topo_(std::move(topo)), opts_(std::move(opts)) {
+  check_placement(opts_.cubes, topo_, "backend 'sim': option cubes (ranks_on in Python, --cubes in the CLI)");
+}
+
+void SimBackend::declare_tracks(int ranks) {
+  std::vector<int> cubes;
+  for (int r = 0; r < std::min(ranks, this->ranks()); ++r) cubes.push_back(device_of(r));
+  system_->declare_tracks(cubes);
+}
 
 void SimBackend::attach(sim::Simulator& sim) {
   sim_ = &sim;
@@ -41,10 +67,10 @@ std::string SimBackend::describe() const {
 
 std::shared_ptr<Storage> SimBackend::allocate(int rank, std::uint64_t bytes, std::string_view what) {
   if (rank < 0 || rank >= ranks()) {
-    throw RuntimeError(fmt::format("allocation '{}' on rank {}: topology '{}' has cubes 0 to {}", what, rank, topo_.name,
-                                   ranks() - 1));
+    throw RuntimeError(fmt::format("allocation '{}' on rank {}: the ranks on topology '{}' are 0 to {}", what, rank,
+                                   topo_.name, ranks() - 1));
   }
-  hw::Memory& hbm = system_->hbm(rank);
+  hw::Memory& hbm = system_->hbm(device_of(rank));
   const std::uint64_t addr = hbm.allocate(std::max<std::uint64_t>(bytes, 1), 256, what);
   return std::make_shared<SimStorage>(rank, bytes, hbm, addr);
 }
@@ -58,7 +84,7 @@ void SimBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, s
 
 sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
   auto& sys = const_cast<hw::System&>(*system_);
-  hw::Cube& cube = sys.cube(rank);
+  hw::Cube& cube = sys.cube(device_of(rank));
   const int pes = cube.num_pes();
   const DType d = c.dtype;
   const sim::Duration mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
@@ -108,7 +134,7 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
     const auto& st = static_cast<const SimStorage&>(bias->storage());
     hv = kernels::HbmVector{&st.memory(), st.addr() + bias->byte_offset(), bias->dtype(), bias->numel()};
   }
-  kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc, {.cubes = {c.device()}, .label = name});
+  kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc, {.cubes = {device_of(c.device())}, .label = name});
   return true;
 }
 
@@ -123,6 +149,7 @@ std::unique_ptr<Context> make_sim(ContextOptions o, const BackendArgs& a) {
   so.timing_only = r.flag("timing_only", false);
   so.check_uninitialized = r.flag("check_uninitialized", false);
   so.hazards = hw::parse_hazard_mode(r.choice("hazards", "throw", {"throw", "record", "off"}));
+  so.cubes = r.int_list("cubes");
   r.finish();
   if (a.topology) return make_sim_context(o, *a.topology, so);
   return make_sim_context(o, hw::load_topology(kDefaultTopology), so);
@@ -133,8 +160,8 @@ extern const BackendInfo kSimBackendInfo;
 const BackendInfo kSimBackendInfo{
     .name = "sim",
     .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
-    .options = "timing_only (bool), check_uninitialized (bool), hazards ('throw' | 'record' | 'off'); a topology "
-               "(default single_cube)",
+    .options = "timing_only (bool), check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), cubes (list of "
+               "cube ids: rank r on cubes[r]; default rank r on cube r); a topology (default single_cube)",
     .simulates = true,
     .devices = [] { return -1; },
     .unavailable = [] { return std::string(); },

@@ -1,6 +1,8 @@
 // sim_backend.h — the simulated backend: ranks are cubes of a topology.
 //
-// Rank r's tensors live in cube r's HBM (real bytes, sparsely backed); Backend::copy is a
+// Rank r runs on cube r, or on cubes[r] when SimBackendOptions::cubes places the ranks (a 4-GPU
+// machine that is half of an 8-GPU board: h200x8 with cubes {0, 1, 2, 3}). Rank r's tensors live
+// in its cube's HBM (real bytes, sparsely backed); Backend::copy is a
 // hw::System transfer through the simulated route; GEMMs run tile by tile on the cube's PEs
 // (operands through TCM by DMA, kernels/sim_pe_gemm.h); other compute is done on the host by the
 // same kernels as the host backend (so the values are bit-identical) and its time is charged from
@@ -15,6 +17,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/context.h"
@@ -31,7 +35,15 @@ struct SimBackendOptions {
   bool timing_only = false;
   bool check_uninitialized = false;  // reading HBM never written is an error
   hw::HazardMode hazards = hw::HazardMode::kThrow;
+  // Rank placement: rank r runs on cube cubes[r]; empty: rank r on cube r, one rank per cube.
+  // Each cube at most once and within the topology (RuntimeError otherwise, naming the option
+  // `cubes`, Python's ranks_on and the CLI's --cubes).
+  std::vector<int> cubes;
 };
+
+// Checks a rank placement against a topology: RuntimeError naming `what` (the option, argument or
+// flag), the bad entry and the topology's cube range.
+void check_placement(const std::vector<int>& cubes, const hw::Topology& topo, std::string_view what);
 
 class SimStorage final : public Storage {
  public:
@@ -55,7 +67,12 @@ class SimBackend final : public Backend {
   void attach(sim::Simulator& sim) override;
   std::string_view name() const override { return "sim"; }
   const hw::Topology* topology() const override { return &topo_; }
-  int ranks() const override { return static_cast<int>(topo_.cubes.size()); }
+  int ranks() const override {
+    return static_cast<int>(opts_.cubes.empty() ? topo_.cubes.size() : opts_.cubes.size());
+  }
+  int device_of(int rank) const override {
+    return opts_.cubes.empty() ? rank : opts_.cubes.at(static_cast<std::size_t>(rank));
+  }
   std::string describe() const override;
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;
   void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) override;
@@ -65,10 +82,10 @@ class SimBackend final : public Backend {
   bool timing_only() const override { return opts_.timing_only; }
   std::shared_ptr<const std::vector<hw::UnitInfo>> units() const override { return system_->units(); }
   std::vector<hw::UnitCounters> counters() const override { return system_->counters(); }
-  void declare_tracks(int ranks) override { system_->declare_tracks(ranks); }
+  void declare_tracks(int ranks) override;
 
   hw::System& system() { return *system_; }
-  // The time `cost` takes on cube `rank` (roofline of its PEs' MAC or vector rate against HBM).
+  // The time `cost` takes on rank `rank`'s cube (roofline of its PEs' MAC or vector rate against HBM).
   sim::Duration cost_time(int rank, const OpCost& cost) const;
 
  private:

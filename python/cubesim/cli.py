@@ -1,7 +1,7 @@
 """The cubesim command line.
 
     cubesim topo list | show NAME | validate FILE
-    cubesim run [--topology NAME|FILE] [--tp N] [--backend NAME] [--trace FILE] [--json FILE] ...
+    cubesim run [--topology NAME|FILE] [--tp N] [--cubes LIST] [--backend NAME] [--trace FILE] [--json FILE] ...
     cubesim algorithms | backends [--json FILE]
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
@@ -195,6 +195,15 @@ def cmd_topo_show(args):
     out.say(f"  origin    {t.origin}")
     net = t.network + (f" {'x'.join(map(str, t.dims))}" if t.dims else "")
     out.say(f"  network   {net}; {len(t.links)} link directions; messages cut into {fmt_bytes(t.chunk_bytes)} chunks")
+    sw = t.switch
+    if sw is not None:
+        line = f"latency {fmt_num(sw['latency_ns'])} ns"
+        if sw["links_per_cube"] > 1:
+            line += f"; {sw['links_per_cube']} striped links per cube (the links below are their sums)"
+        if sw["port_GBps"] is not None:
+            line += (f"; ports of {fmt_num(sw['port_GBps'])} GB/s, one per link "
+                     f"({fmt_num(sw['port_GBps'] * sw['links_per_cube'])} GB/s per cube and direction)")
+        out.say(f"  switch    {line}")
     # Cubes with the same figures are listed once.
     groups = {}
     for c in t.cubes:
@@ -240,6 +249,7 @@ def cmd_topo_show(args):
             "chunk_bytes": t.chunk_bytes,
             "cubes": t.cubes,
             "links": t.links,
+            "switch": t.switch,
             "host": t.host,
             "doc": t.doc,
         }
@@ -308,6 +318,30 @@ def choose_tp(args, limit, holder):
     return args.tp
 
 
+def parse_cubes(spec, num_cubes, topo_name):
+    """--cubes '0-3' or '0,2,5-7' -> [0, 1, 2, 3] / [0, 2, 5, 6, 7], in the order given (rank r on the
+    r-th cube). UsageError naming the flag for bad syntax, a cube out of range or named twice."""
+    valid = f"topology '{topo_name}' has cubes 0-{num_cubes - 1}"
+    example = "write cube ids and ranges, e.g. --cubes 0-3 or --cubes 0,2,5-7"
+    cubes = []
+    for part in spec.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+            raise UsageError(f"--cubes {spec}: {part!r} is not a cube id or a range; {example}")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise UsageError(f"--cubes {spec}: the range {part} runs backwards; write it low-high ({b}-{a})")
+        for c in range(a, b + 1):
+            if c >= num_cubes:
+                raise UsageError(f"--cubes {spec}: cube {c} does not exist; {valid}")
+            if c in cubes:
+                raise UsageError(f"--cubes {spec}: cube {c} is named twice; each rank needs a cube of its own "
+                                 f"({valid})")
+            cubes.append(c)
+    return cubes
+
+
 def backend_row(name):
     return next(b for b in cs.backend_info() if b["name"] == name)
 
@@ -327,9 +361,27 @@ def cmd_run(args):
     sets = parse_sets(args.set)
     sim = backend["simulates"]
     topo = None
+    cubes = None
+    if args.cubes is not None and not sim:
+        raise UsageError(f"--cubes places the ranks on cubes of a topology: it needs --backend "
+                         f"{' or '.join(simulating)} (backend '{args.backend}' has no cubes)")
     if sim:
         topo = cs.load_topology(args.topology, overrides=sets or None)
-        tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
+        if args.cubes is not None:
+            cubes = parse_cubes(args.cubes, topo.num_cubes, topo.name)
+            if args.tp is not None and args.tp != len(cubes):
+                raise UsageError(f"--cubes {args.cubes} names {plural(len(cubes), 'cube')} for --tp {args.tp}: give one "
+                                 "cube per rank")
+            tp = len(cubes)
+            valid = valid_tps(topo.num_cubes, args)
+            if tp not in valid:
+                need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
+                raise UsageError(f"--cubes {args.cubes} names {plural(tp, 'cube')}, one per rank, but tp {tp} does not "
+                                 f"divide {need}; valid tp values here: {', '.join(map(str, valid))} (name that many "
+                                 "cubes)")
+        else:
+            tp = choose_tp(args, topo.num_cubes, f"topology '{args.topology}' has {plural(topo.num_cubes, 'cube')}")
+            cubes = list(range(tp))
     elif not backend["available"]:
         cs.Context(args.backend, world_size=1)  # raises BackendUnavailableError saying why
         raise UsageError(f"--backend {args.backend}: it cannot run here ({backend['why_not']})")
@@ -347,6 +399,7 @@ def cmd_run(args):
         trace=bool(args.trace),  # the hardware table comes from the units' counters, not from a trace
         algorithm=args.algorithm,
         record_ops=True,  # a record per GEMM and collective: what backends that measure time report
+        ranks_on=cubes if args.cubes is not None else None,  # sim: rank r on cubes[r]
     )
     if args.trace:
         ctx.declare_tracks()
@@ -394,6 +447,7 @@ def cmd_run(args):
         "topology": topology_summary(topo) | {"origin": topo.origin} if topo else None,
         "overrides": [{"path": p, "value": v} for p, v in sets] if sim else [],
         "tp": tp,
+        "cubes": cubes,  # rank r ran on cubes[r] (sim); None on backends without cubes
         "algorithm": args.algorithm,
         "timing_only": args.timing_only,
         "mlp": {k: model[k] for k in ("tokens", "hidden", "ffn", "dtype", "gelu", "bias", "sequence_parallel", "seed")},
@@ -413,7 +467,7 @@ def cmd_run(args):
             for r in report.ranks
         ],
         "measured": ctx.measured_totals(tp) if ctx.measures_time else None,
-        "hardware": report.utilisation(tp) if topo and not args.no_hardware_stats else None,
+        "hardware": report.utilisation(cubes) if topo and not args.no_hardware_stats else None,
         "tracks": report.to_dict()["tracks"],
         # Every hardware unit that did something during the run, with its counters.
         "usage": [u for u in report.usage if u["pieces"] or u["busy_ps"]],
@@ -433,7 +487,13 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
         pes = result["topology"]["pes_per_cube"]
         out.say(f"  topology  {topo.name}: {plural(topo.num_cubes, 'cube')} x {pes} PEs, network {topo.network} "
                 f"({topo.origin})")
-        placement = "rank 0 on cube 0" if tp == 1 else f"ranks 0-{tp - 1} on cubes 0-{tp - 1}"
+        cubes = result["cubes"]
+        if tp == 1:
+            placement = f"rank 0 on cube {cubes[0]}"
+        elif cubes == sorted(cubes):
+            placement = f"ranks 0-{tp - 1} on cubes {ranges(cubes)}"
+        else:
+            placement = "ranks 0-{} on cubes {} (rank r on the r-th)".format(tp - 1, ",".join(map(str, cubes)))
         out.say(f"  backend   {args.backend}, tp {tp}: {placement}, collectives {args.algorithm}")
     else:
         out.say(f"  backend   {args.backend} ({ctx.describe()}), tp {tp}, collectives {args.algorithm}")
@@ -510,6 +570,13 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
                 out.say(f"  links: none of the {l['directions']} directions carried traffic")
             else:
                 out.say("  links: none between the ranks' cubes (one rank)")
+            sp = hw["switch_ports"]
+            if sp["active"]:
+                out.say(f"  switch ports: {sp['active']} of {sp['directions']} port groups carried traffic; busiest "
+                        f"{sp['busiest']} {pct(sp['busiest_busy'], 1)}, mean of the active ones "
+                        f"{pct(sp['mean_busy_active'], 1)}")
+            elif sp["directions"]:
+                out.say(f"  switch ports: none of the {sp['directions']} port groups carried traffic")
     elif result["measured"] is not None:
         out.say(f"measured by the backend (real time around every GEMM and collective); wall {report.wall_s:.3f} s")
         rows = [[m["rank"], f"{1e6 * m['gemm_s']:.1f} us", m["gemms"], f"{1e6 * m['collective_s']:.1f} us", m["collectives"]]
@@ -524,8 +591,9 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
             f"{trace_info['spans']} spans); open it in https://ui.perfetto.dev"
         )
         if topo:
+            ports = topo.switch is not None and topo.switch["port_GBps"] is not None
             out.say("  tracks: per rank compute/comm; per cube HBM channels and each PE's MAC, vector and DMA "
-                    "read/write; links")
+                    "read/write; links" + ("; switch ports" if ports else ""))
             if trace_info["pe_spans"] == 0:
                 out.say("  note: the PE tracks are empty: this run charged its compute to the ranks' compute "
                         "tracks without running it on the PEs")
@@ -662,6 +730,9 @@ def build_parser():
                      help=f"a shipped topology or a JSON file (default: {cs.DEFAULT_TOPOLOGY}; see cubesim topo list)")
     run.add_argument("--tp", type=int, metavar="N",
                      help="tensor-parallel ranks, one per cube (default: as many as the topology holds and ffn divides)")
+    run.add_argument("--cubes", metavar="LIST",
+                     help="sim: the cubes the ranks run on, rank r on the r-th (ranges and lists: 0-3, 0,2,5-7; "
+                     "default 0 to tp-1); --tp defaults to their count")
     run.add_argument("--backend", default="sim", choices=[b["name"] for b in cs.backend_info()],
                      help="where it runs (default: sim; see cubesim.backend_info())")
     run.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON (open in ui.perfetto.dev)")

@@ -50,7 +50,8 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
                                           std::optional<bool> check_uninitialized, std::optional<std::string> hazards,
                                           bool trace, const std::string& algorithm, bool accumulate_f32, int hierarchy,
                                           std::size_t stack_size, bool record_ops, std::optional<std::string> gemm_mode,
-                                          std::optional<std::string> cuda_collectives) {
+                                          std::optional<std::string> cuda_collectives,
+                                          std::optional<std::vector<int>> ranks_on) {
   const rt::BackendInfo& info = rt::find_backend(backend);
   rt::ContextOptions o;
   o.world_size = world_size;
@@ -66,6 +67,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
   if (hazards) args.options["hazards"] = *hazards;
   if (gemm_mode) args.options["gemm_mode"] = *gemm_mode;
   if (cuda_collectives) args.options["collectives"] = *cuda_collectives;
+  if (ranks_on) args.options["cubes"] = *ranks_on;  // sim: rank r on cube ranks_on[r]
   // A Topology is used as it is (the caller loaded and validated it); a name or path is loaded here,
   // once, with the overrides (which, without a topology, apply to the sim backend's default).
   std::optional<hw::Topology> given;
@@ -245,8 +247,11 @@ py::dict usage_dict(const hw::UnitUsage& u) {
 
 // The share of the run's simulated time each unit of the first `cubes` cubes was busy, as the
 // CLI's hardware table and its JSON show it (sim/hw/utilisation.h).
-py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
-  const hw::Utilisation u = hw::utilisation(r.usage(), r.sim_time, cubes);
+py::dict utilisation_dict(const rt::RunReport& r, const py::object& cubes) {
+  // An int: the first `cubes` cubes; a list: those cubes (where a placement put the ranks).
+  const hw::Utilisation u = py::isinstance<py::int_>(cubes)
+                                ? hw::utilisation(r.usage(), r.sim_time, cubes.cast<int>())
+                                : hw::utilisation(r.usage(), r.sim_time, cubes.cast<std::vector<int>>());
   py::list cs;
   for (const auto& c : u.cubes) {
     py::dict d;
@@ -267,6 +272,14 @@ py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
   py::dict d;
   d["cubes"] = cs;
   d["links"] = links;
+  py::dict ports;  // a switch's port groups (directions 0 without them)
+  ports["directions"] = u.switch_ports.directions;
+  ports["active"] = u.switch_ports.active;
+  ports["busiest"] =
+      u.switch_ports.busiest.empty() ? py::object(py::none()) : py::object(py::str(u.switch_ports.busiest));
+  ports["busiest_busy"] = u.switch_ports.busiest_busy;
+  ports["mean_busy_active"] = u.switch_ports.mean_busy_active;
+  d["switch_ports"] = ports;
   return d;
 }
 
@@ -346,9 +359,11 @@ void bind_runtime(py::module_& m) {
                              "compute unit), pieces, busy_ps (a memory: its busiest channel), channel_busy_ps, "
                              "hits, misses). Empty on backends that simulate no hardware.")
       .def("utilisation", &utilisation_dict, py::arg("cubes"),
-           "How busy the hardware of the first `cubes` cubes was, as shares of sim_time_ps: per cube the mean over "
+           "How busy the hardware of the cubes was (an int: the first `cubes` cubes; a list: those cubes, e.g. "
+           "ctx.ranks_on), as shares of sim_time_ps: per cube the mean over "
            "its PEs of the MAC array, vector unit and DMA channels and its busiest HBM channel; for the links "
-           "among those cubes (and the switch), directions, active, busiest, busiest_busy, mean_busy_active.")
+           "among those cubes (and the switch) and the switch's port groups facing them (switch_ports), "
+           "directions, active, busiest, busiest_busy, mean_busy_active.")
       .def("to_dict", &report_dict, "The report as plain values (for JSON).")
       .def("__repr__", [](const rt::RunReport& r) {
         return fmt::format("<RunReport sim_time {} ({} ranks, {} events, {:.3f} s wall)>", sim::format_time(r.sim_time),
@@ -445,7 +460,8 @@ void bind_runtime(py::module_& m) {
                                   "default single_cube); overrides (dict of dotted paths) go with a name or path. "
                                   "Backend options (None: the backend's default; a backend rejects those it does not "
                                   "take): timing_only (no values, same times), check_uninitialized, hazards ('throw' "
-                                  "| 'record' | 'off') for sim; gemm_mode ('exact' | 'tensor_core') and "
+                                  "| 'record' | 'off') and ranks_on (a list of cube ids: rank r runs on cube ranks_on[r]; default rank r "
+                                  "on cube r) for sim; gemm_mode ('exact' | 'tensor_core') and "
                                   "cuda_collectives ('ring' | 'nccl') for cuda. trace records spans for save_trace(). "
                                   "algorithm, accumulate_f32, hierarchy: collective defaults. stack_size: bytes per "
                                   "rank process (Python rank functions need room; 1 MiB by default). record_ops keeps "
@@ -455,7 +471,7 @@ void bind_runtime(py::module_& m) {
            py::arg("check_uninitialized") = py::none(), py::arg("hazards") = py::none(), py::arg("trace") = false,
            py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
            py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = py::none(),
-           py::arg("cuda_collectives") = py::none())
+           py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none())
       .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })
@@ -470,6 +486,13 @@ void bind_runtime(py::module_& m) {
                                return t ? py::cast(*t) : py::object(py::none());
                              },
                              "The Topology of a sim context (None for host).")
+      .def_property_readonly("ranks_on",
+                             [](rt::Context& c) {
+                               std::vector<int> v;
+                               for (int r = 0; r < c.world_size(); ++r) v.push_back(c.backend().device_of(r));
+                               return v;
+                             },
+                             "The device (sim: cube) each rank runs on, by rank.")
       .def("describe", [](rt::Context& c) { return c.backend().describe(); })
       .def("__repr__", [](rt::Context& c) {
         return fmt::format("<cubesim.Context {} ({} ranks)>", c.backend().describe(), c.world_size());

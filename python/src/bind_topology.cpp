@@ -133,6 +133,18 @@ void bind_topology(py::module_& m) {
       .def_property_readonly("host", [](const hw::Topology& t) { return host_dict(t.host); },
                              "Host memory and per-cube host link figures, or None.")
       .def_property_readonly("switch_latency_ns", [](const hw::Topology& t) { return ns_of(t.switch_latency); })
+      .def_property_readonly("switch",
+                             [](const hw::Topology& t) -> py::object {
+                               if (t.network != hw::NetworkKind::kSwitch) return py::none();
+                               py::dict d;
+                               d["latency_ns"] = ns_of(t.switch_latency);
+                               d["links_per_cube"] = t.switch_links_per_cube;
+                               d["port_GBps"] = t.has_switch_ports() ? py::object(py::float_(t.switch_port.gbps()))
+                                                                     : py::object(py::none());
+                               return d;
+                             },
+                             "A switched network's switch: latency_ns, links_per_cube (striped), port_GBps (one "
+                             "port's bandwidth per direction; None: no port units); None for other kinds.")
       .def("__repr__", [](const hw::Topology& t) {
         return "<cubesim.Topology '" + t.name + "': " + std::to_string(t.cubes.size()) + " cube(s), network " +
                std::string(hw::network_kind_name(t.network)) + ", " + std::to_string(t.links.size()) + " links>";

@@ -167,6 +167,24 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
     register_unit(*links_.back());
     if (l.from >= 0) cubes_[static_cast<std::size_t>(l.from)]->ports_.push_back(static_cast<int>(i));
   }
+  if (topo_.has_switch_ports()) {
+    // Each cube's port groups on the switch: in (from the cube), then out (to it).
+    sim::Bandwidth bw = topo_.switch_port;
+    bw.bytes_per_s *= static_cast<std::uint64_t>(topo_.switch_links_per_cube);
+    for (int c = 0; c < num_cubes(); ++c) {
+      for (bool in : {true, false}) {
+        switch_ports_.push_back(&own(std::make_unique<SwitchPort>(c, in, bw)));
+      }
+    }
+  }
+}
+
+SwitchPort& System::switch_port(int cube, bool in) {
+  if (switch_ports_.empty()) {
+    throw TopologyError(fmt::format("topology '{}' has no switch ports (network.switch.port)", topo_.name));
+  }
+  this->cube(cube);  // range check
+  return *switch_ports_[static_cast<std::size_t>(2 * cube + (in ? 0 : 1))];
 }
 
 System::~System() = default;
@@ -223,9 +241,16 @@ std::vector<UnitCounters> System::counters() const {
 }
 
 void System::declare_tracks(int cubes) {
+  std::vector<int> ids(static_cast<std::size_t>(std::clamp(cubes, 0, num_cubes())));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+  declare_tracks(ids);
+}
+
+void System::declare_tracks(std::span<const int> cubes) {
   sim::Trace& tr = sim_->trace();
-  cubes = std::clamp(cubes, 0, num_cubes());
-  for (int c = 0; c < cubes; ++c) {
+  auto used = [&](int node) { return std::find(cubes.begin(), cubes.end(), node) != cubes.end(); };
+  for (int c : cubes) {
+    this->cube(c);  // range check
     Cube& cube = *cubes_[static_cast<std::size_t>(c)];
     cube.hbm().declare_tracks(tr);
     for (int p = 0; p < cube.num_pes(); ++p) {
@@ -236,9 +261,12 @@ void System::declare_tracks(int cubes) {
     }
   }
   // Links among those cubes and the switch (host links only when used).
-  auto among = [&](int node) { return node == kSwitchNode || (node >= 0 && node < cubes); };
+  auto among = [&](int node) { return node == kSwitchNode || (node >= 0 && used(node)); };
   for (const auto& l : links_) {
     if (among(l->from()) && among(l->to())) l->declare_tracks(tr);
+  }
+  for (SwitchPort* p : switch_ports_) {
+    if (used(p->cube())) p->declare_tracks(tr);
   }
 }
 
@@ -290,7 +318,17 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   } else if (dst_host && !src_host) {
     link_stage(router_.link_between(src.cube(), kHostNode));
   } else if (!src_host && src.cube() != dst.cube()) {
-    for (int li : router_.route(src.cube(), dst.cube())) link_stage(li);
+    for (int li : router_.route(src.cube(), dst.cube())) {
+      link_stage(li);
+      // Through a switch with ports: the sender's in ports after its link up, then the
+      // receiver's out ports before the link down.
+      if (!switch_ports_.empty() && topo_.links[static_cast<std::size_t>(li)].to == kSwitchNode) {
+        for (bool in : {true, false}) {
+          SwitchPort& sp = switch_port(in ? src.cube() : dst.cube(), in);
+          stage(sp, 0, 0, false, sp.name());
+        }
+      }
+    }
   }
   if (dst_pe) dma_stage(*dst_pe, true);
   memory_stage(dst, false);

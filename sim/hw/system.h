@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "sim/hw/memory.h"
 #include "sim/hw/pe.h"
 #include "sim/hw/routing.h"
+#include "sim/hw/switch_port.h"
 #include "sim/hw/topology.h"
 #include "sim/hw/transfer.h"
 #include "sim/hw/unit.h"
@@ -81,6 +83,10 @@ class System {
   Memory& memory(int id) { return *memories_.at(static_cast<std::size_t>(id)); }
   int num_links() const { return static_cast<int>(links_.size()); }
   Link& link(int id) { return *links_.at(static_cast<std::size_t>(id)); }
+  // A switch's ports facing `cube` (network.switch.port): `in` receives from the cube, else sends
+  // to it. TopologyError when the topology has none.
+  bool has_switch_ports() const { return !switch_ports_.empty(); }
+  SwitchPort& switch_port(int cube, bool in);
 
   // ---- units ----
   int num_units() const { return static_cast<int>(units_.size()); }
@@ -96,6 +102,8 @@ class System {
   // in that order, so that a saved trace shows the whole machine; spans appear only where
   // something ran.
   void declare_tracks(int cubes);
+  // The same for the cubes listed (a run whose ranks sit on those cubes), in that order.
+  void declare_tracks(std::span<const int> cubes);
 
   // ---- routes and figures ----
   // Link ids from cube src to cube dst (deterministic; see routing.h).
@@ -161,6 +169,7 @@ class System {
   std::vector<std::unique_ptr<Cube>> cubes_;
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<std::unique_ptr<Unit>> owned_;  // see own()
+  std::vector<SwitchPort*> switch_ports_;      // per cube: in, out (owned_); empty without ports
   Memory* host_ = nullptr;
   std::unordered_map<std::uint64_t, std::unique_ptr<Path>> paths_;
   std::vector<std::unique_ptr<TransferRecord>> records_;

@@ -535,6 +535,17 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   if (t.network == NetworkKind::kSwitch) {
     Obj s = o.object("switch", "the switch: {\"latency_ns\": ...}");
     t.switch_latency = s.duration_ns("latency_ns", "latency through the switch");
+    // Optional: each cube's parallel links to the switch (striped: their bandwidths add) and the
+    // switch's own ports, one per link, as units of their own (topologies/README.md).
+    if (const json* v = s.get("links_per_cube")) {
+      t.switch_links_per_cube = static_cast<int>(s.as_positive_int("links_per_cube", *v,
+                                                                   "parallel links between each cube and the switch", 1024));
+    }
+    if (const json* p = s.get("port")) {
+      Obj po = s.object_at("port", *p);
+      t.switch_port = po.bandwidth("bandwidth_GBps", "bandwidth of one switch port per direction");
+      po.finish();
+    }
     s.finish();
   } else {
     o.forbid("switch", fmt::format("only a network of kind 'switch' has a switch; this one is '{}'", kind));
@@ -605,6 +616,13 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   }
   if (link && t.network != NetworkKind::kExplicit) {
     for (LinkSpec& l : t.links) l.figures = *link;
+  }
+  if (t.network == NetworkKind::kSwitch && t.switch_links_per_cube > 1) {
+    // The cube's links to the switch carry its traffic together (striped over every link): one
+    // link direction of their summed bandwidth.
+    for (LinkSpec& l : t.links) {
+      l.figures.bandwidth.bytes_per_s *= static_cast<std::uint64_t>(t.switch_links_per_cube);
+    }
   }
 }
 

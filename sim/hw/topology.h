@@ -124,6 +124,14 @@ struct Topology {
   std::vector<int> dims;        // mesh/torus: size of each dimension, dimension 0 varies fastest
   std::uint64_t chunk_bytes = 0;
   Duration switch_latency = 0;  // kSwitch: added to every pass through the switch
+  // kSwitch: each cube's parallel links to the switch (network.switch.links_per_cube); the link
+  // specs already carry their summed bandwidth (traffic is striped over every link).
+  int switch_links_per_cube = 1;
+  // kSwitch: bandwidth of one switch port per direction (network.switch.port); zero: no port units.
+  // Each cube has an in port group (cube -> switch) and an out port group (switch -> cube) of
+  // switch_links_per_cube ports each (SwitchPort, switch_port.h).
+  Bandwidth switch_port;
+  bool has_switch_ports() const { return network == NetworkKind::kSwitch && switch_port.bytes_per_s > 0; }
   std::vector<LinkSpec> links;  // directed; both directions of a cable are two entries
   HostSpec host;
 

@@ -112,7 +112,12 @@ SchemaNode build() {
                leaf("chunk_bytes", "messages are cut into chunks of this many bytes"),
                list("dims", "mesh and torus: size of each dimension, e.g. [4, 4]", leaf("*", "cubes along this dimension")),
                object("link", "every link of the network", link_figures("every link")),
-               object("switch", "kind 'switch': the switch", {leaf("latency_ns", "latency through the switch, ns")}),
+               object("switch", "kind 'switch': the switch",
+                      {leaf("latency_ns", "latency through the switch, ns"),
+                       leaf("links_per_cube", "optional: parallel links of network.link between each cube and the "
+                                              "switch, striped (default 1)"),
+                       object("port", "optional: the switch's ports, one per link, as units of their own",
+                              {leaf("bandwidth_GBps", "bandwidth of one switch port per direction, GB/s")})}),
                list("links", "kind 'explicit': the links",
                     object("*", "one link (both directions unless bidirectional is false)",
                            concat({leaf("from", "cube id"), leaf("to", "cube id"),

@@ -52,6 +52,7 @@ std::string unit_name(UnitKind kind, const UnitPlace& p) {
     case UnitKind::link: return "link " + node_name(p.from) + "->" + node_name(p.to);
     case UnitKind::mac: return cube_pe_name(p.cube, p.pe, ".mac");
     case UnitKind::vector: return cube_pe_name(p.cube, p.pe, ".vector");
+    case UnitKind::switch_port: return "switch.port " + node_name(p.from) + "->" + node_name(p.to);
   }
   return std::string(unit_kind_name(kind));
 }

@@ -25,9 +25,10 @@
 
 namespace cubesim::hw {
 
-// dma_read: a DMA channel into a PE's TCM; dma_write: out of it.
-enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector };
-// "memory", "dma_read", "dma_write", "link", "mac", "vector"
+// dma_read: a DMA channel into a PE's TCM; dma_write: out of it. switch_port: a switch's ports
+// facing one cube, one direction (switch_port.h).
+enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector, switch_port };
+// "memory", "dma_read", "dma_write", "link", "mac", "vector", "switch_port"
 constexpr std::string_view unit_kind_name(UnitKind k) {
   switch (k) {
     case UnitKind::memory: return "memory";
@@ -36,6 +37,7 @@ constexpr std::string_view unit_kind_name(UnitKind k) {
     case UnitKind::link: return "link";
     case UnitKind::mac: return "mac";
     case UnitKind::vector: return "vector";
+    case UnitKind::switch_port: return "switch_port";
   }
   return "?";
 }
@@ -51,7 +53,7 @@ struct UnitId {
 struct UnitPlace {
   int cube = -1;  // the cube it belongs to (-1: the host, a link, the switch)
   int pe = -1;    // the PE it belongs to
-  int from = -1;  // links
+  int from = -1;  // links and switch ports
   int to = -1;
 };
 
@@ -73,7 +75,8 @@ struct UnitInfo {
 };
 
 // A unit's name, from its kind and place: "cube0.hbm", "cube0.pe3.tcm", "host", "cube0.pe3.dma.read",
-// "link c0->c1" (links name their endpoints c<i>, sw, host), "cube0.pe3.mac". Every unit's name()
+// "link c0->c1" (links name their endpoints c<i>, sw, host), "cube0.pe3.mac", "switch.port c3->sw"
+// (the ports receiving from cube 3) and "switch.port sw->c3" (those sending to it). Every unit's name()
 // is this (a new kind names itself here).
 std::string unit_name(UnitKind kind, const UnitPlace& place);
 

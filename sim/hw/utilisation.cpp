@@ -1,36 +1,63 @@
 #include "sim/hw/utilisation.h"
 
+#include <numeric>
+
 #include "sim/hw/topology.h"
 
 namespace cubesim::hw {
 
 Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, int cubes) {
+  std::vector<int> ids(static_cast<std::size_t>(std::max(cubes, 0)));
+  std::iota(ids.begin(), ids.end(), 0);
+  return utilisation(usage, over, ids);
+}
+
+Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, std::span<const int> cubes) {
   auto frac = [over](double busy) { return over > 0 ? busy / static_cast<double>(over) : 0.0; };
   struct Sums {
     double mac = 0, vector = 0, dma_read = 0, dma_write = 0, hbm = 0;
     int pes = 0;
   };
-  std::vector<Sums> sums(static_cast<std::size_t>(std::max(cubes, 0)));
-  auto in_run = [cubes](int cube) { return cube >= 0 && cube < cubes; };
-  auto among = [&](int node) { return node == kSwitchNode || in_run(node); };
+  std::vector<Sums> sums(cubes.size());
+  // A cube id's index in `cubes`, or -1.
+  std::vector<int> index;
+  for (std::size_t i = 0; i < cubes.size(); ++i) {
+    if (cubes[i] < 0) continue;
+    if (static_cast<std::size_t>(cubes[i]) >= index.size()) index.resize(static_cast<std::size_t>(cubes[i]) + 1, -1);
+    index[static_cast<std::size_t>(cubes[i])] = static_cast<int>(i);
+  }
+  auto slot = [&](int cube) -> int {
+    return cube >= 0 && static_cast<std::size_t>(cube) < index.size() ? index[static_cast<std::size_t>(cube)] : -1;
+  };
+  auto among = [&](int node) { return node == kSwitchNode || (node >= 0 && slot(node) >= 0); };
   Utilisation out;
-  const UnitUsage* busiest = nullptr;
-  double active_busy = 0;
+  struct Busiest {
+    const UnitUsage* unit = nullptr;
+    double active_busy = 0;
+  } link_b, port_b;
+  auto directed = [&](const UnitUsage& u, LinkUtilisation& lu, Busiest& b) {
+    if (!among(u.place.from) || !among(u.place.to)) return;
+    ++lu.directions;
+    if (u.busy > 0) {
+      ++lu.active;
+      b.active_busy += static_cast<double>(u.busy);
+      if (!b.unit || u.busy > b.unit->busy) b.unit = &u;
+    }
+  };
   for (const UnitUsage& u : usage) {
     const auto busy = static_cast<double>(u.busy);
     if (u.kind == UnitKind::link) {
-      if (!among(u.place.from) || !among(u.place.to)) continue;
-      ++out.links.directions;
-      if (u.busy > 0) {
-        ++out.links.active;
-        active_busy += busy;
-        if (!busiest || u.busy > busiest->busy) busiest = &u;
-      }
+      directed(u, out.links, link_b);
       continue;
     }
-    if (!in_run(u.place.cube)) continue;
+    if (u.kind == UnitKind::switch_port) {
+      directed(u, out.switch_ports, port_b);
+      continue;
+    }
+    const int at = u.place.cube >= 0 ? slot(u.place.cube) : -1;
+    if (at < 0) continue;
     // The kinds the table shows; any other unit of a cube (a cache, say) is not in it.
-    Sums& s = sums[static_cast<std::size_t>(u.place.cube)];
+    Sums& s = sums[static_cast<std::size_t>(at)];
     if (u.kind == UnitKind::mac) {
       s.mac += busy;
       ++s.pes;
@@ -44,20 +71,21 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, in
       s.hbm = std::max(s.hbm, busy);  // the cube's HBM, not a PE's TCM
     }
   }
-  for (int c = 0; c < cubes; ++c) {
-    const Sums& s = sums[static_cast<std::size_t>(c)];
+  for (std::size_t i = 0; i < cubes.size(); ++i) {
+    const Sums& s = sums[i];
     const double pes = s.pes > 0 ? s.pes : 1;
-    out.cubes.push_back(CubeUtilisation{.cube = c,
+    out.cubes.push_back(CubeUtilisation{.cube = cubes[i],
                                         .pe_mac = frac(s.mac / pes),
                                         .pe_vector = frac(s.vector / pes),
                                         .pe_dma_read = frac(s.dma_read / pes),
                                         .pe_dma_write = frac(s.dma_write / pes),
                                         .hbm_busiest_channel = frac(s.hbm)});
   }
-  if (busiest) {
-    out.links.busiest = busiest->name;
-    out.links.busiest_busy = frac(static_cast<double>(busiest->busy));
-    out.links.mean_busy_active = frac(active_busy / out.links.active);
+  for (auto [lu, b] : {std::pair{&out.links, &link_b}, std::pair{&out.switch_ports, &port_b}}) {
+    if (!b->unit) continue;
+    lu->busiest = b->unit->name;
+    lu->busiest_busy = frac(static_cast<double>(b->unit->busy));
+    lu->mean_busy_active = frac(b->active_busy / lu->active);
   }
   return out;
 }

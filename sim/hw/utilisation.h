@@ -40,10 +40,15 @@ struct LinkUtilisation {
 struct Utilisation {
   std::vector<CubeUtilisation> cubes;
   LinkUtilisation links;
+  // A switch's port groups (UnitKind::switch_port) facing the run's cubes, as for links
+  // (directions: 0 when the topology has no switch ports).
+  LinkUtilisation switch_ports;
 };
 
 // `usage`: counters over the interval (usage_since), `over`: its length (0 gives all zeros),
 // `cubes`: how many cubes, from 0, the run used.
 Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, int cubes);
+// The same for the cubes a run's ranks were placed on (rank r on cubes[r]); cubes[] in that order.
+Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, std::span<const int> cubes);
 
 }  // namespace cubesim::hw

@@ -352,3 +352,66 @@ def test_backends_prints_the_registry(capsys, tmp_path):
     assert rc == 0 and all(b["name"] in out and b["summary"] in out for b in cs.backend_info())
     rc, out, _ = run_cli(capsys, "backends", "--json", "-")
     assert rc == 0 and json.loads(out)["backends"] == cs.backend_info()
+
+
+def test_run_cubes_places_the_ranks(capsys):
+    rc, out, err = run_cli(capsys, "run", "--json", "-", "--topology", "h200x8", "--cubes", "4,6", "--timing-only",
+                           *SMALL)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["tp"] == 2 and d["cubes"] == [4, 6]  # --tp defaults to the number of cubes
+    assert [c["cube"] for c in d["hardware"]["cubes"]] == [4, 6]
+    assert all(c["pe_mac"] > 0 for c in d["hardware"]["cubes"])
+    busy = {u["name"] for u in d["usage"]}
+    assert {"link c4->sw", "link sw->c6", "switch.port c4->sw", "switch.port sw->c6"} <= busy
+    assert not any(n.startswith(f"cube{c}.") for n in busy for c in (0, 1, 2, 3, 5, 7))
+    assert d["hardware"]["switch_ports"]["active"] == 4
+    rc, out, err = run_cli(capsys, "run", "--topology", "h200x8", "--tp", "2", "--cubes", "4,6", "--timing-only",
+                           *SMALL)
+    assert rc == 0, err
+    assert "tp 2: ranks 0-1 on cubes 4, 6" in out and "switch ports: 4 of 4 port groups" in out
+    rc, out, _ = run_cli(capsys, "run", "--topology", "h200x8", "--cubes", "6,1", "--timing-only", *SMALL)
+    assert rc == 0 and "ranks 0-1 on cubes 6,1 (rank r on the r-th)" in out
+    # The default placement is cubes 0 to tp-1, and naming them gives the same run.
+    rc, a, _ = run_cli(capsys, "run", "--json", "-", "--topology", "h200x8", "--tp", "4", "--timing-only", *SMALL)
+    rc2, b, _ = run_cli(capsys, "run", "--json", "-", "--topology", "h200x8", "--cubes", "0-3", "--timing-only", *SMALL)
+    a, b = json.loads(a), json.loads(b)
+    assert rc == rc2 == 0 and a["cubes"] == b["cubes"] == [0, 1, 2, 3]
+    assert a["sim_time_ps"] == b["sim_time_ps"] and a["event_hash"] == b["event_hash"]
+
+
+def test_parse_cubes():
+    assert cli.parse_cubes("0-3", 8, "t") == [0, 1, 2, 3]
+    assert cli.parse_cubes("0,2,5-7", 8, "t") == [0, 2, 5, 6, 7]
+    assert cli.parse_cubes("3,1", 8, "t") == [3, 1]
+    assert cli.parse_cubes(" 4 , 6 ", 8, "t") == [4, 6]
+
+
+def test_run_cubes_errors_exit_2(capsys):
+    def err_of(*argv):
+        rc, _, err = run_cli(capsys, "run", "--topology", "h200x8", "--timing-only", *argv, *SMALL)
+        assert rc == 2, err
+        return err
+
+    assert "--cubes 0,0: cube 0 is named twice; each rank needs a cube of its own (topology 'h200x8' has cubes " \
+           "0-7)" in err_of("--cubes", "0,0")
+    assert "--cubes 0-2,1: cube 1 is named twice" in err_of("--cubes", "0-2,1")
+    assert "--cubes 6-8: cube 8 does not exist; topology 'h200x8' has cubes 0-7" in err_of("--cubes", "6-8")
+    assert "--cubes 3-1: the range 3-1 runs backwards; write it low-high (1-3)" in err_of("--cubes", "3-1")
+    for bad in ("a", "1-", "-1", "1,,2", "1-2-3", ""):
+        assert f"--cubes {bad}: " in err_of("--cubes", bad) and "e.g. --cubes 0-3 or --cubes 0,2,5-7" in \
+            err_of("--cubes", bad), bad
+    assert "--cubes 4,6 names 2 cubes for --tp 4: give one cube per rank" in err_of("--cubes", "4,6", "--tp", "4")
+    assert "--cubes 0-2 names 3 cubes, one per rank, but tp 3 does not divide ffn 256; valid tp values here: 1, 2, " \
+           "4, 8 (name that many cubes)" in err_of("--cubes", "0-2")
+    rc, _, err = run_cli(capsys, "run", "--backend", "host", "--cubes", "0-1", *SMALL)
+    assert rc == 2 and "--cubes places the ranks on cubes of a topology: it needs --backend sim" in err
+
+
+def test_topo_show_names_the_switch_and_its_ports(capsys):
+    rc, out, _ = run_cli(capsys, "topo", "show", "h200x8")
+    assert rc == 0
+    assert "switch    latency 300 ns; 18 striped links per cube" in out
+    assert "ports of 25 GB/s, one per link (450 GB/s per cube and direction)" in out
+    rc, out, _ = run_cli(capsys, "topo", "show", "dgx_h100x8")
+    assert rc == 0 and "switch    latency 300 ns" in out and "ports" not in out.split("switch    ")[1].split("\n")[0]

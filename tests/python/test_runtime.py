@@ -522,3 +522,33 @@ def test_backends_come_from_the_registry_and_check_their_options():
     with pytest.raises(ValueError, match="backend 'sim' has no option 'gemm_mode'"):
         cs.Context("sim", topology="ring4", gemm_mode="exact")
     assert cs.Context("sim").topology.name == cs.DEFAULT_TOPOLOGY
+
+
+def test_ranks_on_places_the_ranks_on_the_cubes_given():
+    ctx = cs.Context("sim", topology="h200x8", ranks_on=[4, 6], timing_only=True)
+    assert ctx.world_size == 2 and ctx.ranks_on == [4, 6]
+    assert cs.Context("sim", topology="ring4").ranks_on == [0, 1, 2, 3]
+    rep = cs.tp.run_mlp(ctx, tp=2, tokens=64, hidden=128, ffn=512)
+    by_name = {u["name"]: u for u in rep.usage}
+    for c in range(8):
+        used = c in (4, 6)
+        assert (by_name[f"cube{c}.pe0.mac"]["bytes"] > 0) == used, c
+        assert (by_name[f"link c{c}->sw"]["bytes"] > 0) == used, c
+        assert (by_name[f"switch.port sw->c{c}"]["bytes"] > 0) == used, c
+    # The ports carry what the links carry.
+    assert by_name["switch.port c4->sw"]["bytes"] == by_name["link c4->sw"]["bytes"] > 0
+    u = rep.utilisation(ctx.ranks_on)
+    assert [c["cube"] for c in u["cubes"]] == [4, 6] and all(c["pe_mac"] > 0 for c in u["cubes"])
+    assert u["links"]["directions"] == 4 and u["links"]["active"] == 4
+    assert u["switch_ports"]["directions"] == 4 and u["switch_ports"]["active"] == 4
+    assert rep.utilisation(2)["cubes"][0]["pe_mac"] == 0  # cubes 0 and 1 idled
+
+
+def test_ranks_on_errors_name_the_argument_and_the_cube_range():
+    with pytest.raises(ValueError, match=r"ranks_on in Python.*cube 3 is named twice \(ranks 0 and 1\).*0 to 7 in "
+                                         r"topology 'h200x8'"):
+        cs.Context("sim", topology="h200x8", ranks_on=[3, 3])
+    with pytest.raises(ValueError, match=r"cube 8 \(for rank 1\) does not exist; topology 'h200x8' has cubes 0 to 7"):
+        cs.Context("sim", topology="h200x8", ranks_on=[0, 8])
+    with pytest.raises(ValueError, match="backend 'host' has no option 'cubes'"):
+        cs.Context("host", world_size=2, ranks_on=[0, 1])

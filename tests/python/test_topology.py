@@ -102,3 +102,17 @@ def test_json_conversion_rejects_what_json_cannot_hold():
         cs.apply_override(doc, "cube.hbm.bandwidth_GBps", object())
     with pytest.raises(TypeError, match="overrides"):
         cs.load_topology("single_cube", overrides="cube.hbm.bandwidth_GBps=3")
+
+
+def test_hgx_topologies_and_switch_ports():
+    for name, hbm in (("h200x8", 4800), ("h100x8", 3350)):
+        t = cs.load_topology(name)
+        assert t.num_cubes == 8 and t.network == "switch"
+        assert t.cubes[0]["hbm"]["bandwidth_GBps"] == hbm
+        up = next(l for l in t.links if l["name"] == "c0->sw")
+        assert up["bandwidth_GBps"] == 450  # 18 striped links of 25 GB/s
+        assert t.sources and "HGX" in t.description
+    assert "no NVSwitch" in cs.load_topology("h200x4").description
+    # The port figure is a field like any other: overrides reach it.
+    slow = cs.load_topology("h200x8", overrides={"network.switch.port.bandwidth_GBps": 10})
+    assert slow.doc["network"]["switch"]["port"]["bandwidth_GBps"] == 10

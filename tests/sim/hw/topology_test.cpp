@@ -54,7 +54,7 @@ void expect_error_contains(const std::function<void()>& f, const std::vector<std
 
 TEST(Topology, EveryShippedTopologyLoadsAndIsSourced) {
   const std::vector<std::string> names = list_topologies();
-  for (const char* n : {"single_cube", "ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"}) {
+  for (const char* n : {"single_cube", "ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8", "h200x8", "h100x8"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
   for (const std::string& n : names) {
@@ -436,7 +436,8 @@ std::vector<json> documents_with_every_schema_key() {
                                     "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
   docs.push_back(mesh);
   json sw = full;
-  sw["network"] = json::parse(R"({"kind": "switch", "chunk_bytes": 4096, "switch": {"latency_ns": 3},
+  sw["network"] = json::parse(R"({"kind": "switch", "chunk_bytes": 4096, "switch": {"latency_ns": 3,
+                                  "links_per_cube": 2, "port": {"bandwidth_GBps": 10}},
                                   "link": {"bandwidth_GBps": 10, "latency_ns": 1, "overhead_ns": 1}})");
   sw["link_overrides"] = json::parse(R"([{"from": 0, "to": "switch", "bandwidth_scale": 0.5}])");
   docs.push_back(sw);

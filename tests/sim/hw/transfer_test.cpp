@@ -57,7 +57,7 @@ TEST(Transfer, SmallMessageTakesExactlyTheSumOfPerHopDelays) {
 }
 
 TEST(Transfer, LargeMessagesReachLinkBandwidth) {
-  for (const char* name : {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"}) {
+  for (const char* name : {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8", "h200x8", "h100x8"}) {
     SCOPED_TRACE(name);
     sim::Simulator sim;
     SystemOptions o;
