@@ -64,6 +64,11 @@ struct SimGemmReport {
   std::uint64_t dma_bytes = 0;    // what the DMA engines actually moved
   int pes = 0;
   std::int64_t tile_m = 0, tile_n = 0, tile_k = 0;
+  std::int64_t tiles = 0;  // output tiles
+  std::int64_t waves = 0;  // ceil(blocks of cluster tiles / clusters): the last one may leave PEs idle
+  int clusters = 0, cluster_m = 1, cluster_n = 1;  // pe.gemm's clusters (0 without the section)
+  std::uint64_t multicast_bytes = 0;  // bytes delivered to TCMs besides the issuer's (multicast)
+  std::vector<sim::Duration> pe_idle;  // per PE (cube-major order): time less its MAC array's busy time
 };
 
 // Blocks the calling process until C is in HBM. Throws std::invalid_argument on shapes, dtypes,
