@@ -180,6 +180,13 @@ std::pair<std::int64_t, std::int64_t> walk(std::int64_t b, std::int64_t mb, std:
   return along_n ? std::pair{a, l} : std::pair{l, a};
 }
 
+std::span<std::byte> writable_bytes(std::vector<std::uint8_t>& v) {
+  return {reinterpret_cast<std::byte*>(v.data()), v.size()};
+}
+std::span<const std::byte> bytes(const std::vector<std::uint8_t>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size()};
+}
+
 struct Member {
   hw::Pe* pe = nullptr;
   std::vector<std::uint64_t> a_buf, b_buf, bias_buf;  // one per stage
@@ -253,8 +260,9 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
       l[r].issuer = who;
       if (kt <= 0) continue;
       const std::int64_t m0 = (w.bm * cm + r) * P.tm;
-      const TileXfer ta = tile_xfer(A, m0, k0, std::min(P.tm, M - m0), kt, mem[static_cast<std::size_t>(who)].a_buf[slot]);
-      l[r].h = sys.start_transfer(*A.memory, ta.src, mem[static_cast<std::size_t>(who)].pe->tcm(), ta.dst);
+      Member& x = mem[static_cast<std::size_t>(who)];
+      const TileXfer ta = tile_xfer(A, m0, k0, std::min(P.tm, M - m0), kt, x.a_buf[slot]);
+      l[r].h = sys.start_transfer(*A.memory, ta.src, x.pe->tcm(), ta.dst);
       P.dma_bytes += ta.src.bytes();
       P.multicast_bytes += ta.src.bytes() * static_cast<std::uint64_t>(w.cols - 1);
     }
@@ -274,7 +282,8 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
       if (P.bias && w.kb == 0) {
         const hw::Region src = hw::Region::contiguous(P.bias->addr + static_cast<std::uint64_t>(n0) * ebias,
                                                       static_cast<std::uint64_t>(nt) * ebias);
-        lv.h = sys.start_transfer(*P.bias->memory, src, x.pe->tcm(), hw::Region::contiguous(x.bias_buf[slot], src.bytes()));
+        const hw::Region dst = hw::Region::contiguous(x.bias_buf[slot], src.bytes());
+        lv.h = sys.start_transfer(*P.bias->memory, src, x.pe->tcm(), dst);
         P.dma_bytes += src.bytes();
         P.multicast_bytes += src.bytes() * static_cast<std::uint64_t>(w.rows - 1);
       }
@@ -282,9 +291,9 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
   };
   // A multicast's delivery: the bytes that landed in the issuer's TCM are in every receiver's too.
   std::vector<std::byte> bounce;
-  auto deliver = [&](const Member& from, std::uint64_t from_addr, Member& to, std::uint64_t to_addr, std::uint64_t bytes) {
-    if (&from == &to || bytes == 0) return;
-    bounce.resize(bytes);
+  auto deliver = [&](const Member& from, std::uint64_t from_addr, Member& to, std::uint64_t to_addr, std::uint64_t n) {
+    if (&from == &to || n == 0) return;
+    bounce.resize(n);
     from.pe->tcm().read(from_addr, bounce);
     to.pe->tcm().write(to_addr, bounce);
   };
@@ -310,7 +319,7 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
             if (P.bias) {
               deliver(ib, ib.bias_buf[slot], x, x.bias_buf[slot], static_cast<std::uint64_t>(nt) * ebias);
               x.bias_host.resize(static_cast<std::size_t>(nt) * ebias);
-              x.pe->tcm().read(x.bias_buf[slot], std::span<std::byte>(reinterpret_cast<std::byte*>(x.bias_host.data()), x.bias_host.size()));
+              x.pe->tcm().read(x.bias_buf[slot], writable_bytes(x.bias_host));
             }
           }
           if (kt > 0) {
@@ -320,8 +329,8 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
             deliver(ib, ib.b_buf[slot], x, x.b_buf[slot], tb.dst.bytes());
             a_host.resize(ta.dst.bytes());
             b_host.resize(tb.dst.bytes());
-            x.pe->tcm().read(ta.dst.addr, std::span<std::byte>(reinterpret_cast<std::byte*>(a_host.data()), a_host.size()));
-            x.pe->tcm().read(tb.dst.addr, std::span<std::byte>(reinterpret_cast<std::byte*>(b_host.data()), b_host.size()));
+            x.pe->tcm().read(ta.dst.addr, writable_bytes(a_host));
+            x.pe->tcm().read(tb.dst.addr, writable_bytes(b_host));
             det_gemm_accumulate(MatrixView{a_host.data(), A.dtype, mt, kt, ta.view_row_stride, ta.view_col_stride},
                                 MatrixView{b_host.data(), B.dtype, kt, nt, tb.view_row_stride, tb.view_col_stride},
                                 x.acc.data(), P.tn);
@@ -368,7 +377,7 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
           if (P.bias) bv = VectorView::contiguous(x.bias_host.data(), P.bias->dtype, nt);
           det_gemm_store(x.acc.data(), P.tn, P.bias ? &bv : nullptr,
                          MutableMatrixView{c_host.data(), C.dtype, mt, nt, tc.view_row_stride, tc.view_col_stride});
-          x.pe->tcm().write(tc.dst.addr, std::span<const std::byte>(reinterpret_cast<const std::byte*>(c_host.data()), c_host.size()));
+          x.pe->tcm().write(tc.dst.addr, bytes(c_host));
         }
         x.write = sys.start_transfer(x.pe->tcm(), tc.dst, *C.memory, tc.src);
         P.dma_bytes += tc.src.bytes();
