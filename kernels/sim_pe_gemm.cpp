@@ -54,6 +54,20 @@ struct Shared {
   std::uint64_t dma_bytes = 0;
 };
 
+// The roofline figures of a finished run (r.time set).
+void roofline(SimGemmReport& r, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias, const HbmMatrix& C,
+              hw::Pe& pe, std::size_t npes) {
+  r.macs = static_cast<std::uint64_t>(A.rows) * static_cast<std::uint64_t>(B.cols) * static_cast<std::uint64_t>(A.cols);
+  r.compute_bound = pe.mac().time((r.macs + npes - 1) / npes, A.dtype);
+  r.min_bytes = static_cast<std::uint64_t>(A.rows * A.cols) * dtype_size(A.dtype) +
+                static_cast<std::uint64_t>(B.rows * B.cols) * dtype_size(B.dtype) +
+                static_cast<std::uint64_t>(C.rows * C.cols) * dtype_size(C.dtype) +
+                (bias ? static_cast<std::uint64_t>(bias->size) * dtype_size(bias->dtype) : 0);
+  r.memory_bound = sim::transfer_time(r.min_bytes, C.memory->bandwidth());
+  r.bound = r.memory_bound > r.compute_bound ? "memory" : "compute";
+  r.efficiency = r.time ? static_cast<double>(std::max(r.compute_bound, r.memory_bound)) / static_cast<double>(r.time) : 1.0;
+}
+
 // One PE's stream of (tile, k-block) steps, double-buffered (see the header).
 void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles, Shared& sh) {
   const HbmMatrix &A = *sh.A, &B = *sh.B, &C = *sh.C;
@@ -152,6 +166,313 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
   }
 }
 
+// ---------------------------------------------------------------- the GPU-like pipeline ("pe.gemm")
+
+// The b-th cluster block of the walk (see the header): bands of `swz` block rows (raster n) or
+// columns (raster m), the band walked along the raster dimension, each step down the band first.
+std::pair<std::int64_t, std::int64_t> walk(std::int64_t b, std::int64_t mb, std::int64_t nb, hw::GemmRaster raster,
+                                           std::int64_t swz) {
+  const bool along_n = raster == hw::GemmRaster::n;
+  const std::int64_t across = along_n ? mb : nb, along = along_n ? nb : mb;
+  const std::int64_t band = b / (swz * along), first = band * swz;
+  const std::int64_t h = std::min(swz, across - first), within = b - band * swz * along;
+  const std::int64_t a = first + within % h, l = within / h;
+  return along_n ? std::pair{a, l} : std::pair{l, a};
+}
+
+std::span<std::byte> writable_bytes(std::vector<std::uint8_t>& v) {
+  return {reinterpret_cast<std::byte*>(v.data()), v.size()};
+}
+std::span<const std::byte> bytes(const std::vector<std::uint8_t>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size()};
+}
+
+struct Member {
+  hw::Pe* pe = nullptr;
+  std::vector<std::uint64_t> a_buf, b_buf, bias_buf;  // one per stage
+  std::uint64_t c_buf = 0;
+  sim::Time ready = 0;  // the earliest its next MMA may start (tile prologue)
+  hw::TransferHandle write;
+  std::vector<float> acc;
+  std::vector<std::uint8_t> bias_host;
+};
+
+struct Pipe {
+  const HbmMatrix *A, *B, *C;
+  const HbmVector* bias;
+  const hw::GemmPipelineSpec* g;
+  std::int64_t tm, tn, tk, mtiles, ntiles, nk, cm, cn, mblocks, nblocks, clusters;
+  bool functional;
+  std::uint64_t dma_bytes = 0, multicast_bytes = 0;
+};
+
+// One cluster's process: its blocks g, g + G, ... (G clusters), every member in lockstep over the
+// k-blocks, `stages` steps of loads in flight (see the header).
+void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe& P) {
+  const HbmMatrix &A = *P.A, &B = *P.B, &C = *P.C;
+  const std::int64_t M = A.rows, N = B.cols, K = A.cols;
+  const std::uint64_t ea = dtype_size(A.dtype), eb = dtype_size(B.dtype), ec = dtype_size(C.dtype);
+  const std::uint64_t ebias = P.bias ? dtype_size(P.bias->dtype) : 0;
+  const std::size_t S = P.g->stages;
+  const std::int64_t cm = P.cm, cn = P.cn;
+  sim::Simulator& sim = sys.simulator();
+  sim::Trace& tr = sim.trace();
+  std::vector<Member> mem(pes.size());
+  for (std::size_t i = 0; i < pes.size(); ++i) {
+    Member& x = mem[i];
+    x.pe = pes[i];
+    hw::Memory& tcm = x.pe->tcm();
+    for (std::size_t st = 0; st < S; ++st) {
+      x.a_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tm * P.tk) * ea, 64, "A k-block"));
+      x.b_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tk * P.tn) * eb, 64, "B k-block"));
+      if (P.bias) x.bias_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tn) * ebias, 64, "bias"));
+    }
+    x.c_buf = tcm.allocate(static_cast<std::uint64_t>(P.tm * P.tn) * ec, 64, "C tile");
+    x.ready = sim.now() + sim::transfer_time(P.g->prologue_cycles, sim::Bandwidth{x.pe->mac().spec().clock_hz});
+    if (P.functional) x.acc.resize(static_cast<std::size_t>(P.tm * P.tn));
+  }
+  const std::int64_t nblocks_total = P.mblocks * P.nblocks;
+  std::int64_t nmine = 0;
+  for (std::int64_t b = g; b < nblocks_total; b += P.clusters) ++nmine;
+  const std::int64_t nsteps = nmine * P.nk;
+  // A step's loads, per slot: A per block row (issuer member), B and bias per block column.
+  struct Load {
+    hw::TransferHandle h;
+    int issuer = -1;
+  };
+  const std::size_t per_slot = static_cast<std::size_t>(cm + 2 * cn);
+  std::vector<Load> loads(S * per_slot);
+  struct Where {
+    std::int64_t bm, bn, kb, rows, cols;  // rows, cols: members of the block that have a tile
+  };
+  auto where = [&](std::int64_t s) {
+    const std::int64_t b = g + (s / P.nk) * P.clusters;
+    const auto [bm, bn] = walk(b, P.mblocks, P.nblocks, P.g->raster, P.g->swizzle);
+    return Where{bm, bn, s % P.nk, std::min(cm, P.mtiles - bm * cm), std::min(cn, P.ntiles - bn * cn)};
+  };
+  auto issue = [&](std::int64_t s) {
+    const Where w = where(s);
+    const std::size_t slot = static_cast<std::size_t>(s) % S;
+    Load* l = &loads[slot * per_slot];
+    const std::int64_t k0 = w.kb * P.tk, kt = std::min(P.tk, K - k0);
+    for (std::int64_t r = 0; r < w.rows; ++r) {  // A(row, kb): to every member of the row
+      const int who = static_cast<int>(r * cn + w.kb % w.cols);
+      l[r].issuer = who;
+      if (kt <= 0) continue;
+      const std::int64_t m0 = (w.bm * cm + r) * P.tm;
+      Member& x = mem[static_cast<std::size_t>(who)];
+      const TileXfer ta = tile_xfer(A, m0, k0, std::min(P.tm, M - m0), kt, x.a_buf[slot]);
+      l[r].h = sys.start_transfer(*A.memory, ta.src, x.pe->tcm(), ta.dst);
+      P.dma_bytes += ta.src.bytes();
+      P.multicast_bytes += ta.src.bytes() * static_cast<std::uint64_t>(w.cols - 1);
+    }
+    for (std::int64_t c = 0; c < w.cols; ++c) {  // B(kb, col) and the bias slice: to every member of the column
+      const int who = static_cast<int>((w.kb % w.rows) * cn + c);
+      Load& lb = l[cm + c];
+      Load& lv = l[cm + cn + c];
+      lb.issuer = lv.issuer = who;
+      Member& x = mem[static_cast<std::size_t>(who)];
+      const std::int64_t n0 = (w.bn * cn + c) * P.tn, nt = std::min(P.tn, N - n0);
+      if (kt > 0) {
+        const TileXfer tb = tile_xfer(B, k0, n0, kt, nt, x.b_buf[slot]);
+        lb.h = sys.start_transfer(*B.memory, tb.src, x.pe->tcm(), tb.dst);
+        P.dma_bytes += tb.src.bytes();
+        P.multicast_bytes += tb.src.bytes() * static_cast<std::uint64_t>(w.rows - 1);
+      }
+      if (P.bias && w.kb == 0) {
+        const hw::Region src = hw::Region::contiguous(P.bias->addr + static_cast<std::uint64_t>(n0) * ebias,
+                                                      static_cast<std::uint64_t>(nt) * ebias);
+        const hw::Region dst = hw::Region::contiguous(x.bias_buf[slot], src.bytes());
+        lv.h = sys.start_transfer(*P.bias->memory, src, x.pe->tcm(), dst);
+        P.dma_bytes += src.bytes();
+        P.multicast_bytes += src.bytes() * static_cast<std::uint64_t>(w.rows - 1);
+      }
+    }
+  };
+  // A multicast's delivery: the bytes that landed in the issuer's TCM are in every receiver's too.
+  std::vector<std::byte> bounce;
+  auto deliver = [&](const Member& from, std::uint64_t from_addr, Member& to, std::uint64_t to_addr, std::uint64_t n) {
+    if (&from == &to || n == 0) return;
+    bounce.resize(n);
+    from.pe->tcm().read(from_addr, bounce);
+    to.pe->tcm().write(to_addr, bounce);
+  };
+  std::vector<std::uint8_t> a_host, b_host, c_host;
+  for (std::int64_t s = 0; s < std::min<std::int64_t>(nsteps, static_cast<std::int64_t>(S)); ++s) issue(s);
+  for (std::int64_t s = 0; s < nsteps; ++s) {
+    const Where w = where(s);
+    const std::size_t slot = static_cast<std::size_t>(s) % S;
+    Load* l = &loads[slot * per_slot];
+    for (std::size_t i = 0; i < per_slot; ++i) l[i].h.wait();
+    const std::int64_t k0 = w.kb * P.tk, kt = std::min(P.tk, K - k0);
+    sim::Time end = sim.now();
+    for (std::int64_t r = 0; r < w.rows; ++r) {
+      for (std::int64_t c = 0; c < w.cols; ++c) {
+        Member& x = mem[static_cast<std::size_t>(r * cn + c)];
+        const std::int64_t m0 = (w.bm * cm + r) * P.tm, n0 = (w.bn * cn + c) * P.tn;
+        const std::int64_t mt = std::min(P.tm, M - m0), nt = std::min(P.tn, N - n0);
+        const Member& ia = mem[static_cast<std::size_t>(l[r].issuer)];
+        const Member& ib = mem[static_cast<std::size_t>(l[cm + c].issuer)];
+        if (P.functional) {
+          if (w.kb == 0) {
+            std::fill(x.acc.begin(), x.acc.end(), 0.0f);
+            if (P.bias) {
+              deliver(ib, ib.bias_buf[slot], x, x.bias_buf[slot], static_cast<std::uint64_t>(nt) * ebias);
+              x.bias_host.resize(static_cast<std::size_t>(nt) * ebias);
+              x.pe->tcm().read(x.bias_buf[slot], writable_bytes(x.bias_host));
+            }
+          }
+          if (kt > 0) {
+            const TileXfer ta = tile_xfer(A, m0, k0, mt, kt, x.a_buf[slot]);
+            const TileXfer tb = tile_xfer(B, k0, n0, kt, nt, x.b_buf[slot]);
+            deliver(ia, ia.a_buf[slot], x, x.a_buf[slot], ta.dst.bytes());
+            deliver(ib, ib.b_buf[slot], x, x.b_buf[slot], tb.dst.bytes());
+            a_host.resize(ta.dst.bytes());
+            b_host.resize(tb.dst.bytes());
+            x.pe->tcm().read(ta.dst.addr, writable_bytes(a_host));
+            x.pe->tcm().read(tb.dst.addr, writable_bytes(b_host));
+            det_gemm_accumulate(MatrixView{a_host.data(), A.dtype, mt, kt, ta.view_row_stride, ta.view_col_stride},
+                                MatrixView{b_host.data(), B.dtype, kt, nt, tb.view_row_stride, tb.view_col_stride},
+                                x.acc.data(), P.tn);
+          }
+        }
+        if (kt > 0) {
+          // A k-block occupies the MAC array max(MACs / rate, issue figure) cycles.
+          hw::ComputeUnit& mac = x.pe->mac();
+          const std::uint64_t macs = static_cast<std::uint64_t>(mt * nt * kt);
+          const std::uint64_t cyc = std::max(mac.cycles(macs, A.dtype), P.g->issue_cycles_per_k_block);
+          const auto [b0, e0] = mac.book_cycles(std::max(sim.now(), x.ready), macs, A.dtype, cyc,
+                                                tr.enabled() ? &tr : nullptr, "gemm");
+          end = std::max(end, e0);
+        } else {
+          end = std::max(end, x.ready);
+        }
+      }
+    }
+    if (end > sim.now()) sim::this_process::sleep(end - sim.now());
+    if (s + static_cast<std::int64_t>(S) < nsteps) issue(s + static_cast<std::int64_t>(S));  // the slot is free again
+    if (w.kb + 1 < P.nk) continue;
+    // The tile's last k-block: bias + round on the vector unit, the epilogue's fixed cycles, write back.
+    sim::Time epi = sim.now();
+    for (std::int64_t r = 0; r < w.rows; ++r) {
+      for (std::int64_t c = 0; c < w.cols; ++c) {
+        Member& x = mem[static_cast<std::size_t>(r * cn + c)];
+        const std::int64_t m0 = (w.bm * cm + r) * P.tm, n0 = (w.bn * cn + c) * P.tn;
+        const std::uint64_t ops = static_cast<std::uint64_t>(std::min(P.tm, M - m0) * std::min(P.tn, N - n0));
+        const auto [v0, v1] = x.pe->vector().book(sim.now(), ops, C.dtype, tr.enabled() ? &tr : nullptr, "bias+round");
+        epi = std::max(epi, v1 + sim::transfer_time(P.g->epilogue_cycles, sim::Bandwidth{x.pe->mac().spec().clock_hz}));
+      }
+    }
+    if (epi > sim.now()) sim::this_process::sleep(epi - sim.now());
+    for (std::int64_t r = 0; r < w.rows; ++r) {
+      for (std::int64_t c = 0; c < w.cols; ++c) {
+        Member& x = mem[static_cast<std::size_t>(r * cn + c)];
+        const std::int64_t m0 = (w.bm * cm + r) * P.tm, n0 = (w.bn * cn + c) * P.tn;
+        const std::int64_t mt = std::min(P.tm, M - m0), nt = std::min(P.tn, N - n0);
+        x.write.wait();  // the C buffer's previous tile has left
+        const TileXfer tc = tile_xfer(C, m0, n0, mt, nt, x.c_buf);
+        if (P.functional) {
+          c_host.resize(tc.dst.bytes());
+          VectorView bv;
+          if (P.bias) bv = VectorView::contiguous(x.bias_host.data(), P.bias->dtype, nt);
+          det_gemm_store(x.acc.data(), P.tn, P.bias ? &bv : nullptr,
+                         MutableMatrixView{c_host.data(), C.dtype, mt, nt, tc.view_row_stride, tc.view_col_stride});
+          x.pe->tcm().write(tc.dst.addr, bytes(c_host));
+        }
+        x.write = sys.start_transfer(x.pe->tcm(), tc.dst, *C.memory, tc.src);
+        P.dma_bytes += tc.src.bytes();
+        x.ready = sim.now() + sim::transfer_time(P.g->prologue_cycles, sim::Bandwidth{x.pe->mac().spec().clock_hz});
+      }
+    }
+  }
+  for (Member& x : mem) {
+    x.write.wait();
+    hw::Memory& tcm = x.pe->tcm();
+    for (std::size_t st = 0; st < S; ++st) {
+      tcm.free(x.a_buf[st]);
+      tcm.free(x.b_buf[st]);
+      if (P.bias) tcm.free(x.bias_buf[st]);
+    }
+    tcm.free(x.c_buf);
+  }
+}
+
+// The GPU-like path (the topology's "pe.gemm"): clusters of cm x cn PEs within a cube, blocks of
+// cm x cn tiles in the swizzled raster walk, cluster g running blocks g, g + G, ... (see the header).
+SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias,
+                           const HbmMatrix& C, const SimGemmOptions& opts, const std::vector<int>& cubes,
+                           const std::vector<hw::Pe*>& pes) {
+  const hw::GemmPipelineSpec& g = pes[0]->spec().gemm;
+  const hw::TileSpec& tile = g.tile_for(A.dtype);
+  Pipe P{&A, &B, &C, bias, &g, tile.m, tile.n, tile.k, 0, 0, 0, g.cluster_m, g.cluster_n, 0, 0, 0,
+         sys.options().functional};
+  P.mtiles = (A.rows + P.tm - 1) / P.tm;
+  P.ntiles = (B.cols + P.tn - 1) / P.tn;
+  P.nk = std::max<std::int64_t>((A.cols + P.tk - 1) / P.tk, 1);
+  P.mblocks = (P.mtiles + P.cm - 1) / P.cm;
+  P.nblocks = (P.ntiles + P.cn - 1) / P.cn;
+  const std::uint64_t need =
+      g.stages * (static_cast<std::uint64_t>(P.tm * P.tk) * dtype_size(A.dtype) +
+                  static_cast<std::uint64_t>(P.tk * P.tn) * dtype_size(B.dtype) +
+                  (bias ? static_cast<std::uint64_t>(P.tn) * dtype_size(bias->dtype) : 0)) +
+      static_cast<std::uint64_t>(P.tm * P.tn) * dtype_size(C.dtype);
+  if (need > pes[0]->tcm().capacity()) {
+    throw std::invalid_argument(fmt::format("sim_pe_gemm: {} stages of a {}x{}x{} tile ({} x {} -> {}) need {} bytes of "
+                                            "TCM but {} has {}; give fewer pe.gemm.stages or a smaller pe.gemm.tiles.{}",
+                                            g.stages, P.tm, P.tn, P.tk, dtype_name(A.dtype), dtype_name(B.dtype),
+                                            dtype_name(C.dtype), need, pes[0]->name(), pes[0]->tcm().capacity(),
+                                            dtype_name(A.dtype)));
+  }
+  // Clusters never span cubes: a cube's PEs in order, cm * cn at a time; the rest of a cube idles.
+  const std::size_t csize = static_cast<std::size_t>(P.cm * P.cn);
+  std::vector<std::vector<hw::Pe*>> clusters;
+  for (std::size_t i = 0; i < pes.size();) {
+    std::size_t j = i;
+    while (j < pes.size() && pes[j]->cube() == pes[i]->cube()) ++j;
+    for (std::size_t c = i; c + csize <= j; c += csize) clusters.emplace_back(pes.begin() + c, pes.begin() + c + csize);
+    i = j;
+  }
+  if (clusters.empty()) {
+    throw std::invalid_argument(fmt::format("sim_pe_gemm: a cluster of {}x{} PEs (pe.gemm.cluster) does not fit in the "
+                                            "{} PEs chosen per cube (max_pes {}); allow at least {} PEs",
+                                            P.cm, P.cn, pes.size() / cubes.size(), opts.max_pes, csize));
+  }
+  P.clusters = static_cast<std::int64_t>(clusters.size());
+  sim::Simulator& sim = sys.simulator();
+  const sim::Time t0 = sim.now();
+  const std::int64_t nblocks = P.mblocks * P.nblocks;
+  std::vector<std::unique_ptr<sim::Event>> done;
+  for (std::int64_t c = 0; c < std::min(P.clusters, nblocks); ++c) {
+    done.push_back(std::make_unique<sim::Event>("gemm cluster done"));
+    sim::Event* ev = done.back().get();
+    std::vector<hw::Pe*> members = clusters[static_cast<std::size_t>(c)];
+    std::string name = fmt::format("{}/{}", members[0]->name(), opts.label);
+    sim.spawn(std::move(name), [&sys, members = std::move(members), c, &P, ev] {
+      run_cluster(sys, members, c, P);
+      ev->trigger();
+    });
+  }
+  std::vector<sim::Event*> evs;
+  for (auto& e : done) evs.push_back(e.get());
+  sim::wait_all(evs);
+
+  SimGemmReport r;
+  r.time = sim.now() - t0;
+  r.pes = static_cast<int>(pes.size());
+  r.tile_m = P.tm;
+  r.tile_n = P.tn;
+  r.tile_k = P.tk;
+  r.tiles = P.mtiles * P.ntiles;
+  r.clusters = static_cast<int>(P.clusters);
+  r.cluster_m = static_cast<int>(P.cm);
+  r.cluster_n = static_cast<int>(P.cn);
+  r.waves = (nblocks + P.clusters - 1) / P.clusters;
+  r.dma_bytes = P.dma_bytes;
+  r.multicast_bytes = P.multicast_bytes;
+  roofline(r, A, B, bias, C, *pes[0], pes.size());
+  return r;
+}
+
 }  // namespace
 
 SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias,
@@ -177,6 +498,20 @@ SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& 
     for (int p = 0; p < (opts.max_pes > 0 ? std::min(n, opts.max_pes) : n); ++p) pes.push_back(&sys.pe(c, p));
   }
   if (pes.empty()) throw std::invalid_argument("sim_pe_gemm: the chosen cubes have no PEs");
+  std::vector<sim::Duration> busy0(pes.size());
+  for (std::size_t p = 0; p < pes.size(); ++p) busy0[p] = pes[p]->mac().server().busy;
+  auto finish = [&](SimGemmReport& r) {  // per-PE idle: the run's time less the MAC array's busy time
+    r.pe_idle.resize(pes.size());
+    for (std::size_t p = 0; p < pes.size(); ++p) {
+      const sim::Duration busy = pes[p]->mac().server().busy - busy0[p];
+      r.pe_idle[p] = r.time > busy ? r.time - busy : 0;
+    }
+  };
+  if (pes[0]->spec().gemm.present) {
+    SimGemmReport r = run_pipeline(sys, A, B, bias, C, opts, cubes, pes);
+    finish(r);
+    return r;
+  }
   const auto& tile = pes[0]->spec().tile;
   Shared sh{&A, &B, &C, bias, static_cast<std::int64_t>(tile.m), static_cast<std::int64_t>(tile.n),
             static_cast<std::int64_t>(tile.k), 0, 0, sys.options().functional};
@@ -213,20 +548,15 @@ SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& 
 
   SimGemmReport r;
   r.time = sim.now() - t0;
-  r.macs = static_cast<std::uint64_t>(A.rows) * static_cast<std::uint64_t>(B.cols) * static_cast<std::uint64_t>(A.cols);
   r.pes = static_cast<int>(pes.size());
   r.tile_m = sh.tm;
   r.tile_n = sh.tn;
   r.tile_k = sh.tk;
-  r.compute_bound = pes[0]->mac().time((r.macs + pes.size() - 1) / pes.size(), A.dtype);
-  r.min_bytes = static_cast<std::uint64_t>(A.rows * A.cols) * dtype_size(A.dtype) +
-                static_cast<std::uint64_t>(B.rows * B.cols) * dtype_size(B.dtype) +
-                static_cast<std::uint64_t>(C.rows * C.cols) * dtype_size(C.dtype) +
-                (bias ? static_cast<std::uint64_t>(bias->size) * dtype_size(bias->dtype) : 0);
-  r.memory_bound = sim::transfer_time(r.min_bytes, C.memory->bandwidth());
-  r.bound = r.memory_bound > r.compute_bound ? "memory" : "compute";
-  r.efficiency = r.time ? static_cast<double>(std::max(r.compute_bound, r.memory_bound)) / static_cast<double>(r.time) : 1.0;
+  roofline(r, A, B, bias, C, *pes[0], pes.size());
   r.dma_bytes = sh.dma_bytes;
+  r.tiles = ntiles;
+  r.waves = (ntiles + static_cast<std::int64_t>(pes.size()) - 1) / static_cast<std::int64_t>(pes.size());
+  finish(r);
   return r;
 }
 

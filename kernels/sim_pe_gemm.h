@@ -15,6 +15,34 @@
 // Operands are row-major (col_stride 1) or column-major (row_stride 1) views, so a transposed
 // weight is a view, not a copy. With a timing-only system, no values move and times are the same.
 //
+// The GPU-like pipeline. When the topology's PEs have a "pe.gemm" section (topologies/README.md),
+// the GEMM runs as a persistent Hopper-style kernel instead (values are the same bits):
+//   - Tile: pe.gemm.tiles.<A's dtype>, else pe.gemm.tile, else pe.tile (m x n output, k-block k).
+//   - Clusters: each cube's PEs form floor(PEs / (cm·cn)) clusters of cm x cn PEs ("cluster"),
+//     cube-major; G clusters in all (the rest idle). A cluster runs a block of cm x cn adjacent tiles.
+//   - Walk: blocks are ordered by a swizzled raster: with raster "n", block rows are cut into bands
+//     of `swizzle` rows; bands go top to bottom, each walked column by column, down the band first
+//     (swizzle 1: row-major). Raster "m" is the transpose (swizzle 1: column-major). Cluster g runs
+//     blocks g, g+G, g+2G, ...: wave w is blocks wG .. wG+G-1, consecutive in the walk, and
+//     waves = ceil(blocks / G); a last partial wave leaves clusters idle (wave quantization).
+//   - Loads: A's k-block of a tile row and B's of a tile column are one DMA request each (a TMA box:
+//     chunking follows pe.dma.chunk_bytes), issued by one member of the cluster (rotating with the
+//     k-block) into its TCM and delivered to every member of the row (A) or column (B) by
+//     multicast: HBM and the issuer's DMA channel carry the bytes once; the receivers get them when
+//     they land in the issuer's TCM (the fabric's replication costs no extra time, an approximation).
+//     Bias slices go with B at the first k-block. `stages` k-block buffers per PE: the load of step
+//     s + stages is issued when every member's MMAs of step s have finished (the cluster-wide
+//     "buffer empty" barrier).
+//   - Timing, per member and tile (cycles at the MAC clock, f = clock):
+//       k-block  = max(ceil(m·n·k / macs_per_cycle[dtype]), issue_cycles_per_k_block) / f,
+//                  starting when its A and B have landed and the MAC array is free;
+//       tile     = prologue_cycles / f  +  sum of its k-blocks (plus any wait on loads)
+//                  + bias+round on the vector unit (m·n / ops_per_cycle)  +  epilogue_cycles / f,
+//       then the C tile goes to HBM by one DMA write from one TCM buffer (the next tile's epilogue
+//       waits for it). MAC-bound and loads hidden: time = waves x tile + fill + drain.
+//   - TCM per PE: stages x (A k-block + B k-block + bias slice) + one C tile (checked at load).
+//   The report adds tiles, waves, clusters, multicast_bytes and each PE's idle time.
+//
 //   SimGemmReport r = sim_pe_gemm(sys, A, B, &bias, C, {.cubes = {0}});   // inside a process
 //   fmt::print("{} ({}-bound, {:.1%} of roofline)\n", sim::format_time(r.time), r.bound, r.efficiency);
 #pragma once
@@ -64,6 +92,11 @@ struct SimGemmReport {
   std::uint64_t dma_bytes = 0;    // what the DMA engines actually moved
   int pes = 0;
   std::int64_t tile_m = 0, tile_n = 0, tile_k = 0;
+  std::int64_t tiles = 0;  // output tiles
+  std::int64_t waves = 0;  // ceil(blocks of cluster tiles / clusters): the last one may leave PEs idle
+  int clusters = 0, cluster_m = 1, cluster_n = 1;  // pe.gemm's clusters (0 without the section)
+  std::uint64_t multicast_bytes = 0;  // bytes delivered to TCMs besides the issuer's (multicast)
+  std::vector<sim::Duration> pe_idle;  // per PE (cube-major order): time less its MAC array's busy time
 };
 
 // Blocks the calling process until C is in HBM. Throws std::invalid_argument on shapes, dtypes,

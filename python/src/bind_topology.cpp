@@ -52,6 +52,33 @@ py::dict cube_dict(const hw::CubeSpec& c) {
   pe["mac"] = rate_dict(c.pe.mac);
   pe["vector"] = rate_dict(c.pe.vector);
   pe["tile"] = tile;
+  if (c.pe.gemm.present) {  // the GPU-like GEMM pipeline (kernels/sim_pe_gemm.h)
+    const hw::GemmPipelineSpec& g = c.pe.gemm;
+    auto tile_dict = [](const hw::TileSpec& t) {
+      py::dict d;
+      d["m"] = t.m;
+      d["n"] = t.n;
+      d["k"] = t.k;
+      return d;
+    };
+    py::dict tiles;
+    for (DType d : kAllDTypes) tiles[py::str(std::string(dtype_name(d)))] = tile_dict(g.tile_for(d));
+    py::dict mma;
+    mma["issue_cycles_per_k_block"] = g.issue_cycles_per_k_block;
+    mma["prologue_cycles"] = g.prologue_cycles;
+    mma["epilogue_cycles"] = g.epilogue_cycles;
+    py::dict gd;
+    gd["tile"] = tile_dict(g.tile);
+    gd["tiles"] = tiles;
+    gd["stages"] = g.stages;
+    gd["raster"] = std::string(hw::gemm_raster_name(g.raster));
+    gd["swizzle"] = g.swizzle;
+    gd["cluster"] = py::make_tuple(g.cluster_m, g.cluster_n);
+    gd["mma"] = mma;
+    pe["gemm"] = gd;
+  } else {
+    pe["gemm"] = py::none();
+  }
   py::dict o;
   o["id"] = c.id;
   o["pes"] = c.pes;

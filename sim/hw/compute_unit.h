@@ -58,8 +58,14 @@ class ComputeUnit final : public Unit {
   // the piece as a span named `label`.
   std::pair<Time, Time> book(Time now, std::uint64_t n, DType d, sim::Trace* trace = nullptr,
                              std::string_view label = {}) {
+    return book_cycles(now, n, d, cycles(n, d), trace, label);
+  }
+  // The same for a piece that occupies the unit `cycles` cycles (a pipeline whose issue figures make
+  // it slower than n / rate: kernels/sim_pe_gemm.h).
+  std::pair<Time, Time> book_cycles(Time now, std::uint64_t n, DType d, std::uint64_t cycles, sim::Trace* trace = nullptr,
+                                    std::string_view label = {}) {
     const Time start = std::max(now, server_.free);
-    const Time end = start + time(n, d);
+    const Time end = start + sim::transfer_time(cycles, sim::Bandwidth{spec_.clock_hz});
     server_.free = end;
     server_.account(n, end - start);
     if (trace) {

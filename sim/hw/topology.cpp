@@ -47,6 +47,14 @@ std::string_view network_kind_name(NetworkKind k) {
   return "?";
 }
 
+std::string_view gemm_raster_name(GemmRaster r) {
+  switch (r) {
+    case GemmRaster::m: return "m";
+    case GemmRaster::n: return "n";
+  }
+  return "?";
+}
+
 std::string node_name(int node) {
   if (node == kSwitchNode) return "sw";
   if (node == kHostNode) return "host";
@@ -339,6 +347,81 @@ RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::u
   return r;
 }
 
+// "pe.gemm" (kernels/sim_pe_gemm.h). The cluster's fit in the cube's PE count is checked by read_cube.
+GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
+  GemmPipelineSpec g;
+  g.present = true;
+  auto read_tile = [](Obj t) {
+    TileSpec x;
+    x.m = static_cast<std::uint32_t>(t.positive_int("m", "tile rows", 1u << 20));
+    x.n = static_cast<std::uint32_t>(t.positive_int("n", "tile columns", 1u << 20));
+    x.k = static_cast<std::uint32_t>(t.positive_int("k", "k-block depth", 1u << 20));
+    t.finish();
+    return x;
+  };
+  g.tile = pe.tile;
+  if (const json* t = o.get("tile")) g.tile = read_tile(o.object_at("tile", *t));
+  if (const json* ts = o.get("tiles")) {
+    Obj t = o.object_at("tiles", *ts);
+    for (DType d : kAllDTypes) {
+      const std::string key(dtype_name(d));
+      if (const json* v = t.get(key)) g.tile_by_dtype[static_cast<std::size_t>(d)] = read_tile(t.object_at(key, *v));
+    }
+    t.finish();
+  }
+  if (const json* v = o.get("stages")) {
+    g.stages = static_cast<std::uint32_t>(o.as_positive_int("stages", *v, "A/B k-block buffers in the TCM", 64));
+  }
+  if (const json* v = o.get("raster")) {
+    const std::string r = v->is_string() ? v->get<std::string>() : "";
+    if (r == "m") g.raster = GemmRaster::m;
+    else if (r == "n") g.raster = GemmRaster::n;
+    else o.fail("raster", fmt::format("{} is not valid; give \"m\" (m varies fastest) or \"n\" (n varies fastest)", short_dump(*v)));
+  }
+  if (const json* v = o.get("swizzle")) {
+    g.swizzle = static_cast<std::uint32_t>(o.as_positive_int("swizzle", *v, "tile rows (columns) per band of the walk", 1u << 16));
+  }
+  if (const json* v = o.get("cluster")) {
+    if (!v->is_array() || v->size() != 2) {
+      o.fail("cluster", fmt::format("expected [cm, cn] (tiles along m, along n; each >= 1), got {}", short_dump(*v)));
+    }
+    g.cluster_m = static_cast<std::uint32_t>(o.as_positive_int("cluster.0", (*v)[0], "cluster tiles along m", 1u << 16));
+    g.cluster_n = static_cast<std::uint32_t>(o.as_positive_int("cluster.1", (*v)[1], "cluster tiles along n", 1u << 16));
+  }
+  if (const json* m = o.get("mma")) {
+    Obj x = o.object_at("mma", *m);
+    auto cycles = [&](std::string_view key, std::uint64_t& out) {
+      if (const json* c = x.get(key)) {
+        const bool ok = c->is_number_integer() && (c->is_number_unsigned() || c->get<std::int64_t>() >= 0) &&
+                        c->get<std::uint64_t>() <= (1ull << 40);
+        if (!ok) x.fail(key, fmt::format("{} is not valid; give a whole number of MAC-clock cycles >= 0", short_dump(*c)));
+        out = c->get<std::uint64_t>();
+      }
+    };
+    cycles("issue_cycles_per_k_block", g.issue_cycles_per_k_block);
+    cycles("prologue_cycles", g.prologue_cycles);
+    cycles("epilogue_cycles", g.epilogue_cycles);
+    x.finish();
+  }
+  o.finish();
+  // Every dtype the MAC array runs must fit (A, B, C and bias in that dtype): `stages` x (A k-block +
+  // B k-block + bias slice) and the C tile.
+  for (DType d : kAllDTypes) {
+    if (!(pe.mac.rate(d) > 0)) continue;
+    const TileSpec& t = g.tile_for(d);
+    const std::uint64_t es = dtype_size(d), m = t.m, n = t.n, k = t.k;
+    const std::uint64_t need = g.stages * (m * k + k * n + n) * es + m * n * es;
+    if (pe.tcm.capacity_bytes < need) {
+      o.fail(g.tile_by_dtype[static_cast<std::size_t>(d)].m ? fmt::format("tiles.{}", dtype_name(d)) : "stages",
+             fmt::format("{} stages of {}x{}x{} {} tiles need {} ({} bytes: {} x (A {}x{} + B {}x{} + bias {}) + C {}x{}) "
+                         "but the TCM holds {}; give fewer stages or a smaller tile (pe.gemm.tile or pe.gemm.tiles.{})",
+                         g.stages, m, n, k, dtype_name(d), format_bytes(need), need, g.stages, m, k, k, n, n, m, n,
+                         format_bytes(pe.tcm.capacity_bytes), dtype_name(d)));
+    }
+  }
+  return g;
+}
+
 PeSpec read_pe(Obj o) {
   PeSpec pe;
   pe.clock_hz = o.clock_hz("clock_GHz", "PE clock");
@@ -366,6 +449,7 @@ PeSpec read_pe(Obj o) {
     pe.tile.k = static_cast<std::uint32_t>(t.positive_int("k", "tile depth", 1u << 20));
     t.finish();
   }
+  if (const json* g = o.get("gemm")) pe.gemm = read_gemm_pipeline(o.object_at("gemm", *g), pe);
   o.finish();
   // The smallest tile the PE can run: A and B double-buffered in its narrowest input dtype, C in f32.
   std::uint32_t in_bytes = 4;
@@ -410,6 +494,12 @@ CubeSpec read_cube(Obj o, bool allow_id) {
   }
   c.pe = read_pe(o.object("pe", "the description shared by the cube's PEs"));
   o.finish();
+  if (c.pe.gemm.present && static_cast<std::uint64_t>(c.pe.gemm.cluster_m) * c.pe.gemm.cluster_n > static_cast<std::uint64_t>(c.pes)) {
+    o.ctx().fail(child(o.at("pe"), "gemm.cluster"),
+                 fmt::format("a cluster of {} x {} = {} PEs is larger than the cube's {} PEs ({}); give cm x cn <= {}",
+                             c.pe.gemm.cluster_m, c.pe.gemm.cluster_n, c.pe.gemm.cluster_m * c.pe.gemm.cluster_n, c.pes,
+                             o.at("pes"), c.pes));
+  }
   if (c.clock_scale != 1.0) {
     auto scale = [&](std::uint64_t hz) { return static_cast<std::uint64_t>(std::llround(static_cast<double>(hz) * c.clock_scale)); };
     c.pe.clock_hz = scale(c.pe.clock_hz);

@@ -64,6 +64,27 @@ struct TileSpec {
   std::uint32_t m = 0, n = 0, k = 0;
 };
 
+// The GPU-like GEMM pipeline ("pe.gemm", optional; kernels/sim_pe_gemm.h has the model). Absent
+// (present == false): sim_pe_gemm deals pe.tile round-robin, double-buffered, as it always did.
+enum class GemmRaster { m, n };  // the output dimension the tile walk advances along
+std::string_view gemm_raster_name(GemmRaster r);
+struct GemmPipelineSpec {
+  bool present = false;
+  TileSpec tile;                                    // default: pe.tile
+  std::array<TileSpec, kNumDTypes> tile_by_dtype{}; // "tiles": per input dtype; m == 0: `tile`
+  std::uint32_t stages = 2;                         // A/B k-block buffers in the TCM
+  GemmRaster raster = GemmRaster::n;
+  std::uint32_t swizzle = 1;                        // tiles walk in bands of this many rows (cols)
+  std::uint32_t cluster_m = 1, cluster_n = 1;       // PEs sharing operand loads by multicast
+  // MAC-clock cycles: the least a k-block's MMAs take (issue-bound), and fixed per-tile costs
+  // before the first MMA and after the last one.
+  std::uint64_t issue_cycles_per_k_block = 0, prologue_cycles = 0, epilogue_cycles = 0;
+  const TileSpec& tile_for(DType d) const {
+    const TileSpec& t = tile_by_dtype[static_cast<std::size_t>(d)];
+    return t.m ? t : tile;
+  }
+};
+
 struct PeSpec {
   std::uint64_t clock_hz = 0;
   TcmSpec tcm;
@@ -71,6 +92,7 @@ struct PeSpec {
   RateSpec mac;     // macs per cycle
   RateSpec vector;  // element ops per cycle
   TileSpec tile;    // the GEMM tile a PE runs (double-buffered A and B, one C)
+  GemmPipelineSpec gemm;  // "gemm": the GPU-like pipeline, when present
 };
 
 struct CubeSpec {

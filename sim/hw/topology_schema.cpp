@@ -71,6 +71,31 @@ SchemaNode rates(std::string key, std::string description, std::string table, st
                  object(std::move(table), fmt::format("{} per dtype", unit), std::move(per_dtype))});
 }
 
+// "pe.gemm": the GPU-like GEMM pipeline (kernels/sim_pe_gemm.h).
+SchemaNode gemm_pipeline() {
+  auto tile = [](std::string key, std::string description) {
+    return object(std::move(key), std::move(description),
+                  {leaf("m", "tile rows"), leaf("n", "tile columns"), leaf("k", "k-block depth")});
+  };
+  Fields per_dtype;
+  for (DType d : kAllDTypes) {
+    per_dtype.push_back(tile(std::string(dtype_name(d)), fmt::format("the tile when A is {}", dtype_name(d))));
+  }
+  return object(
+      "gemm", "the GPU-like GEMM pipeline (optional; absent: pe.tile round-robin, double-buffered)",
+      {tile("tile", "the output tile {m, n} and k-block depth k (default: pe.tile)"),
+       object("tiles", "tile per input dtype, overriding 'tile'", std::move(per_dtype)),
+       leaf("stages", "A/B k-block buffers in the TCM (2 = double buffering; default 2)"),
+       leaf("raster", "\"m\" or \"n\": the output dimension the tile walk advances along (default \"n\")"),
+       leaf("swizzle", "tiles walk in bands of this many tile rows (raster n) or columns (raster m); default 1"),
+       list("cluster", "[cm, cn]: PEs running a cm x cn block of tiles, operand k-blocks multicast (default [1, 1])",
+            leaf("*", "tiles along m, then along n")),
+       object("mma", "the MAC array's issue figures, in MAC-clock cycles",
+              {leaf("issue_cycles_per_k_block", "least cycles a k-block's MMAs take (default 0)"),
+               leaf("prologue_cycles", "per tile, before its first MMA (default 0)"),
+               leaf("epilogue_cycles", "per tile, after its last MMA, besides the vector unit's bias+round (default 0)")})});
+}
+
 Fields cube_fields() {
   return {
       leaf("pes", "number of PEs"),
@@ -93,7 +118,8 @@ Fields cube_fields() {
               rates("mac", "the MAC array", "macs_per_cycle", "MACs per cycle"),
               rates("vector", "the vector unit", "ops_per_cycle", "ops per cycle"),
               object("tile", "the GEMM tile {m, n, k} the PE runs",
-                     {leaf("m", "tile rows"), leaf("n", "tile columns"), leaf("k", "tile depth")})}),
+                     {leaf("m", "tile rows"), leaf("n", "tile columns"), leaf("k", "tile depth")}),
+              gemm_pipeline()}),
   };
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <span>
 
@@ -29,11 +30,12 @@ HbmMatrix upload(hw::Memory& mem, const MatrixView& v) {
   return HbmMatrix{&mem, addr, v.dtype, v.rows, v.cols, colmajor ? 1 : v.cols, colmajor ? v.rows : 1};
 }
 
-void run_on_sim(const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C) {
+void run_on_sim(const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C,
+                const hw::Topology& topo) {
   sim::Simulator s;
   hw::SystemOptions so;
   so.check_uninitialized = true;  // a tile read before its DMA landed would throw
-  hw::System sys(s, hw::load_topology("single_cube"), so);
+  hw::System sys(s, topo, so);
   hw::Memory& hbm = sys.hbm(0);
   const HbmMatrix a = upload(hbm, A), b = upload(hbm, B);
   HbmVector bv;
@@ -57,20 +59,31 @@ void run_on_sim(const MatrixView& A, const MatrixView& B, const VectorView* bias
   }
 }
 
-GemmBackend sim_pe_backend() {
-  return {"sim_pe",
-          [](const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C) {
-            run_on_sim(A, B, bias, C);
+GemmBackend sim_pe_backend(std::string name, std::shared_ptr<const hw::Topology> t) {
+  return {name,
+          [t](const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C) {
+            run_on_sim(A, B, bias, C, *t);
           },
-          [](const MatrixView& dC, const MatrixView& B, const MutableMatrixView& dA) {
-            run_on_sim(dC, B.transposed(), nullptr, dA);  // dA = dC·Bᵀ, ascending n
+          [t](const MatrixView& dC, const MatrixView& B, const MutableMatrixView& dA) {
+            run_on_sim(dC, B.transposed(), nullptr, dA, *t);  // dA = dC·Bᵀ, ascending n
           },
-          [](const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB) {
-            run_on_sim(A.transposed(), dC, nullptr, dB);  // dB = Aᵀ·dC, ascending m
+          [t](const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB) {
+            run_on_sim(A.transposed(), dC, nullptr, dB, *t);  // dB = Aᵀ·dC, ascending m
           }};
 }
 
-INSTANTIATE_GEMM_CONTRACT(SimPe, ::testing::Values(sim_pe_backend()));
+// single_cube with the GPU-like pipeline (kernels/sim_pe_gemm.h): small tiles so the cases' shapes
+// cross many tiles, 3 stages, a swizzled column walk and 2x1 multicast clusters.
+std::shared_ptr<const hw::Topology> pipeline_topology() {
+  nlohmann::json doc = hw::load_topology_json("single_cube");
+  doc["cube"]["pe"]["gemm"] = nlohmann::json::parse(R"({"tile": {"m": 16, "n": 32, "k": 16}, "stages": 3,
+      "raster": "m", "swizzle": 2, "cluster": [2, 1], "mma": {"issue_cycles_per_k_block": 4, "prologue_cycles": 10}})");
+  return std::make_shared<const hw::Topology>(hw::topology_from_json(doc, "single_cube + pe.gemm"));
+}
+
+INSTANTIATE_GEMM_CONTRACT(SimPe, ::testing::Values(sim_pe_backend(
+                                     "sim_pe", std::make_shared<const hw::Topology>(hw::load_topology("single_cube")))));
+INSTANTIATE_GEMM_CONTRACT(SimPePipeline, ::testing::Values(sim_pe_backend("sim_pe_pipeline", pipeline_topology())));
 
 SimGemmReport timed(const std::string& topo, std::int64_t M, std::int64_t N, std::int64_t K, DType d,
                     std::vector<int> cubes = {}) {

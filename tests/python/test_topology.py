@@ -32,6 +32,18 @@ def test_load_exposes_figures():
     json.dumps({"cubes": t.cubes, "links": t.links, "host": t.host, "doc": t.doc})  # plain values
 
 
+def test_gemm_pipeline_section_is_exposed():
+    assert cs.load_topology("single_cube").cubes[0]["pe"]["gemm"] is None
+    g = cs.load_topology("h200x4").cubes[0]["pe"]["gemm"]
+    assert g["tile"] == {"m": 128, "n": 256, "k": 64}
+    assert g["tiles"]["f32"] == {"m": 128, "n": 128, "k": 32}
+    assert g["tiles"]["bf16"] == g["tile"]
+    assert (g["stages"], g["raster"], g["swizzle"], g["cluster"]) == (3, "m", 4, (2, 1))
+    assert set(g["mma"]) == {"issue_cycles_per_k_block", "prologue_cycles", "epilogue_cycles"}
+    with pytest.raises(cs.TopologyError, match=r"cube\.pe\.gemm\.cluster: a cluster of 4 x 1 = 4 PEs is larger"):
+        cs.load_topology("single_cube", {"cube.pe.gemm": {"cluster": [4, 1]}, "cube.pes": 2})
+
+
 def test_overrides_change_figures():
     base = cs.load_topology("ring4")
     t = cs.load_topology("ring4", overrides={"network.link.bandwidth_GBps": 64, "cubes.2.clock_scale": 0.5})

@@ -409,6 +409,10 @@ std::vector<json> documents_with_every_schema_key() {
   full["cube"]["pe"]["vector"]["clock_GHz"] = 1.0;
   full["cube"]["pe"]["vector"]["ops_per_cycle"]["bf16"] = 64;
   full["cube"]["pe"]["vector"]["ops_per_cycle"]["f16"] = 64;
+  full["cube"]["pe"]["gemm"] = json::parse(R"({"tile": {"m": 16, "n": 32, "k": 16},
+      "tiles": {"f32": {"m": 16, "n": 16, "k": 8}, "bf16": {"m": 32, "n": 32, "k": 16}, "f16": {"m": 32, "n": 32, "k": 16}},
+      "stages": 3, "raster": "m", "swizzle": 2, "cluster": [2, 1],
+      "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50}})");
   full["host"] = json::parse(R"({"memory": {"capacity_GiB": 1, "bandwidth_GBps": 10, "latency_ns": 100},
                                  "link": {"bandwidth_GBps": 16, "latency_ns": 500, "overhead_ns": 100}})");
   full["link_overrides"] = json::parse(R"([
