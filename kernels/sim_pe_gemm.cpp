@@ -1,6 +1,7 @@
 #include "kernels/sim_pe_gemm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include <fmt/format.h>
@@ -204,7 +205,15 @@ struct Pipe {
   std::int64_t tm, tn, tk, mtiles, ntiles, nk, cm, cn, mblocks, nblocks, clusters;
   bool functional;
   std::uint64_t dma_bytes = 0, multicast_bytes = 0;
+  bool unaligned = false;  // an operand or C breaks TMA's 16-byte alignment (the header's [unaligned])
 };
+
+// TMA copies need 16-byte aligned global addresses and strides.
+bool tma_aligned(const HbmMatrix& x) {
+  const std::uint64_t pitch = static_cast<std::uint64_t>(x.col_stride == 1 ? x.row_stride : x.col_stride) * dtype_size(x.dtype);
+  const bool one_row = x.col_stride == 1 ? x.rows <= 1 : x.cols <= 1;
+  return x.addr % 16 == 0 && (one_row || pitch % 16 == 0);
+}
 
 // One cluster's process: its blocks g, g + G, ... (G clusters), every member in lockstep over the
 // k-blocks, `stages` steps of loads in flight (see the header).
@@ -340,7 +349,11 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
           // A k-block occupies the MAC array max(MACs / rate, issue figure) cycles.
           hw::ComputeUnit& mac = x.pe->mac();
           const std::uint64_t macs = static_cast<std::uint64_t>(mt * nt * kt);
-          const std::uint64_t cyc = std::max(mac.cycles(macs, A.dtype), P.g->issue_cycles_per_k_block);
+          std::uint64_t cyc = std::max(mac.cycles(macs, A.dtype), P.g->issue_cycles_per_k_block);
+          if (P.unaligned) {
+            const double b = static_cast<double>(static_cast<std::uint64_t>(mt * kt) * ea + static_cast<std::uint64_t>(kt * nt) * eb);
+            cyc = std::max(cyc, static_cast<std::uint64_t>(std::ceil(b / P.g->unaligned_bytes_per_cycle)));
+          }
           const auto [b0, e0] = mac.book_cycles(std::max(sim.now(), x.ready), macs, A.dtype, cyc,
                                                 tr.enabled() ? &tr : nullptr, "gemm");
           end = std::max(end, e0);
@@ -409,6 +422,7 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
   P.mtiles = (A.rows + P.tm - 1) / P.tm;
   P.ntiles = (B.cols + P.tn - 1) / P.tn;
   P.nk = std::max<std::int64_t>((A.cols + P.tk - 1) / P.tk, 1);
+  P.unaligned = g.unaligned_bytes_per_cycle > 0 && !(tma_aligned(A) && tma_aligned(B) && tma_aligned(C));
   P.mblocks = (P.mtiles + P.cm - 1) / P.cm;
   P.nblocks = (P.ntiles + P.cn - 1) / P.cn;
   const std::uint64_t need =

@@ -34,8 +34,14 @@
 //     s + stages is issued when every member's MMAs of step s have finished (the cluster-wide
 //     "buffer empty" barrier).
 //   - Timing, per member and tile (cycles at the MAC clock, f = clock):
-//       k-block  = max(ceil(m·n·k / macs_per_cycle[dtype]), issue_cycles_per_k_block) / f,
+//       k-block  = max(ceil(m·n·k / macs_per_cycle[dtype]), issue_cycles_per_k_block,
+//                      [unaligned] ceil((A k-block + B k-block bytes) / unaligned_bytes_per_cycle)) / f,
 //                  starting when its A and B have landed and the MAC array is free;
+//     [unaligned]: when A's, B's or C's base address or row pitch (the stride of its major
+//     dimension) in bytes is not a multiple of 16, a GPU cannot use TMA (the tensor copy engine
+//     needs 16-byte aligned global addresses and strides) and its kernels load operands through
+//     the SM's load path instead; mma.unaligned_bytes_per_cycle is that path's rate per SM (absent
+//     or 0: no such limit).
 //       tile     = prologue_cycles / f  +  sum of its k-blocks (plus any wait on loads)
 //                  + bias+round on the vector unit (m·n / ops_per_cycle)  +  epilogue_cycles / f,
 //       then the C tile goes to HBM by one DMA write from one TCM buffer (the next tile's epilogue

@@ -401,6 +401,15 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
     cycles("issue_cycles_per_k_block", g.issue_cycles_per_k_block);
     cycles("prologue_cycles", g.prologue_cycles);
     cycles("epilogue_cycles", g.epilogue_cycles);
+    if (const json* u = x.get("unaligned_bytes_per_cycle")) {
+      if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
+        x.fail("unaligned_bytes_per_cycle",
+               fmt::format("{} is not valid; give the bytes per MAC-clock cycle a PE loads unaligned operands at "
+                           "(a number > 0), or leave it out for no such limit",
+                           short_dump(*u)));
+      }
+      g.unaligned_bytes_per_cycle = u->get<double>();
+    }
     x.finish();
   }
   o.finish();

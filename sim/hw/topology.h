@@ -79,6 +79,9 @@ struct GemmPipelineSpec {
   // MAC-clock cycles: the least a k-block's MMAs take (issue-bound), and fixed per-tile costs
   // before the first MMA and after the last one.
   std::uint64_t issue_cycles_per_k_block = 0, prologue_cycles = 0, epilogue_cycles = 0;
+  // Bytes per MAC-clock cycle a PE loads operands at when an operand is not 16-byte aligned (no
+  // TMA; sim_pe_gemm.h); 0: no such limit.
+  double unaligned_bytes_per_cycle = 0;
   const TileSpec& tile_for(DType d) const {
     const TileSpec& t = tile_by_dtype[static_cast<std::size_t>(d)];
     return t.m ? t : tile;

@@ -93,7 +93,10 @@ SchemaNode gemm_pipeline() {
        object("mma", "the MAC array's issue figures, in MAC-clock cycles",
               {leaf("issue_cycles_per_k_block", "least cycles a k-block's MMAs take (default 0)"),
                leaf("prologue_cycles", "per tile, before its first MMA (default 0)"),
-               leaf("epilogue_cycles", "per tile, after its last MMA, besides the vector unit's bias+round (default 0)")})});
+               leaf("epilogue_cycles", "per tile, after its last MMA, besides the vector unit's bias+round (default 0)"),
+               leaf("unaligned_bytes_per_cycle",
+                    "operand bytes per cycle a PE loads when an operand is not 16-byte aligned (no TMA); "
+                    "default: no limit")})});
 }
 
 Fields cube_fields() {
