@@ -131,6 +131,7 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
                                      .channels = spec.hbm.channels,
                                      .interleave = spec.hbm.interleave_bytes});
     auto cube = std::make_unique<Cube>(spec, *hbm);
+    if (spec.l2.present) cube->l2_ = &own(std::make_unique<L2Cache>(c, spec.l2, *hbm));
     for (int p = 0; p < spec.pes; ++p) {
       Memory* tcm = memory(MemorySetup{.kind = MemoryKind::kTcm,
                                        .cube = c,
@@ -160,6 +161,10 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
   // time they are ready (see advance()); bookings older than that can be forgotten.
   for (const auto& m : memories_) lookback_ = std::max(lookback_, m->latency());
   for (const CubeSpec& c : topo_.cubes) lookback_ = std::max(lookback_, c.pe.dma.overhead);
+  // An L2 books the HBM for its misses a hit latency after the chunk's head arrives.
+  for (const CubeSpec& c : topo_.cubes) {
+    if (c.l2.present) lookback_ = std::max(lookback_, c.l2.latency + c.hbm.latency);
+  }
   for (std::size_t i = 0; i < topo_.links.size(); ++i) {
     const LinkSpec& l = topo_.links[i];
     const Duration extra = l.from == kSwitchNode ? topo_.switch_latency : 0;
@@ -228,6 +233,7 @@ void System::declare_tracks(int cubes) {
   for (int c = 0; c < cubes; ++c) {
     Cube& cube = *cubes_[static_cast<std::size_t>(c)];
     cube.hbm().declare_tracks(tr);
+    if (L2Cache* l2 = cube.l2()) l2->declare_tracks(tr);
     for (int p = 0; p < cube.num_pes(); ++p) {
       Pe& pe = cube.pe(p);
       for (Unit* u : std::initializer_list<Unit*>{&pe.mac(), &pe.vector(), &pe.dma().read, &pe.dma().write}) {
@@ -261,8 +267,16 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
                               .arrival = u.order() == PathUnit::Order::arrival,
                               .label = std::move(label)});
   };
-  // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency.
+  // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
+  // HBM behind an L2 is reached through it: the L2 stands in the HBM's place and books the HBM for
+  // its misses (l2_cache.h).
   auto memory_stage = [&](Memory& m, bool read) {
+    if (m.memory_kind() == MemoryKind::kHbm) {
+      if (L2Cache* l2 = cube(m.cube()).l2()) {
+        stage(*l2, read ? l2->latency() : 0, 0, read, fmt::format("{} ({})", l2->name(), read ? "read" : "write"));
+        return;
+      }
+    }
     stage(m, read ? m.latency() : 0, 0, read, fmt::format("{} ({})", m.name(), read ? "read" : "write"));
   };
   auto dma_stage = [&](Pe& pe, bool read_channel) {
@@ -467,6 +481,7 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
       return;
     }
     v.region = st.src_side ? &r->src_region : &r->dst_region;
+    v.read = st.src_side;
     v.head = head;
     v.tail = tail;
     v.pre = st.pre;

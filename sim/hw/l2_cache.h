@@ -1,0 +1,120 @@
+// l2_cache.h — a cube's L2 cache: a memory-side cache in front of its HBM, shared by the cube's PEs
+// and by link traffic to and from that HBM (as on NVIDIA GPUs), built when the topology's cube has
+// an "l2" section (L2Spec, topology.h). A cube without one has no L2 unit and its transfers are
+// exactly as before.
+//
+// On a transfer's path the L2 stands where the HBM stage was: System::build_path puts the cube's
+// L2 in place of each HBM read or write stage, and the L2 books the HBM below for what it misses.
+//
+//   L2Cache* l2 = sys.cube(0).l2();          // null when the cube has no L2
+//   sys.transfer(sys.hbm(0).at(a), sys.tcm(0, 1).at(0), n);   // the HBM read passes cube0.l2
+//   l2->counters().hits;                      // sectors read from the cache
+//
+// The model (every figure from the topology):
+//   Geometry: sets = capacity / (line_bytes * ways); each line holds line_bytes / sector_bytes
+//     sectors (at most 16), each valid or not, each dirty or not. A line's set is
+//     floor(mix(line) * sets / 2^64), line = address / line_bytes and mix the 64-bit finalizer of
+//     MurmurHash3 (a fixed hash: matrices with power-of-two pitches spread over all sets, as real
+//     GPUs hash their L2 set index; the sets need not be a power of two). Replacement: true LRU
+//     within a set (an empty way first).
+//   Lookups use the real addresses of each chunk (a strided region: per row segment), also in
+//     timing-only mode. Every sector the chunk touches is looked up; a sector partly touched counts
+//     whole.
+//   Read: hit sectors are served from the cache; missed sectors are fetched from the HBM (booked on
+//     its channels by address, in runs of contiguous missed sectors, from the head's arrival plus the
+//     hit latency on, paying the HBM's read latency) and filled into the cache. The whole chunk then
+//     passes the L2 at its bandwidth: from the head's arrival plus the hit latency when any sector
+//     hit, else from when the first missed bytes arrive from the HBM; it leaves once that work is
+//     done, its tail has arrived, and every missed byte has come from the HBM. An all-hit chunk costs
+//     exactly what an HBM read stage would with the L2's bandwidth and latency.
+//   Write: write-back with write-allocate: the written sectors become valid and dirty, nothing is
+//     fetched (a partly written sector counts as written whole, as byte-masked GPU L2s keep
+//     partial sectors without fetching), and the chunk passes the L2 at its bandwidth, posted (no
+//     latency). A line evicted with dirty sectors writes them to the HBM then (booked on its
+//     channels from the chunk's head on; it delays no one but later users of those channels).
+//     Dirty lines still in the cache when the run ends are never written back.
+//   The stage's figures (PathFigures) are the hit path's: the L2's bandwidth, one server.
+//
+// Counters (UnitCounters): bytes/pieces/busy of the L2's own server (every chunk, hits and misses);
+// hits and misses count SECTORS read (reads only: a write never misses to the HBM); fill_bytes the
+// bytes fetched from the HBM (missed sectors x sector_bytes), writeback_bytes the dirty bytes
+// written to it. The HBM unit's own counters include both. Trace: one track "l2" in the cube's
+// group, a span per chunk with its hit and missed sectors as args.
+//
+// Cost: a flat array of lines (tag, LRU stamp, valid and dirty masks: 16 bytes a line), allocated on
+// the first access; a lookup is a hash and a scan of the set's ways; no allocation per chunk.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/hw/memory.h"
+#include "sim/hw/path_unit.h"
+#include "sim/hw/server.h"
+#include "sim/hw/topology.h"
+
+namespace cubesim::hw {
+
+class L2Cache final : public PathUnit {
+ public:
+  // The L2 of cube `cube`, in front of `hbm` (which must outlive it).
+  L2Cache(int cube, const L2Spec& spec, Memory& hbm);
+
+  const L2Spec& spec() const { return spec_; }
+  Memory& memory() const { return *hbm_; }  // the HBM below
+  int cube() const { return place().cube; }
+  std::uint64_t sets() const { return sets_; }
+  std::uint32_t ways() const { return spec_.ways; }
+  std::uint32_t sectors_per_line() const { return sectors_; }
+  sim::Duration latency() const { return spec_.latency; }
+  // The set that the line holding byte `addr` maps to (tests use it to build conflicting addresses).
+  std::uint64_t set_of(std::uint64_t addr) const { return set_of_line(addr >> line_shift_); }
+  // Whether every sector of [addr, addr + len) is in the cache now (no effect on LRU or counters).
+  bool holds(std::uint64_t addr, std::uint64_t len) const;
+  // Line lookups so far (reads and writes; a line is looked up once per row segment that touches
+  // it): what a micro-benchmark of lookups per second counts.
+  std::uint64_t lines_looked_up() const { return line_lookups_; }
+
+  // ---- as a unit on transfer paths ----
+  // v.read: a read stage (misses go to the HBM) or a write (posted, write-allocate); v.pre: the
+  // stage's fixed delay (the hit latency on reads).
+  Passage serve(const ChunkVisit& v) override;
+  StageFigures figures() const override { return StageFigures::of(spec_.bandwidth); }
+  void declare_tracks(sim::Trace& trace) override;
+  std::string track_group() const override;  // "cube3"
+  std::string track_name() const override;   // "l2"
+
+ private:
+  struct Line {
+    std::uint64_t tag = 0;     // line number + 1; 0: empty
+    std::uint32_t stamp = 0;   // LRU: the set's access count when last used
+    std::uint16_t valid = 0;   // sector masks
+    std::uint16_t dirty = 0;
+  };
+  struct Run {
+    std::uint64_t addr, len;
+  };
+  void count(UnitCounters& u) const override;
+  std::uint64_t set_of_line(std::uint64_t line) const;
+  // Looks up every sector of [addr, addr + len) (one row segment), collecting missed sectors (reads)
+  // and evicted dirty sectors into the runs.
+  void access(std::uint64_t addr, std::uint64_t len, bool write);
+  void lookup(std::uint64_t line, std::uint32_t mask, bool write);
+  static void add_run(std::vector<Run>& runs, std::uint64_t addr, std::uint64_t len);
+  void add_sectors(std::vector<Run>& runs, std::uint64_t line, std::uint32_t mask);
+
+  L2Spec spec_;
+  Memory* hbm_;
+  std::uint64_t sets_;
+  std::uint32_t sectors_;
+  std::uint32_t line_shift_, sector_shift_;
+  std::vector<Line> lines_;            // sets_ x ways, set-major; empty until the first access
+  std::vector<std::uint32_t> clock_;   // per set: accesses so far (LRU stamps)
+  std::vector<Run> misses_run_, writeback_run_;  // reused by every chunk
+  Server server_;
+  std::uint64_t hits_ = 0, misses_ = 0, fill_bytes_ = 0, writeback_bytes_ = 0, line_lookups_ = 0;
+  std::uint64_t chunk_hits_ = 0, chunk_misses_ = 0;  // the chunk being served
+};
+
+}  // namespace cubesim::hw
