@@ -81,11 +81,10 @@ void L2Cache::add_sectors(std::vector<Run>& runs, std::uint64_t line, std::uint3
   }
 }
 
-void L2Cache::lookup(std::uint64_t line, std::uint32_t mask, bool write) {
+void L2Cache::lookup(const Probe& p, bool write) {
   ++line_lookups_;
-  const std::uint64_t s = set_of_line(line);
-  Line* set = &lines_[s * spec_.ways];
-  std::uint32_t& clock = clock_[s];
+  Line* set = &lines_[p.set * spec_.ways];
+  std::uint32_t& clock = clock_[p.set];
   if (clock == std::numeric_limits<std::uint32_t>::max()) {
     // The set's stamps would wrap: renumber them 1..ways in LRU order (empty ways stay 0).
     std::vector<std::pair<std::uint32_t, std::uint32_t>> order;
@@ -97,7 +96,8 @@ void L2Cache::lookup(std::uint64_t line, std::uint32_t mask, bool write) {
     clock = static_cast<std::uint32_t>(order.size());
   }
   const std::uint32_t stamp = ++clock;
-  const std::uint64_t tag = line + 1;
+  const std::uint64_t tag = p.line + 1;
+  const std::uint32_t mask = p.mask;
   std::uint32_t victim = 0;
   for (std::uint32_t w = 0; w < spec_.ways; ++w) {
     Line& l = set[w];
@@ -112,7 +112,7 @@ void L2Cache::lookup(std::uint64_t line, std::uint32_t mask, bool write) {
       chunk_hits_ += static_cast<std::uint64_t>(std::popcount(mask & l.valid));
       if (missed) {
         chunk_misses_ += static_cast<std::uint64_t>(std::popcount(missed));
-        add_sectors(misses_run_, line, missed);
+        add_sectors(misses_run_, p.line, missed);
         l.valid = static_cast<std::uint16_t>(l.valid | missed);
       }
       return;
@@ -128,14 +128,14 @@ void L2Cache::lookup(std::uint64_t line, std::uint32_t mask, bool write) {
   l.dirty = static_cast<std::uint16_t>(write ? mask : 0);
   if (!write) {
     chunk_misses_ += static_cast<std::uint64_t>(std::popcount(mask));
-    add_sectors(misses_run_, line, mask);
+    add_sectors(misses_run_, p.line, mask);
   }
 }
 
-void L2Cache::access(std::uint64_t addr, std::uint64_t len, bool write) {
+void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   const std::uint64_t end = addr + len;
   const std::uint64_t line_bytes = spec_.line_bytes;
-  const std::uint32_t full = (sectors_ >= 32 ? 0u : (1u << sectors_)) - 1u;
+  const std::uint32_t full = (1u << sectors_) - 1u;
   std::uint64_t line = addr >> line_shift_;
   std::uint64_t base = line << line_shift_;
   for (; base < end; ++line, base += line_bytes) {
@@ -146,7 +146,24 @@ void L2Cache::access(std::uint64_t addr, std::uint64_t len, bool write) {
       const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
       mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
     }
-    lookup(line, mask, write);
+    probes_.push_back(Probe{.line = line, .set = set_of_line(line), .mask = mask});
+  }
+}
+
+void L2Cache::look_up_probes(bool write) {
+  // Prefetches are written out in this loop, not in a helper: GCC deems a function that only
+  // prefetches free of effects and deletes the call.
+  constexpr std::size_t kAhead = 8;
+  const std::size_t n = probes_.size();
+  const std::size_t set_bytes = std::size_t{spec_.ways} * sizeof(Line);
+  for (std::size_t i = 0; i < n + kAhead; ++i) {
+    if (i < n) {
+      const std::uint64_t s = probes_[i].set;
+      const char* p = reinterpret_cast<const char*>(lines_.data() + s * spec_.ways);
+      for (std::size_t off = 0; off < set_bytes; off += 64) __builtin_prefetch(p + off);
+      __builtin_prefetch(clock_.data() + s);
+    }
+    if (i >= kAhead) lookup(probes_[i - kAhead], write);
   }
 }
 
@@ -160,19 +177,21 @@ Passage L2Cache::serve(const ChunkVisit& v) {
   chunk_hits_ = chunk_misses_ = 0;
   const bool write = !v.read;
   // Look up every sector the chunk's bytes touch, row segment by row segment.
+  probes_.clear();
   const Region& r = *v.region;
   if (r.rows == 1 || r.pitch == r.row_bytes) {
-    access(r.addr + v.offset, v.bytes, write);
+    probe(r.addr + v.offset, v.bytes);
   } else {
     std::uint64_t row = v.offset / r.row_bytes, in = v.offset % r.row_bytes, left = v.bytes;
     while (left > 0) {
       const std::uint64_t n = std::min(r.row_bytes - in, left);
-      access(r.row_addr(row) + in, n, write);
+      probe(r.row_addr(row) + in, n);
       left -= n;
       in = 0;
       ++row;
     }
   }
+  look_up_probes(write);
   hits_ += chunk_hits_;
   misses_ += chunk_misses_;
 

@@ -95,12 +95,20 @@ class L2Cache final : public PathUnit {
   struct Run {
     std::uint64_t addr, len;
   };
+  struct Probe {
+    std::uint64_t line;
+    std::uint64_t set;
+    std::uint32_t mask;  // the sectors touched
+  };
   void count(UnitCounters& u) const override;
   std::uint64_t set_of_line(std::uint64_t line) const;
-  // Looks up every sector of [addr, addr + len) (one row segment), collecting missed sectors (reads)
-  // and evicted dirty sectors into the runs.
-  void access(std::uint64_t addr, std::uint64_t len, bool write);
-  void lookup(std::uint64_t line, std::uint32_t mask, bool write);
+  // Lists the lines of [addr, addr + len) (one row segment) and the sectors touched in each.
+  void probe(std::uint64_t addr, std::uint64_t len);
+  // Looks up the listed lines in order (prefetching the sets of those a few ahead: the tags are
+  // megabytes, and consecutive lines hash to scattered sets), collecting missed sectors (reads) and
+  // evicted dirty sectors into the runs.
+  void look_up_probes(bool write);
+  void lookup(const Probe& p, bool write);
   static void add_run(std::vector<Run>& runs, std::uint64_t addr, std::uint64_t len);
   void add_sectors(std::vector<Run>& runs, std::uint64_t line, std::uint32_t mask);
 
@@ -112,6 +120,7 @@ class L2Cache final : public PathUnit {
   std::vector<Line> lines_;            // sets_ x ways, set-major; empty until the first access
   std::vector<std::uint32_t> clock_;   // per set: accesses so far (LRU stamps)
   std::vector<Run> misses_run_, writeback_run_;  // reused by every chunk
+  std::vector<Probe> probes_;
   Server server_;
   std::uint64_t hits_ = 0, misses_ = 0, fill_bytes_ = 0, writeback_bytes_ = 0, line_lookups_ = 0;
   std::uint64_t chunk_hits_ = 0, chunk_misses_ = 0;  // the chunk being served
