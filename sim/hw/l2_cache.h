@@ -33,7 +33,10 @@
 //     latency). A line evicted with dirty sectors writes them to the HBM then (booked on its
 //     channels from the chunk's head on; it delays no one but later users of those channels).
 //     Dirty lines still in the cache when the run ends are never written back.
-//   The stage's figures (PathFigures) are the hit path's: the L2's bandwidth, one server.
+//   The stage's figures (PathFigures, the time on an idle system) are the cold path's: a read pays
+//     the hit latency plus the HBM's latency and occupies the slower of the HBM's channels and the
+//     L2's bandwidth (a chunk that misses everything takes exactly that); a write, the L2's
+//     bandwidth. Reads that hit are faster than the figures by up to the HBM's latency and time.
 //
 // Counters (UnitCounters): bytes/pieces/busy of the L2's own server (every chunk, hits and misses);
 // hits and misses count SECTORS read (reads only: a write never misses to the HBM); fill_bytes the
@@ -80,7 +83,14 @@ class L2Cache final : public PathUnit {
   // v.read: a read stage (misses go to the HBM) or a write (posted, write-allocate); v.pre: the
   // stage's fixed delay (the hit latency on reads).
   Passage serve(const ChunkVisit& v) override;
+  // Figures: a write (and a read that hits) passes the L2 alone at its bandwidth; a cold read also
+  // passes the HBM's channels (cold_read_figures: the HBM's figures, the L2's bandwidth as `cache`).
   StageFigures figures() const override { return StageFigures::of(spec_.bandwidth); }
+  StageFigures cold_read_figures() const {
+    StageFigures f = hbm_->figures();
+    f.cache = spec_.bandwidth;
+    return f;
+  }
   void declare_tracks(sim::Trace& trace) override;
   std::string track_group() const override;  // "cube3"
   std::string track_name() const override;   // "l2"

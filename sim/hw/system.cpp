@@ -29,6 +29,7 @@ struct Stage {
   Duration post = 0;      // after it leaves (wire latency)
   bool src_side = false;  // a memory read: addresses come from the source region
   bool arrival = false;   // served at the head's arrival (PathUnit::Order::arrival)
+  L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
   std::string label;      // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
 };
 
@@ -75,11 +76,12 @@ struct TransferLanded {
 // ---------------------------------------------------------------- PathFigures, handles
 
 Duration StageFigures::time(std::uint64_t bytes) const {
-  if (channels <= 1) return sim::transfer_time(bytes, bandwidth);
+  const Duration through_cache = cache.bytes_per_s > 0 ? sim::transfer_time(bytes, cache) : 0;
+  if (channels <= 1) return std::max(through_cache, sim::transfer_time(bytes, bandwidth));
   // Blocks go round the channels; the busiest gets every full round plus at most one more block.
   const std::uint64_t stripe = interleave * channels;
   const std::uint64_t busiest = bytes / stripe * interleave + std::min(bytes % stripe, interleave);
-  return sim::transfer_time(busiest, sim::Bandwidth{bandwidth.bytes_per_s / channels});
+  return std::max(through_cache, sim::transfer_time(busiest, sim::Bandwidth{bandwidth.bytes_per_s / channels}));
 }
 
 Duration PathFigures::time(std::uint64_t bytes) const {
@@ -274,6 +276,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     if (m.memory_kind() == MemoryKind::kHbm) {
       if (L2Cache* l2 = cube(m.cube()).l2()) {
         stage(*l2, read ? l2->latency() : 0, 0, read, fmt::format("{} ({})", l2->name(), read ? "read" : "write"));
+        if (read) p->stages.back().cache_read = l2;
         return;
       }
     }
@@ -320,10 +323,14 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   for (const Stage& s : p->stages) {
     if (s.arrival) before_link = false;
     if (before_link && has_links) p->d_pre += s.pre + s.post;
-    f.alpha += s.pre + s.post;
-    StageFigures sf = s.unit->figures();
+    // The figures of an L2 read are its misses': the HBM's latency and channels too (a chunk that
+    // hits is faster; the injection event still comes at the hit's d_pre, and a chunk that missed
+    // reaches its first link by a later event).
+    const Duration miss = s.cache_read ? s.cache_read->memory().latency() : 0;
+    f.alpha += s.pre + s.post + miss;
+    StageFigures sf = s.cache_read ? s.cache_read->cold_read_figures() : s.unit->figures();
     sf.name = s.label;
-    sf.fixed = s.pre + s.post;
+    sf.fixed = s.pre + s.post + miss;
     if (first || sf.bandwidth.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = sf.bandwidth;
     first = false;
     // Sources inject at the pace of the slowest stage's service of a full chunk.
