@@ -258,7 +258,7 @@ py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
     d["pe_dma_read"] = c.pe_dma_read;
     d["pe_dma_write"] = c.pe_dma_write;
     d["hbm_busiest_channel"] = c.hbm_busiest_channel;
-    // The cube's L2 (None where the cube has none): busy share, sectors read that hit and missed.
+    // The cube's L2 (no key where the cube has none): busy share, sectors read that hit and missed.
     if (c.has_l2) {
       py::dict l2;
       l2["busy"] = c.l2_busy;
@@ -266,8 +266,6 @@ py::dict utilisation_dict(const rt::RunReport& r, int cubes) {
       l2["misses"] = c.l2_misses;
       l2["hit_rate"] = c.l2_hits + c.l2_misses > 0 ? py::object(py::float_(c.l2_hit_rate)) : py::object(py::none());
       d["l2"] = l2;
-    } else {
-      d["l2"] = py::none();
     }
     cs.append(d);
   }
