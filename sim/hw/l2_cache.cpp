@@ -1,10 +1,21 @@
 #include "sim/hw/l2_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <new>
 
 #include <fmt/format.h>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 namespace cubesim::hw {
 
@@ -31,8 +42,27 @@ L2Cache::L2Cache(int cube, const L2Spec& spec, Memory& hbm)
       sets_(spec.capacity_bytes / (std::uint64_t{spec.line_bytes} * spec.ways)),
       sectors_(spec.line_bytes / spec.sector_bytes),
       line_shift_(log2_of(spec.line_bytes)),
-      sector_shift_(log2_of(spec.sector_bytes)) {
+      sector_shift_(log2_of(spec.sector_bytes)),
+      // tags, masks, ages: 11 bytes a way, rounded up to whole 64-byte host cache lines.
+      block_words_((std::uint64_t{spec.ways} * 11 + 63) / 64 * 8) {
   server_.bandwidth = spec.bandwidth;
+}
+
+void L2Cache::Free::operator()(std::uint64_t* p) const { std::free(p); }
+
+void L2Cache::allocate_sets() {
+  // Huge pages where the kernel offers them: lookups land on random sets of a table of megabytes,
+  // and with 4 KiB pages nearly every one would miss the TLB.
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  const std::size_t bytes = (sets_ * block_words_ * 8 + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, bytes);
+  if (!p) throw std::bad_alloc();
+#ifdef __linux__
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without it the table works the same, slower
+#endif
+  std::memset(p, 0, bytes);
+  sets_storage_.reset(static_cast<std::uint64_t*>(p));
+  sets_mem_ = sets_storage_.get();
 }
 
 std::uint64_t L2Cache::set_of_line(std::uint64_t line) const {
@@ -41,7 +71,7 @@ std::uint64_t L2Cache::set_of_line(std::uint64_t line) const {
 
 bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
   if (len == 0) return true;
-  if (lines_.empty()) return false;
+  if (!sets_mem_) return false;
   const std::uint64_t end = addr + len;
   for (std::uint64_t line = addr >> line_shift_; (line << line_shift_) < end; ++line) {
     const std::uint64_t base = line << line_shift_;
@@ -49,11 +79,12 @@ bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
     const std::uint32_t s0 = static_cast<std::uint32_t>(lo >> sector_shift_);
     const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
     const std::uint32_t mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
-    const Line* set = &lines_[set_of_line(line) * spec_.ways];
+    const std::uint64_t s = set_of_line(line);
+    const std::uint64_t* tags = tags_of(s);
     bool found = false;
     for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-      if (set[w].tag == line + 1) {
-        found = (set[w].valid & mask) == mask;
+      if (tags[w] == line + 1) {
+        found = (masks_of(s)[w] & mask) == mask;
         break;
       }
     }
@@ -72,62 +103,107 @@ void L2Cache::add_run(std::vector<Run>& runs, std::uint64_t addr, std::uint64_t 
 
 void L2Cache::add_sectors(std::vector<Run>& runs, std::uint64_t line, std::uint32_t mask) {
   const std::uint64_t base = line << line_shift_;
+  if (mask == (1u << sectors_) - 1u) {  // the whole line
+    add_run(runs, base, spec_.line_bytes);
+    return;
+  }
   while (mask) {
     const std::uint32_t s = static_cast<std::uint32_t>(std::countr_zero(mask));
     // The run of set bits from s.
     const std::uint32_t n = static_cast<std::uint32_t>(std::countr_one(mask >> s));
     add_run(runs, base + (std::uint64_t{s} << sector_shift_), std::uint64_t{n} << sector_shift_);
-    mask &= ~(((n >= 32 ? 0u : (1u << n)) - 1u) << s);
+    mask &= ~(((1u << n) - 1u) << s);
   }
 }
 
+namespace {
+
+// Bits set in a byte (sector masks have at most 8 bits; the baseline x86-64 has no popcount).
+constexpr std::array<std::uint8_t, 256> kBits = [] {
+  std::array<std::uint8_t, 256> t{};
+  for (int i = 1; i < 256; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>((i & 1) + t[static_cast<std::size_t>(i / 2)]);
+  return t;
+}();
+std::uint64_t bits(std::uint32_t mask) { return kBits[mask & 0xffu]; }
+
+// LRU: the ways younger than `age` age by one (`age` above every rank: all of them).
+void age_below(std::uint8_t* ages, std::uint32_t ways, std::uint32_t age) {
+  std::uint32_t i = 0;
+#ifdef __SSE2__
+  if (age < 256) {
+    // a < age, unsigned, as a signed compare of both sides shifted by 128.
+    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
+    const __m128i limit = _mm_xor_si128(_mm_set1_epi8(static_cast<char>(age)), bias);
+    for (; i + 16 <= ways; i += 16) {
+      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
+      const __m128i a = _mm_loadu_si128(p);
+      const __m128i younger = _mm_cmplt_epi8(_mm_xor_si128(a, bias), limit);  // 0xff where younger
+      _mm_storeu_si128(p, _mm_sub_epi8(a, younger));
+    }
+  } else {
+    for (; i + 16 <= ways; i += 16) {
+      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
+      _mm_storeu_si128(p, _mm_add_epi8(_mm_loadu_si128(p), _mm_set1_epi8(1)));
+    }
+  }
+#endif
+  for (; i < ways; ++i) ages[i] = static_cast<std::uint8_t>(ages[i] + (ages[i] < age ? 1 : 0));
+}
+
+}  // namespace
+
 void L2Cache::lookup(const Probe& p, bool write) {
   ++line_lookups_;
-  Line* set = &lines_[p.set * spec_.ways];
-  std::uint32_t& clock = clock_[p.set];
-  if (clock == std::numeric_limits<std::uint32_t>::max()) {
-    // The set's stamps would wrap: renumber them 1..ways in LRU order (empty ways stay 0).
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> order;
-    for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-      if (set[w].tag != 0) order.emplace_back(set[w].stamp, w);
-    }
-    std::sort(order.begin(), order.end());
-    for (std::uint32_t i = 0; i < order.size(); ++i) set[order[i].second].stamp = i + 1;
-    clock = static_cast<std::uint32_t>(order.size());
-  }
-  const std::uint32_t stamp = ++clock;
+  const std::uint32_t ways = spec_.ways;
+  std::uint64_t* tags = tags_of(p.set);
+  std::uint16_t* masks = masks_of(p.set);
+  std::uint8_t* ages = ages_of(p.set);
   const std::uint64_t tag = p.line + 1;
   const std::uint32_t mask = p.mask;
-  std::uint32_t victim = 0;
-  for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-    Line& l = set[w];
-    if (l.tag == tag) {
-      l.stamp = stamp;
-      if (write) {
-        l.valid = static_cast<std::uint16_t>(l.valid | mask);
-        l.dirty = static_cast<std::uint16_t>(l.dirty | mask);
-        return;
-      }
-      const std::uint32_t missed = mask & ~std::uint32_t{l.valid};
-      chunk_hits_ += static_cast<std::uint64_t>(std::popcount(mask & l.valid));
-      if (missed) {
-        chunk_misses_ += static_cast<std::uint64_t>(std::popcount(missed));
-        add_sectors(misses_run_, p.line, missed);
-        l.valid = static_cast<std::uint16_t>(l.valid | missed);
-      }
+  // One pass over the tags: the line's way, else the first empty one.
+  std::uint32_t hit = ways, empty = ways;
+  for (std::uint32_t w = 0; w < ways; ++w) {
+    if (tags[w] == tag) {
+      hit = w;
+      break;
+    }
+    if (tags[w] == 0 && empty == ways) empty = w;
+  }
+  if (hit < ways) {
+    age_below(ages, ways, ages[hit]);
+    ages[hit] = 0;
+    const std::uint32_t valid = masks[hit] & 0xffu;
+    if (write) {
+      masks[hit] = static_cast<std::uint16_t>(masks[hit] | mask | (mask << 8));
       return;
     }
-    // LRU victim: an empty way first, else the oldest stamp.
-    if (set[victim].tag != 0 && (l.tag == 0 || l.stamp < set[victim].stamp)) victim = w;
+    const std::uint32_t missed = mask & ~valid;
+    chunk_hits_ += bits(mask & valid);
+    if (missed) {
+      chunk_misses_ += bits(missed);
+      add_sectors(misses_run_, p.line, missed);
+      masks[hit] = static_cast<std::uint16_t>(masks[hit] | missed);
+    }
+    return;
   }
-  Line& l = set[victim];
-  if (l.tag != 0 && l.dirty) add_sectors(writeback_run_, l.tag - 1, l.dirty);
-  l.tag = tag;
-  l.stamp = stamp;
-  l.valid = static_cast<std::uint16_t>(mask);
-  l.dirty = static_cast<std::uint16_t>(write ? mask : 0);
+  // A miss: the empty way (every line ages), else the oldest line, written back if dirty.
+  std::uint32_t victim = empty;
+  if (victim == ways) {
+    victim = 0;
+    for (std::uint32_t w = 1; w < ways; ++w) {
+      if (ages[w] > ages[victim]) victim = w;
+    }
+    const std::uint32_t dirty = masks[victim] >> 8;
+    if (dirty) add_sectors(writeback_run_, tags[victim] - 1, dirty);
+    age_below(ages, ways, ages[victim]);
+  } else {
+    age_below(ages, ways, 256);
+  }
+  ages[victim] = 0;
+  tags[victim] = tag;
+  masks[victim] = static_cast<std::uint16_t>(write ? mask | (mask << 8) : mask);
   if (!write) {
-    chunk_misses_ += static_cast<std::uint64_t>(std::popcount(mask));
+    chunk_misses_ += bits(mask);
     add_sectors(misses_run_, p.line, mask);
   }
 }
@@ -135,7 +211,7 @@ void L2Cache::lookup(const Probe& p, bool write) {
 void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   const std::uint64_t end = addr + len;
   const std::uint64_t line_bytes = spec_.line_bytes;
-  const std::uint32_t full = (1u << sectors_) - 1u;
+  const std::uint32_t full = (1u << sectors_) - 1u;  // at most 8 sectors
   std::uint64_t line = addr >> line_shift_;
   std::uint64_t base = line << line_shift_;
   for (; base < end; ++line, base += line_bytes) {
@@ -155,23 +231,18 @@ void L2Cache::look_up_probes(bool write) {
   // prefetches free of effects and deletes the call.
   constexpr std::size_t kAhead = 8;
   const std::size_t n = probes_.size();
-  const std::size_t set_bytes = std::size_t{spec_.ways} * sizeof(Line);
+  const std::uint64_t block_bytes = block_words_ * 8;
   for (std::size_t i = 0; i < n + kAhead; ++i) {
     if (i < n) {
-      const std::uint64_t s = probes_[i].set;
-      const char* p = reinterpret_cast<const char*>(lines_.data() + s * spec_.ways);
-      for (std::size_t off = 0; off < set_bytes; off += 64) __builtin_prefetch(p + off);
-      __builtin_prefetch(clock_.data() + s);
+      const char* b = reinterpret_cast<const char*>(tags_of(probes_[i].set));
+      for (std::uint64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(b + off);
     }
     if (i >= kAhead) lookup(probes_[i - kAhead], write);
   }
 }
 
 Passage L2Cache::serve(const ChunkVisit& v) {
-  if (lines_.empty()) {
-    lines_.resize(sets_ * spec_.ways);
-    clock_.resize(sets_);
-  }
+  if (!sets_mem_) allocate_sets();
   misses_run_.clear();
   writeback_run_.clear();
   chunk_hits_ = chunk_misses_ = 0;

@@ -12,11 +12,11 @@
 //
 // The model (every figure from the topology):
 //   Geometry: sets = capacity / (line_bytes * ways); each line holds line_bytes / sector_bytes
-//     sectors (at most 16), each valid or not, each dirty or not. A line's set is
+//     sectors (at most 8), each valid or not, each dirty or not. A line's set is
 //     floor(mix(line) * sets / 2^64), line = address / line_bytes and mix the 64-bit finalizer of
 //     MurmurHash3 (a fixed hash: matrices with power-of-two pitches spread over all sets, as real
 //     GPUs hash their L2 set index; the sets need not be a power of two). Replacement: true LRU
-//     within a set (an empty way first).
+//     within a set (an empty way first), kept as each way's age rank (0: most recent).
 //   Lookups use the real addresses of each chunk (a strided region: per row segment), also in
 //     timing-only mode. Every sector the chunk touches is looked up; a sector partly touched counts
 //     whole.
@@ -44,11 +44,15 @@
 // written to it. The HBM unit's own counters include both. Trace: one track "l2" in the cube's
 // group, a span per chunk with its hit and missed sectors as args.
 //
-// Cost: a flat array of lines (tag, LRU stamp, valid and dirty masks: 16 bytes a line), allocated on
-// the first access; a lookup is a hash and a scan of the set's ways; no allocation per chunk.
+// Cost: one flat, zeroed array of sets allocated on the first access, each set a 64-byte aligned
+// block of its ways' tags (8 bytes each), valid|dirty sector masks (2 bytes) and LRU age ranks (1
+// byte): 192 bytes, three host cache lines, for 16 ways. A lookup is a hash and a scan of the set's
+// tags; the sets of the next lines a chunk touches are prefetched, since consecutive lines hash to
+// scattered sets of a table of megabytes. No allocation per chunk.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,12 +100,6 @@ class L2Cache final : public PathUnit {
   std::string track_name() const override;   // "l2"
 
  private:
-  struct Line {
-    std::uint64_t tag = 0;     // line number + 1; 0: empty
-    std::uint32_t stamp = 0;   // LRU: the set's access count when last used
-    std::uint16_t valid = 0;   // sector masks
-    std::uint16_t dirty = 0;
-  };
   struct Run {
     std::uint64_t addr, len;
   };
@@ -119,6 +117,15 @@ class L2Cache final : public PathUnit {
   // evicted dirty sectors into the runs.
   void look_up_probes(bool write);
   void lookup(const Probe& p, bool write);
+  // Set s's block: tags[ways] (line number + 1; 0: empty way), then masks[ways] (valid sectors in the
+  // low byte, dirty ones in the high byte), then ages[ways] (LRU rank among the set's lines).
+  std::uint64_t* tags_of(std::uint64_t s) const { return sets_mem_ + s * block_words_; }
+  std::uint16_t* masks_of(std::uint64_t s) const { return reinterpret_cast<std::uint16_t*>(tags_of(s) + spec_.ways); }
+  std::uint8_t* ages_of(std::uint64_t s) const { return reinterpret_cast<std::uint8_t*>(masks_of(s) + spec_.ways); }
+  void allocate_sets();
+  struct Free {
+    void operator()(std::uint64_t* p) const;
+  };
   static void add_run(std::vector<Run>& runs, std::uint64_t addr, std::uint64_t len);
   void add_sectors(std::vector<Run>& runs, std::uint64_t line, std::uint32_t mask);
 
@@ -127,8 +134,9 @@ class L2Cache final : public PathUnit {
   std::uint64_t sets_;
   std::uint32_t sectors_;
   std::uint32_t line_shift_, sector_shift_;
-  std::vector<Line> lines_;            // sets_ x ways, set-major; empty until the first access
-  std::vector<std::uint32_t> clock_;   // per set: accesses so far (LRU stamps)
+  std::uint64_t block_words_;                  // a set's block, in 8-byte words (a multiple of 8)
+  std::unique_ptr<std::uint64_t[], Free> sets_storage_;  // null until the first access
+  std::uint64_t* sets_mem_ = nullptr;
   std::vector<Run> misses_run_, writeback_run_;  // reused by every chunk
   std::vector<Probe> probes_;
   Server server_;

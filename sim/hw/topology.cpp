@@ -409,14 +409,14 @@ L2Spec read_l2(Obj o, std::uint64_t hbm_capacity) {
   o.finish();
   if (l2.line_bytes % l2.sector_bytes != 0) {
     o.fail("line_bytes", fmt::format("{} is not a multiple of sector_bytes {}; a line holds whole sectors: give "
-                                     "line_bytes = sector_bytes x 1, 2, 4, 8 or 16",
+                                     "line_bytes = sector_bytes x 1, 2, 4 or 8",
                                      l2.line_bytes, l2.sector_bytes));
   }
-  if (l2.line_bytes / l2.sector_bytes > 16) {
-    o.fail("sector_bytes", fmt::format("{} gives {} sectors per {}-byte line; at most 16 are supported: give "
+  if (l2.line_bytes / l2.sector_bytes > 8) {
+    o.fail("sector_bytes", fmt::format("{} gives {} sectors per {}-byte line; at most 8 are supported: give "
                                        "sector_bytes of at least {}",
                                        l2.sector_bytes, l2.line_bytes / l2.sector_bytes, l2.line_bytes,
-                                       l2.line_bytes / 16));
+                                       l2.line_bytes / 8));
   }
   if (l2.capacity_bytes > hbm_capacity) {
     o.ctx().fail(o.path(), fmt::format("the L2 capacity {} ({} bytes) is larger than the cube's HBM of {} ({} bytes); "

@@ -47,7 +47,7 @@ struct L2Spec {
   bool present = false;
   std::uint64_t capacity_bytes = 0;  // a multiple of line_bytes * ways (sets = capacity / (line * ways))
   std::uint32_t line_bytes = 0;      // a power of two; a tag per line
-  std::uint32_t sector_bytes = 0;    // a power of two dividing line_bytes, at most 16 per line; the unit of fills
+  std::uint32_t sector_bytes = 0;    // a power of two dividing line_bytes, at most 8 per line; the unit of fills
   std::uint32_t ways = 0;            // associativity (LRU within a set)
   Bandwidth bandwidth;               // hits and fills pass it at this rate
   Duration latency = 0;              // hit latency, paid by reads

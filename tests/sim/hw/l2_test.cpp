@@ -348,8 +348,8 @@ TEST(L2, EveryBadL2FieldIsAClearError) {
   expect_topology_error(with("line_bytes", 96), {"cube.l2.line_bytes", "96 is not a power of two", "1 to 65536"});
   expect_topology_error(with("sector_bytes", 24), {"cube.l2.sector_bytes", "24 is not a power of two"});
   expect_topology_error(with("sector_bytes", 256), {"cube.l2.line_bytes", "128 is not a multiple of sector_bytes 256"});
-  expect_topology_error(with("sector_bytes", 4), {"cube.l2.sector_bytes", "32 sectors per 128-byte line", "at most 16",
-                                                  "at least 8"});
+  expect_topology_error(with("sector_bytes", 8), {"cube.l2.sector_bytes", "16 sectors per 128-byte line", "at most 8",
+                                                  "at least 16"});
   expect_topology_error(with("ways", 0), {"cube.l2.ways", "0 is not valid", "1 to 256"});
   expect_topology_error(with("ways", 3), {"cube.l2", "not divisible into sets of 3 ways x 128-byte lines",
                                           "multiple of 384 bytes"});
