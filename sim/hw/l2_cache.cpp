@@ -43,8 +43,8 @@ L2Cache::L2Cache(int cube, const L2Spec& spec, Memory& hbm)
       sectors_(spec.line_bytes / spec.sector_bytes),
       line_shift_(log2_of(spec.line_bytes)),
       sector_shift_(log2_of(spec.sector_bytes)),
-      // tags, masks, ages: 11 bytes a way, rounded up to whole 64-byte host cache lines.
-      block_words_((std::uint64_t{spec.ways} * 11 + 63) / 64 * 8) {
+      // tags, masks, ages: 7 bytes a way, rounded up to whole 64-byte host cache lines.
+      block_words_((std::uint64_t{spec.ways} * 7 + 63) / 64 * 8) {
   server_.bandwidth = spec.bandwidth;
 }
 
@@ -65,8 +65,20 @@ void L2Cache::allocate_sets() {
   sets_mem_ = sets_storage_.get();
 }
 
-std::uint64_t L2Cache::set_of_line(std::uint64_t line) const {
-  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(mix(line)) * sets_) >> 64);
+std::uint64_t L2Cache::hash_of_quotient(std::uint64_t q) const {
+  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(mix(q)) * sets_) >> 64);
+}
+
+L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
+  const std::uint64_t q = line / sets_, r = line - q * sets_;
+  std::uint64_t set = r + hash_of_quotient(q);
+  if (set >= sets_) set -= sets_;
+  return Probe{.line = line, .set = set, .tag = static_cast<std::uint32_t>(q + 1), .mask = 0};
+}
+
+std::uint64_t L2Cache::line_of(std::uint64_t set, std::uint32_t tag) const {
+  const std::uint64_t q = tag - 1, h = hash_of_quotient(q);
+  return q * sets_ + (set >= h ? set - h : set + sets_ - h);
 }
 
 bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
@@ -79,11 +91,12 @@ bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
     const std::uint32_t s0 = static_cast<std::uint32_t>(lo >> sector_shift_);
     const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
     const std::uint32_t mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
-    const std::uint64_t s = set_of_line(line);
-    const std::uint64_t* tags = tags_of(s);
+    const Probe where = locate(line);
+    const std::uint64_t s = where.set;
+    const std::uint32_t* tags = tags_of(s);
     bool found = false;
     for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-      if (tags[w] == line + 1) {
+      if (tags[w] == where.tag) {
         found = (masks_of(s)[w] & mask) == mask;
         break;
       }
@@ -155,10 +168,10 @@ void age_below(std::uint8_t* ages, std::uint32_t ways, std::uint32_t age) {
 void L2Cache::lookup(const Probe& p, bool write) {
   ++line_lookups_;
   const std::uint32_t ways = spec_.ways;
-  std::uint64_t* tags = tags_of(p.set);
+  std::uint32_t* tags = tags_of(p.set);
   std::uint16_t* masks = masks_of(p.set);
   std::uint8_t* ages = ages_of(p.set);
-  const std::uint64_t tag = p.line + 1;
+  const std::uint32_t tag = p.tag;
   const std::uint32_t mask = p.mask;
   // One pass over the tags: the line's way, else the first empty one.
   std::uint32_t hit = ways, empty = ways;
@@ -194,7 +207,7 @@ void L2Cache::lookup(const Probe& p, bool write) {
       if (ages[w] > ages[victim]) victim = w;
     }
     const std::uint32_t dirty = masks[victim] >> 8;
-    if (dirty) add_sectors(writeback_run_, tags[victim] - 1, dirty);
+    if (dirty) add_sectors(writeback_run_, line_of(p.set, tags[victim]), dirty);
     age_below(ages, ways, ages[victim]);
   } else {
     age_below(ages, ways, 256);
@@ -214,6 +227,8 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   const std::uint32_t full = (1u << sectors_) - 1u;  // at most 8 sectors
   std::uint64_t line = addr >> line_shift_;
   std::uint64_t base = line << line_shift_;
+  Probe p = locate(line);
+  std::uint64_t r = line - (p.tag - std::uint64_t{1}) * sets_;  // line % sets
   for (; base < end; ++line, base += line_bytes) {
     std::uint32_t mask = full;
     if (addr > base || end < base + line_bytes) {
@@ -222,7 +237,16 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
       const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
       mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
     }
-    probes_.push_back(Probe{.line = line, .set = set_of_line(line), .mask = mask});
+    p.line = line;
+    p.mask = mask;
+    probes_.push_back(p);
+    // The next line: the next set, until line % sets wraps and the quotient (and its hash) moves on.
+    if (++r == sets_) {
+      p = locate(line + 1);
+      r = 0;
+    } else if (++p.set == sets_) {
+      p.set = 0;
+    }
   }
 }
 

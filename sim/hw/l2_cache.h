@@ -12,10 +12,13 @@
 //
 // The model (every figure from the topology):
 //   Geometry: sets = capacity / (line_bytes * ways); each line holds line_bytes / sector_bytes
-//     sectors (at most 8), each valid or not, each dirty or not. A line's set is
-//     floor(mix(line) * sets / 2^64), line = address / line_bytes and mix the 64-bit finalizer of
-//     MurmurHash3 (a fixed hash: matrices with power-of-two pitches spread over all sets, as real
-//     GPUs hash their L2 set index; the sets need not be a power of two). Replacement: true LRU
+//     sectors (at most 8), each valid or not, each dirty or not. With line = address / line_bytes,
+//     q = line / sets and r = line % sets, a line's set is (r + h(q)) % sets, h(q) =
+//     floor(mix(q) * sets / 2^64) and mix the 64-bit finalizer of MurmurHash3: consecutive lines
+//     fill consecutive sets, and rows of a matrix whose pitch is a multiple of sets lines (a
+//     power-of-two pitch with power-of-two sets) still spread, as real GPUs hash their L2 set index.
+//     The sets need not be a power of two. A way's tag is q + 1 (32 bits: the topology loader
+//     checks that the HBM's lines / sets fit). Replacement: true LRU
 //     within a set (an empty way first), kept as each way's age rank (0: most recent).
 //   Lookups use the real addresses of each chunk (a strided region: per row segment), also in
 //     timing-only mode. Every sector the chunk touches is looked up; a sector partly touched counts
@@ -44,11 +47,11 @@
 // written to it. The HBM unit's own counters include both. Trace: one track "l2" in the cube's
 // group, a span per chunk with its hit and missed sectors as args.
 //
-// Cost: one flat, zeroed array of sets allocated on the first access, each set a 64-byte aligned
-// block of its ways' tags (8 bytes each), valid|dirty sector masks (2 bytes) and LRU age ranks (1
-// byte): 192 bytes, three host cache lines, for 16 ways. A lookup is a hash and a scan of the set's
-// tags; the sets of the next lines a chunk touches are prefetched, since consecutive lines hash to
-// scattered sets of a table of megabytes. No allocation per chunk.
+// Cost: one flat, zeroed array of sets allocated on the first access (huge pages where offered),
+// each set a 64-byte aligned block of its ways' tags (4 bytes each), valid|dirty sector masks (2
+// bytes) and LRU age ranks (1 byte): 128 bytes, two host cache lines, for 16 ways. A lookup is a hash and a scan of the set's
+// tags; the sets of the next lines a chunk touches are prefetched (the rows of a strided region land
+// in scattered sets of a table of megabytes). No allocation per chunk.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +79,7 @@ class L2Cache final : public PathUnit {
   std::uint32_t sectors_per_line() const { return sectors_; }
   sim::Duration latency() const { return spec_.latency; }
   // The set that the line holding byte `addr` maps to (tests use it to build conflicting addresses).
-  std::uint64_t set_of(std::uint64_t addr) const { return set_of_line(addr >> line_shift_); }
+  std::uint64_t set_of(std::uint64_t addr) const { return locate(addr >> line_shift_).set; }
   // Whether every sector of [addr, addr + len) is in the cache now (no effect on LRU or counters).
   bool holds(std::uint64_t addr, std::uint64_t len) const;
   // Line lookups so far (reads and writes; a line is looked up once per row segment that touches
@@ -103,23 +106,29 @@ class L2Cache final : public PathUnit {
   struct Run {
     std::uint64_t addr, len;
   };
+  void count(UnitCounters& u) const override;
   struct Probe {
     std::uint64_t line;
     std::uint64_t set;
+    std::uint32_t tag;   // line / sets + 1 (0 marks an empty way)
     std::uint32_t mask;  // the sectors touched
   };
-  void count(UnitCounters& u) const override;
-  std::uint64_t set_of_line(std::uint64_t line) const;
+  // Where a line lives: q = line / sets, r = line % sets; set = (r + h(q)) % sets with h a hash of
+  // q, tag q + 1. A set's lines differ in q, so the tag tells them apart, and the line comes back
+  // from (set, tag) for a write-back.
+  Probe locate(std::uint64_t line) const;
+  std::uint64_t hash_of_quotient(std::uint64_t q) const;
+  std::uint64_t line_of(std::uint64_t set, std::uint32_t tag) const;
   // Lists the lines of [addr, addr + len) (one row segment) and the sectors touched in each.
   void probe(std::uint64_t addr, std::uint64_t len);
-  // Looks up the listed lines in order (prefetching the sets of those a few ahead: the tags are
-  // megabytes, and consecutive lines hash to scattered sets), collecting missed sectors (reads) and
-  // evicted dirty sectors into the runs.
+  // Looks up the listed lines in order (prefetching the sets of those a few ahead: the table is
+  // megabytes, and the rows of a strided region land in scattered sets), collecting missed sectors
+  // (reads) and evicted dirty sectors into the runs.
   void look_up_probes(bool write);
   void lookup(const Probe& p, bool write);
-  // Set s's block: tags[ways] (line number + 1; 0: empty way), then masks[ways] (valid sectors in the
+  // Set s's block: tags[ways] (see locate(); 0: empty way), then masks[ways] (valid sectors in the
   // low byte, dirty ones in the high byte), then ages[ways] (LRU rank among the set's lines).
-  std::uint64_t* tags_of(std::uint64_t s) const { return sets_mem_ + s * block_words_; }
+  std::uint32_t* tags_of(std::uint64_t s) const { return reinterpret_cast<std::uint32_t*>(sets_mem_ + s * block_words_); }
   std::uint16_t* masks_of(std::uint64_t s) const { return reinterpret_cast<std::uint16_t*>(tags_of(s) + spec_.ways); }
   std::uint8_t* ages_of(std::uint64_t s) const { return reinterpret_cast<std::uint8_t*>(masks_of(s) + spec_.ways); }
   void allocate_sets();

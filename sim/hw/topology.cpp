@@ -438,6 +438,13 @@ L2Spec read_l2(Obj o, std::uint64_t hbm_capacity) {
                                        l2.capacity_bytes / l2.line_bytes, l2.capacity_bytes, l2.line_bytes,
                                        kMaxLines));
   }
+  const std::uint64_t sets = l2.capacity_bytes / set_bytes;
+  if ((hbm_capacity / l2.line_bytes) / sets >= 0xffffffffull) {
+    o.ctx().fail(o.path(), fmt::format("the cube's HBM of {} holds {} lines of {} bytes for {} L2 sets: the simulator's "
+                                       "32-bit tags allow fewer than 2^32 lines per set; give longer lines, more sets "
+                                       "or less HBM",
+                                       format_bytes(hbm_capacity), hbm_capacity / l2.line_bytes, l2.line_bytes, sets));
+  }
   return l2;
 }
 

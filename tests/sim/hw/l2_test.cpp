@@ -383,6 +383,14 @@ TEST(L2, EveryBadL2FieldIsAClearError) {
   }
   expect_topology_error(with("line_bytes", json("x")), {"cube.l2.line_bytes", "\"x\" is not valid"});
   {
+    json d = l2_doc();
+    d["cube"]["hbm"].erase("capacity_MiB");
+    d["cube"]["hbm"]["capacity_TiB"] = 1024;  // 2^43 lines of 128 bytes
+    d["cube"]["l2"].erase("capacity_KiB");
+    d["cube"]["l2"]["capacity_bytes"] = 512;  // one set of 4 ways
+    expect_topology_error(d, {"cube.l2", "8796093022208 lines of 128 bytes for 1 L2 sets", "32-bit tags"});
+  }
+  {
     json d = testing::small_doc();
     d["cube"]["l2"] = 5;
     expect_topology_error(d, {"cube.l2", "expected an object"});
