@@ -46,6 +46,9 @@ L2Cache::L2Cache(int cube, const L2Spec& spec, Memory& hbm)
       // tags, masks, ages: 7 bytes a way, rounded up to whole 64-byte host cache lines.
       block_words_((std::uint64_t{spec.ways} * 7 + 63) / 64 * 8) {
   server_.bandwidth = spec.bandwidth;
+  // floor(2^64 / sets) (one set: locate() needs none).
+  sets_inverse_ = sets_ == 1 ? 0 : static_cast<std::uint64_t>((static_cast<unsigned __int128>(1) << 64) / sets_);
+  last_hash_ = hash_of_quotient(last_q_);
 }
 
 void L2Cache::Free::operator()(std::uint64_t* p) const { std::free(p); }
@@ -70,8 +73,22 @@ std::uint64_t L2Cache::hash_of_quotient(std::uint64_t q) const {
 }
 
 L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
-  const std::uint64_t q = line / sets_, r = line - q * sets_;
-  std::uint64_t set = r + hash_of_quotient(q);
+  // line / sets by a multiplication (a division costs tens of cycles, once per row of a tile):
+  // floor(line * floor(2^64 / sets) / 2^64) is the quotient or one less.
+  std::uint64_t q = line, r = 0;
+  if (sets_ > 1) {
+    q = static_cast<std::uint64_t>((static_cast<unsigned __int128>(line) * sets_inverse_) >> 64);
+    r = line - q * sets_;
+    if (r >= sets_) {
+      r -= sets_;
+      ++q;
+    }
+  }
+  if (q != last_q_) {
+    last_q_ = q;
+    last_hash_ = hash_of_quotient(q);
+  }
+  std::uint64_t set = r + last_hash_;
   if (set >= sets_) set -= sets_;
   return Probe{.line = line, .set = set, .tag = static_cast<std::uint32_t>(q + 1), .mask = 0};
 }

@@ -143,6 +143,8 @@ class L2Cache final : public PathUnit {
   std::uint64_t sets_;
   std::uint32_t sectors_;
   std::uint32_t line_shift_, sector_shift_;
+  std::uint64_t sets_inverse_ = 0;             // floor(2^64 / sets): locate() divides by multiplying
+  mutable std::uint64_t last_q_ = 0, last_hash_ = 0;  // the last quotient located and its hash
   std::uint64_t block_words_;                  // a set's block, in 8-byte words (a multiple of 8)
   std::unique_ptr<std::uint64_t[], Free> sets_storage_;  // null until the first access
   std::uint64_t* sets_mem_ = nullptr;
