@@ -244,8 +244,12 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   const std::uint32_t full = (1u << sectors_) - 1u;  // at most 8 sectors
   std::uint64_t line = addr >> line_shift_;
   std::uint64_t base = line << line_shift_;
-  Probe p = locate(line);
-  std::uint64_t r = line - (p.tag - std::uint64_t{1}) * sets_;  // line % sets
+  // Scalars, not a Probe updated field by field: the compiler would assemble it on the stack and
+  // stall reloading it whole.
+  const Probe first = locate(line);
+  std::uint64_t set = first.set;
+  std::uint32_t tag = first.tag;
+  std::uint64_t r = line - (tag - std::uint64_t{1}) * sets_;  // line % sets
   for (; base < end; ++line, base += line_bytes) {
     std::uint32_t mask = full;
     if (addr > base || end < base + line_bytes) {
@@ -254,15 +258,15 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
       const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
       mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
     }
-    p.line = line;
-    p.mask = mask;
-    probes_.push_back(p);
+    probes_.push_back(Probe{.line = line, .set = set, .tag = tag, .mask = mask});
     // The next line: the next set, until line % sets wraps and the quotient (and its hash) moves on.
     if (++r == sets_) {
-      p = locate(line + 1);
+      const Probe next = locate(line + 1);
+      set = next.set;
+      tag = next.tag;
       r = 0;
-    } else if (++p.set == sets_) {
-      p.set = 0;
+    } else if (++set == sets_) {
+      set = 0;
     }
   }
 }
