@@ -18,8 +18,8 @@
 //     fill consecutive sets, and rows of a matrix whose pitch is a multiple of sets lines (a
 //     power-of-two pitch with power-of-two sets) still spread, as real GPUs hash their L2 set index.
 //     The sets need not be a power of two. A way's tag is q + 1 (32 bits: the topology loader
-//     checks that the HBM's lines / sets fit). Replacement: true LRU
-//     within a set (an empty way first), kept as each way's age rank (0: most recent).
+//     checks that the HBM's lines / sets fit). Replacement: true LRU within a set (an empty way
+//     first), kept as each way's age rank (0: most recent).
 //   Lookups use the real addresses of each chunk (a strided region: per row segment), also in
 //     timing-only mode. Every sector the chunk touches is looked up; a sector partly touched counts
 //     whole.
@@ -49,9 +49,10 @@
 //
 // Cost: one flat, zeroed array of sets allocated on the first access (huge pages where offered),
 // each set a 64-byte aligned block of its ways' tags (4 bytes each), valid|dirty sector masks (2
-// bytes) and LRU age ranks (1 byte): 128 bytes, two host cache lines, for 16 ways. A lookup is a hash and a scan of the set's
-// tags; the sets of the next lines a chunk touches are prefetched (the rows of a strided region land
-// in scattered sets of a table of megabytes). No allocation per chunk.
+// bytes) and LRU age ranks (1 byte): 128 bytes, two host cache lines, for 16 ways. A lookup is a
+// scan of one set's tags (the set found by a multiplication and, once per quotient, a hash); the
+// sets of the next lines a chunk touches are prefetched (the rows of a strided region land in
+// scattered sets of a table of megabytes). No allocation per chunk.
 #pragma once
 
 #include <cstdint>
