@@ -179,6 +179,11 @@ def _cube_lines(c):
         f"MAC: {_rate_text(pe['mac'])}",
         f"vector: {_rate_text(pe['vector'])}",
     ]
+    l2 = c.get("l2")
+    if l2:
+        lines.insert(1, f"L2: {fmt_bytes(l2['capacity_bytes'])}, {l2['line_bytes']}-byte lines of {l2['sector_bytes']}-byte "
+                        f"sectors, {l2['ways']} ways, {fmt_num(l2['bandwidth_GBps'])} GB/s, "
+                        f"{fmt_num(l2['latency_ns'])} ns hit latency")
     return lines
 
 
@@ -558,10 +563,20 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
             shown = cubes if len(cubes) <= 16 else cubes[:6] + cubes[-2:]
             rows = [[c["cube"], pct(c["pe_mac"], 1), pct(c["pe_vector"], 1), pct(c["pe_dma_read"], 1),
                      pct(c["pe_dma_write"], 1), pct(c["hbm_busiest_channel"], 1)] for c in shown]
+            headers = ["cube", "PE MAC", "PE vector", "PE DMA read", "PE DMA write", "HBM (busiest channel)"]
+            # An L2 column where the cubes have L2 caches: busy share and the hit rate of sectors read.
+            if any(c.get("l2") for c in shown):
+                headers.append("L2 (hit rate)")
+                for r, c in zip(rows, shown):
+                    l2 = c.get("l2")
+                    if not l2:
+                        r.append("-")
+                    else:
+                        rate = "no reads" if l2["hit_rate"] is None else f"{100 * l2['hit_rate']:.1f}% hits"
+                        r.append(f"{pct(l2['busy'], 1)} ({rate})")
             if len(cubes) > 16:
-                rows.insert(6, ["...", "", "", "", "", ""])
-            out.say(format_table(["cube", "PE MAC", "PE vector", "PE DMA read", "PE DMA write", "HBM (busiest channel)"],
-                                 rows, align=["r"] * 6))
+                rows.insert(6, ["..."] + [""] * (len(headers) - 1))
+            out.say(format_table(headers, rows, align=["r"] * len(headers)))
             l = hw["links"]
             if l["active"]:
                 out.say(f"  links: {l['active']} of {l['directions']} directions carried traffic; busiest {l['busiest']} "

@@ -242,6 +242,8 @@ py::dict usage_dict(const hw::UnitUsage& u) {
   d["channel_busy_ps"] = u.channel_busy;
   d["hits"] = u.hits;
   d["misses"] = u.misses;
+  d["fill_bytes"] = u.fill_bytes;
+  d["writeback_bytes"] = u.writeback_bytes;
   return d;
 }
 
@@ -261,6 +263,15 @@ py::dict utilisation_dict(const rt::RunReport& r, const py::object& cubes) {
     d["pe_dma_read"] = c.pe_dma_read;
     d["pe_dma_write"] = c.pe_dma_write;
     d["hbm_busiest_channel"] = c.hbm_busiest_channel;
+    // The cube's L2 (no key where the cube has none): busy share, sectors read that hit and missed.
+    if (c.has_l2) {
+      py::dict l2;
+      l2["busy"] = c.l2_busy;
+      l2["hits"] = c.l2_hits;
+      l2["misses"] = c.l2_misses;
+      l2["hit_rate"] = c.l2_hits + c.l2_misses > 0 ? py::object(py::float_(c.l2_hit_rate)) : py::object(py::none());
+      d["l2"] = l2;
+    }
     cs.append(d);
   }
   py::dict links;

@@ -84,6 +84,18 @@ py::dict cube_dict(const hw::CubeSpec& c) {
   o["pes"] = c.pes;
   o["clock_scale"] = c.clock_scale;
   o["hbm"] = hbm;
+  if (c.l2.present) {
+    py::dict l2;
+    l2["capacity_bytes"] = c.l2.capacity_bytes;
+    l2["line_bytes"] = c.l2.line_bytes;
+    l2["sector_bytes"] = c.l2.sector_bytes;
+    l2["ways"] = c.l2.ways;
+    l2["bandwidth_GBps"] = c.l2.bandwidth.gbps();
+    l2["latency_ns"] = ns_of(c.l2.latency);
+    o["l2"] = l2;
+  } else {
+    o["l2"] = py::none();
+  }
   o["pe"] = pe;
   return o;
 }
@@ -147,7 +159,7 @@ void bind_topology(py::module_& m) {
                                for (const auto& c : t.cubes) l.append(cube_dict(c));
                                return l;
                              },
-                             "One dict per cube: id, pes, clock_scale, hbm{...}, pe{clock_GHz, tcm, dma, mac, "
+                             "One dict per cube: id, pes, clock_scale, hbm{...}, l2{...} or None, pe{clock_GHz, tcm, dma, mac, "
                              "vector, tile}.")
       .def_property_readonly("links",
                              [](const hw::Topology& t) {

@@ -1,4 +1,5 @@
-// cube.h — a cube (one chip): its PEs, its HBM shared by them, and its router's ports.
+// cube.h — a cube (one chip): its PEs, its HBM shared by them (behind an optional L2 cache), and its
+// router's ports.
 //
 // The HBM is one memory whose channels every PE's DMA and every link transfer contend for. The
 // router forwards by the topology's routing (routing.h); its ports are the cube's outgoing links.
@@ -12,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "sim/hw/l2_cache.h"
 #include "sim/hw/memory.h"
 #include "sim/hw/pe.h"
 #include "sim/hw/topology.h"
@@ -27,6 +29,8 @@ class Cube {
   int id() const { return spec_.id; }
   const CubeSpec& spec() const { return spec_; }
   Memory& hbm() { return *hbm_; }
+  // The cube's L2 cache in front of its HBM, or null when the topology gives the cube none.
+  L2Cache* l2() { return l2_; }
   int num_pes() const { return static_cast<int>(pes_.size()); }
   Pe& pe(int i) { return *pes_.at(static_cast<std::size_t>(i)); }
   // Outgoing links (ids), in topology order: network ports first, then the host link.
@@ -36,6 +40,7 @@ class Cube {
   friend class System;
   CubeSpec spec_;
   Memory* hbm_;
+  L2Cache* l2_ = nullptr;  // owned by the System
   std::vector<std::unique_ptr<Pe>> pes_;
   std::vector<int> ports_;
 };

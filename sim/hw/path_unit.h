@@ -46,6 +46,7 @@ struct ChunkVisit {
   sim::Duration post = 0;                // and after it (wire latency)
   sim::Time forget_before = 0;           // bookings that end earlier are history: nothing is ready that early
   sim::Trace* trace = nullptr;           // non-null: record a span per piece of work
+  bool read = false;                     // a memory stage that reads (the source side); else a write
 };
 
 // When the chunk's first and last byte leave the stage (post delay included).

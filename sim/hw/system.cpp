@@ -29,6 +29,7 @@ struct Stage {
   Duration post = 0;      // after it leaves (wire latency)
   bool src_side = false;  // a memory read: addresses come from the source region
   bool arrival = false;   // served at the head's arrival (PathUnit::Order::arrival)
+  L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
   std::string label;      // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
 };
 
@@ -75,11 +76,12 @@ struct TransferLanded {
 // ---------------------------------------------------------------- PathFigures, handles
 
 Duration StageFigures::time(std::uint64_t bytes) const {
-  if (channels <= 1) return sim::transfer_time(bytes, bandwidth);
+  const Duration through_cache = cache.bytes_per_s > 0 ? sim::transfer_time(bytes, cache) : 0;
+  if (channels <= 1) return std::max(through_cache, sim::transfer_time(bytes, bandwidth));
   // Blocks go round the channels; the busiest gets every full round plus at most one more block.
   const std::uint64_t stripe = interleave * channels;
   const std::uint64_t busiest = bytes / stripe * interleave + std::min(bytes % stripe, interleave);
-  return sim::transfer_time(busiest, sim::Bandwidth{bandwidth.bytes_per_s / channels});
+  return std::max(through_cache, sim::transfer_time(busiest, sim::Bandwidth{bandwidth.bytes_per_s / channels}));
 }
 
 Duration PathFigures::time(std::uint64_t bytes) const {
@@ -131,6 +133,7 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
                                      .channels = spec.hbm.channels,
                                      .interleave = spec.hbm.interleave_bytes});
     auto cube = std::make_unique<Cube>(spec, *hbm);
+    if (spec.l2.present) cube->l2_ = &own(std::make_unique<L2Cache>(c, spec.l2, *hbm));
     for (int p = 0; p < spec.pes; ++p) {
       Memory* tcm = memory(MemorySetup{.kind = MemoryKind::kTcm,
                                        .cube = c,
@@ -160,6 +163,10 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
   // time they are ready (see advance()); bookings older than that can be forgotten.
   for (const auto& m : memories_) lookback_ = std::max(lookback_, m->latency());
   for (const CubeSpec& c : topo_.cubes) lookback_ = std::max(lookback_, c.pe.dma.overhead);
+  // An L2 books the HBM for its misses a hit latency after the chunk's head arrives.
+  for (const CubeSpec& c : topo_.cubes) {
+    if (c.l2.present) lookback_ = std::max(lookback_, c.l2.latency + c.hbm.latency);
+  }
   for (std::size_t i = 0; i < topo_.links.size(); ++i) {
     const LinkSpec& l = topo_.links[i];
     const Duration extra = l.from == kSwitchNode ? topo_.switch_latency : 0;
@@ -253,6 +260,7 @@ void System::declare_tracks(std::span<const int> cubes) {
     this->cube(c);  // range check
     Cube& cube = *cubes_[static_cast<std::size_t>(c)];
     cube.hbm().declare_tracks(tr);
+    if (L2Cache* l2 = cube.l2()) l2->declare_tracks(tr);
     for (int p = 0; p < cube.num_pes(); ++p) {
       Pe& pe = cube.pe(p);
       for (Unit* u : std::initializer_list<Unit*>{&pe.mac(), &pe.vector(), &pe.dma().read, &pe.dma().write}) {
@@ -289,8 +297,17 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
                               .arrival = u.order() == PathUnit::Order::arrival,
                               .label = std::move(label)});
   };
-  // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency.
+  // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
+  // HBM behind an L2 is reached through it: the L2 stands in the HBM's place and books the HBM for
+  // its misses (l2_cache.h).
   auto memory_stage = [&](Memory& m, bool read) {
+    if (m.memory_kind() == MemoryKind::kHbm) {
+      if (L2Cache* l2 = cube(m.cube()).l2()) {
+        stage(*l2, read ? l2->latency() : 0, 0, read, fmt::format("{} ({})", l2->name(), read ? "read" : "write"));
+        if (read) p->stages.back().cache_read = l2;
+        return;
+      }
+    }
     stage(m, read ? m.latency() : 0, 0, read, fmt::format("{} ({})", m.name(), read ? "read" : "write"));
   };
   auto dma_stage = [&](Pe& pe, bool read_channel) {
@@ -344,10 +361,14 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   for (const Stage& s : p->stages) {
     if (s.arrival) before_link = false;
     if (before_link && has_links) p->d_pre += s.pre + s.post;
-    f.alpha += s.pre + s.post;
-    StageFigures sf = s.unit->figures();
+    // The figures of an L2 read are its misses': the HBM's latency and channels too (a chunk that
+    // hits is faster; the injection event still comes at the hit's d_pre, and a chunk that missed
+    // reaches its first link by a later event).
+    const Duration miss = s.cache_read ? s.cache_read->memory().latency() : 0;
+    f.alpha += s.pre + s.post + miss;
+    StageFigures sf = s.cache_read ? s.cache_read->cold_read_figures() : s.unit->figures();
     sf.name = s.label;
-    sf.fixed = s.pre + s.post;
+    sf.fixed = s.pre + s.post + miss;
     if (first || sf.bandwidth.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = sf.bandwidth;
     first = false;
     // Sources inject at the pace of the slowest stage's service of a full chunk.
@@ -505,6 +526,7 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
       return;
     }
     v.region = st.src_side ? &r->src_region : &r->dst_region;
+    v.read = st.src_side;
     v.head = head;
     v.tail = tail;
     v.pre = st.pre;

@@ -482,6 +482,65 @@ PeSpec read_pe(Obj o) {
   return pe;
 }
 
+// The cube's L2 cache: sizes that index (powers of two, whole sets) and fit in front of the HBM.
+L2Spec read_l2(Obj o, std::uint64_t hbm_capacity) {
+  L2Spec l2;
+  l2.present = true;
+  l2.capacity_bytes = o.capacity("L2");
+  auto power_of_two = [&](std::string_view key, std::string_view what, std::uint64_t max) {
+    const std::uint64_t v = o.positive_int(key, what, max);
+    if ((v & (v - 1)) != 0) {
+      o.fail(key, fmt::format("{} is not a power of two; give a power of two from 1 to {} ({})", v, max, what));
+    }
+    return static_cast<std::uint32_t>(v);
+  };
+  l2.line_bytes = power_of_two("line_bytes", "cache line size in bytes", 1u << 16);
+  l2.sector_bytes = power_of_two("sector_bytes", "sector size in bytes", 1u << 16);
+  l2.ways = static_cast<std::uint32_t>(o.positive_int("ways", "associativity: lines per set", 256));
+  l2.bandwidth = o.bandwidth("bandwidth_GBps", "L2 bandwidth for hits and fills");
+  l2.latency = o.duration_ns("latency_ns", "L2 hit latency");
+  o.finish();
+  if (l2.line_bytes % l2.sector_bytes != 0) {
+    o.fail("line_bytes", fmt::format("{} is not a multiple of sector_bytes {}; a line holds whole sectors: give "
+                                     "line_bytes = sector_bytes x 1, 2, 4 or 8",
+                                     l2.line_bytes, l2.sector_bytes));
+  }
+  if (l2.line_bytes / l2.sector_bytes > 8) {
+    o.fail("sector_bytes", fmt::format("{} gives {} sectors per {}-byte line; at most 8 are supported: give "
+                                       "sector_bytes of at least {}",
+                                       l2.sector_bytes, l2.line_bytes / l2.sector_bytes, l2.line_bytes,
+                                       l2.line_bytes / 8));
+  }
+  if (l2.capacity_bytes > hbm_capacity) {
+    o.ctx().fail(o.path(), fmt::format("the L2 capacity {} ({} bytes) is larger than the cube's HBM of {} ({} bytes); "
+                                       "give a cache no larger than the memory behind it",
+                                       format_bytes(l2.capacity_bytes), l2.capacity_bytes, format_bytes(hbm_capacity),
+                                       hbm_capacity));
+  }
+  const std::uint64_t set_bytes = std::uint64_t{l2.line_bytes} * l2.ways;
+  if (l2.capacity_bytes % set_bytes != 0) {
+    o.ctx().fail(o.path(), fmt::format("the L2 capacity {} bytes is not divisible into sets of {} ways x {}-byte "
+                                       "lines ({} bytes): give a capacity that is a multiple of {} bytes, or other "
+                                       "ways or line_bytes",
+                                       l2.capacity_bytes, l2.ways, l2.line_bytes, set_bytes, set_bytes));
+  }
+  constexpr std::uint64_t kMaxLines = 1ull << 24;
+  if (l2.capacity_bytes / l2.line_bytes > kMaxLines) {
+    o.ctx().fail(o.path(), fmt::format("the L2 has {} lines ({} bytes / {}-byte lines); the simulator keeps a tag per "
+                                       "line and allows at most {} lines: give a smaller capacity or longer lines",
+                                       l2.capacity_bytes / l2.line_bytes, l2.capacity_bytes, l2.line_bytes,
+                                       kMaxLines));
+  }
+  const std::uint64_t sets = l2.capacity_bytes / set_bytes;
+  if ((hbm_capacity / l2.line_bytes) / sets >= 0xffffffffull) {
+    o.ctx().fail(o.path(), fmt::format("the cube's HBM of {} holds {} lines of {} bytes for {} L2 sets: the simulator's "
+                                       "32-bit tags allow fewer than 2^32 lines per set; give longer lines, more sets "
+                                       "or less HBM",
+                                       format_bytes(hbm_capacity), hbm_capacity / l2.line_bytes, l2.line_bytes, sets));
+  }
+  return l2;
+}
+
 CubeSpec read_cube(Obj o, bool allow_id) {
   CubeSpec c;
   if (allow_id) o.get("id");
@@ -501,6 +560,7 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     c.hbm.interleave_bytes = h.positive_int("interleave_bytes", "bytes per channel before the next", 1ull << 40);
     h.finish();
   }
+  if (const json* l = o.get("l2")) c.l2 = read_l2(o.object_at("l2", *l), c.hbm.capacity_bytes);
   c.pe = read_pe(o.object("pe", "the description shared by the cube's PEs"));
   o.finish();
   if (c.pe.gemm.present && static_cast<std::uint64_t>(c.pe.gemm.cluster_m) * c.pe.gemm.cluster_n > static_cast<std::uint64_t>(c.pes)) {

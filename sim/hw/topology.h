@@ -40,6 +40,19 @@ struct HbmSpec {
   std::uint64_t interleave_bytes = 0;  // consecutive blocks of this size go to consecutive channels
 };
 
+// A cube's L2 cache (optional; `present` false: accesses go straight to the HBM, as without one).
+// A memory-side cache shared by the cube's PEs: every transfer stage that reads or writes the
+// cube's HBM passes it (l2_cache.h has the model).
+struct L2Spec {
+  bool present = false;
+  std::uint64_t capacity_bytes = 0;  // a multiple of line_bytes * ways (sets = capacity / (line * ways))
+  std::uint32_t line_bytes = 0;      // a power of two; a tag per line
+  std::uint32_t sector_bytes = 0;    // a power of two dividing line_bytes, at most 8 per line; the unit of fills
+  std::uint32_t ways = 0;            // associativity (LRU within a set)
+  Bandwidth bandwidth;               // hits and fills pass it at this rate
+  Duration latency = 0;              // hit latency, paid by reads
+};
+
 struct TcmSpec {
   std::uint64_t capacity_bytes = 0;
   Bandwidth bandwidth;
@@ -102,6 +115,7 @@ struct CubeSpec {
   int id = 0;
   int pes = 0;
   HbmSpec hbm;
+  L2Spec l2;  // absent unless the document has cube.l2 (or cubes.<i>.l2)
   PeSpec pe;
   double clock_scale = 1.0;  // already applied to pe.clock_hz, pe.mac and pe.vector clocks
 };

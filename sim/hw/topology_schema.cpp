@@ -108,6 +108,13 @@ Fields cube_fields() {
                                       leaf("latency_ns", "HBM read latency, ns"),
                                       leaf("channels", "independent HBM channels"),
                                       leaf("interleave_bytes", "bytes per channel before the next")})),
+      object("l2", "the cube's L2 cache, in front of its HBM (optional: without it, accesses go straight to the HBM)",
+             concat(capacity("L2"), {leaf("line_bytes", "cache line size in bytes (a power of two)"),
+                                     leaf("sector_bytes", "sector size in bytes: a power of two dividing line_bytes, "
+                                                          "at most 8 per line; misses fetch whole sectors"),
+                                     leaf("ways", "associativity: lines per set (LRU within a set)"),
+                                     leaf("bandwidth_GBps", "L2 bandwidth for hits and fills, GB/s"),
+                                     leaf("latency_ns", "L2 hit latency, ns (paid by reads)")})),
       object("pe", "the description shared by the cube's PEs",
              {leaf("clock_GHz", "PE clock, GHz"),
               object("tcm", "the PE's tightly coupled memory",

@@ -36,6 +36,9 @@ struct StageFigures {
   std::uint32_t channels = 1;
   std::uint64_t interleave = 0;   // bytes per channel before the next (memories)
   sim::Duration fixed = 0;        // delays before and after it (read latency, overhead, wire latency)
+  // A cache in front of the memory (an L2 read stage, all misses): the cache's bandwidth, which the
+  // bytes pass as well as the memory's channels; time() is the slower of the two. 0: no cache.
+  sim::Bandwidth cache;
 
   // A stage's figures before it has a name and delays: bandwidth, channels, interleave.
   static StageFigures of(sim::Bandwidth bw, std::uint32_t channels = 1, std::uint64_t interleave = 0) {
@@ -47,7 +50,8 @@ struct StageFigures {
   }
 
   // The time `bytes` occupy the stage: on a memory, the busiest channel's share (the bytes start on
-  // a channel boundary), so a small access runs at one channel's rate.
+  // a channel boundary), so a small access runs at one channel's rate; behind a cache, the longer of
+  // that and the bytes at the cache's bandwidth.
   sim::Duration time(std::uint64_t bytes) const;
 };
 

@@ -53,6 +53,7 @@ std::string unit_name(UnitKind kind, const UnitPlace& p) {
     case UnitKind::mac: return cube_pe_name(p.cube, p.pe, ".mac");
     case UnitKind::vector: return cube_pe_name(p.cube, p.pe, ".vector");
     case UnitKind::switch_port: return "switch.port " + node_name(p.from) + "->" + node_name(p.to);
+    case UnitKind::l2: return cube_name(p.cube) + ".l2";
   }
   return std::string(unit_kind_name(kind));
 }
@@ -69,6 +70,8 @@ std::vector<UnitCounters> counters_since(std::vector<UnitCounters> now, std::spa
     u.pieces -= b.pieces;
     u.hits -= b.hits;
     u.misses -= b.misses;
+    u.fill_bytes -= b.fill_bytes;
+    u.writeback_bytes -= b.writeback_bytes;
     if (!u.channel_busy.empty() && u.channel_busy.size() == b.channel_busy.size()) {
       for (std::size_t c = 0; c < u.channel_busy.size(); ++c) u.channel_busy[c] -= b.channel_busy[c];
       u.busy = *std::max_element(u.channel_busy.begin(), u.channel_busy.end());

@@ -26,11 +26,12 @@
 namespace cubesim::hw {
 
 // dma_read: a DMA channel into a PE's TCM; dma_write: out of it. switch_port: a switch's ports
-// facing one cube, one direction (switch_port.h).
-enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector, switch_port };
-// "memory", "dma_read", "dma_write", "link", "mac", "vector", "switch_port"
+// facing one cube, one direction (switch_port.h); l2: a cube's L2 cache (l2_cache.h).
+enum class UnitKind : std::uint8_t { memory, dma_read, dma_write, link, mac, vector, switch_port, l2 };
+// "memory", "dma_read", "dma_write", "link", "mac", "vector", "switch_port", "l2"
 constexpr std::string_view unit_kind_name(UnitKind k) {
   switch (k) {
+    case UnitKind::l2: return "l2";
     case UnitKind::memory: return "memory";
     case UnitKind::dma_read: return "dma_read";
     case UnitKind::dma_write: return "dma_write";
@@ -63,8 +64,10 @@ struct UnitCounters {
   std::uint64_t pieces = 0; // chunks (or pieces of compute work) served
   sim::Duration busy = 0;   // time occupied; a memory of several channels: its busiest channel's
   std::vector<sim::Duration> channel_busy;  // a memory of several channels: each channel's busy time
-  std::uint64_t hits = 0;   // caches: lookups served without going below (none of today's units)
-  std::uint64_t misses = 0;
+  std::uint64_t hits = 0;   // caches: sectors read that were in the cache (l2_cache.h)
+  std::uint64_t misses = 0; // caches: sectors read that were fetched from below
+  std::uint64_t fill_bytes = 0;       // caches: bytes fetched from the memory below on misses
+  std::uint64_t writeback_bytes = 0;  // caches: dirty bytes written to the memory below on eviction
 };
 
 // What identifies a unit (plain data: a System's catalog of thousands of units costs no strings).
@@ -74,7 +77,7 @@ struct UnitInfo {
   UnitPlace place;
 };
 
-// A unit's name, from its kind and place: "cube0.hbm", "cube0.pe3.tcm", "host", "cube0.pe3.dma.read",
+// A unit's name, from its kind and place: "cube0.hbm", "cube0.l2", "cube0.pe3.tcm", "host", "cube0.pe3.dma.read",
 // "link c0->c1" (links name their endpoints c<i>, sw, host), "cube0.pe3.mac", "switch.port c3->sw"
 // (the ports receiving from cube 3) and "switch.port sw->c3" (those sending to it). Every unit's name()
 // is this (a new kind names itself here).
@@ -86,7 +89,7 @@ struct UnitUsage : UnitInfo, UnitCounters {
 };
 
 // The counters accrued between two snapshots of the same System (`before` taken first): bytes,
-// pieces, busy time, hits and misses are differences; a memory's busy time is its busiest
+// pieces, busy time, hits, misses, fill and write-back bytes are differences; a memory's busy time is its busiest
 // channel's over the interval.
 std::vector<UnitCounters> counters_since(std::vector<UnitCounters> now, std::span<const UnitCounters> before);
 // Each unit's identity with its counters (the same units, in id order).

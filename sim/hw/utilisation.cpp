@@ -15,7 +15,9 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, in
 Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, std::span<const int> cubes) {
   auto frac = [over](double busy) { return over > 0 ? busy / static_cast<double>(over) : 0.0; };
   struct Sums {
-    double mac = 0, vector = 0, dma_read = 0, dma_write = 0, hbm = 0;
+    double mac = 0, vector = 0, dma_read = 0, dma_write = 0, hbm = 0, l2 = 0;
+    std::uint64_t l2_hits = 0, l2_misses = 0;
+    bool has_l2 = false;
     int pes = 0;
   };
   std::vector<Sums> sums(cubes.size());
@@ -56,7 +58,7 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, st
     }
     const int at = u.place.cube >= 0 ? slot(u.place.cube) : -1;
     if (at < 0) continue;
-    // The kinds the table shows; any other unit of a cube (a cache, say) is not in it.
+    // The kinds the table shows; any other unit of a cube is not in it.
     Sums& s = sums[static_cast<std::size_t>(at)];
     if (u.kind == UnitKind::mac) {
       s.mac += busy;
@@ -69,6 +71,11 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, st
       s.dma_write += busy;
     } else if (u.kind == UnitKind::memory && u.place.pe < 0) {
       s.hbm = std::max(s.hbm, busy);  // the cube's HBM, not a PE's TCM
+    } else if (u.kind == UnitKind::l2) {
+      s.has_l2 = true;
+      s.l2 += busy;
+      s.l2_hits += u.hits;
+      s.l2_misses += u.misses;
     }
   }
   for (std::size_t i = 0; i < cubes.size(); ++i) {
@@ -79,7 +86,15 @@ Utilisation utilisation(std::span<const UnitUsage> usage, sim::Duration over, st
                                         .pe_vector = frac(s.vector / pes),
                                         .pe_dma_read = frac(s.dma_read / pes),
                                         .pe_dma_write = frac(s.dma_write / pes),
-                                        .hbm_busiest_channel = frac(s.hbm)});
+                                        .hbm_busiest_channel = frac(s.hbm),
+                                        .has_l2 = s.has_l2,
+                                        .l2_busy = frac(s.l2),
+                                        .l2_hits = s.l2_hits,
+                                        .l2_misses = s.l2_misses,
+                                        .l2_hit_rate = s.l2_hits + s.l2_misses > 0
+                                                           ? static_cast<double>(s.l2_hits) /
+                                                                 static_cast<double>(s.l2_hits + s.l2_misses)
+                                                           : 0.0});
   }
   for (auto [lu, b] : {std::pair{&out.links, &link_b}, std::pair{&out.switch_ports, &port_b}}) {
     if (!b->unit) continue;

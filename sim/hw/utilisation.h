@@ -11,6 +11,7 @@
 //   fmt::print("cube 0 MAC {:.1%}\n", u.cubes[0].pe_mac);
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +28,11 @@ struct CubeUtilisation {
   double pe_dma_read = 0;
   double pe_dma_write = 0;
   double hbm_busiest_channel = 0;
+  // The cube's L2 cache (has_l2 false: the cube has none, and the rest are 0).
+  bool has_l2 = false;
+  double l2_busy = 0;
+  std::uint64_t l2_hits = 0, l2_misses = 0;  // sectors read (l2_cache.h)
+  double l2_hit_rate = 0;                    // hits / (hits + misses); 0 when nothing was read
 };
 
 struct LinkUtilisation {

@@ -63,6 +63,32 @@ def test_run_json_schema(capsys, tmp_path):
     assert d["trace"] is None and d["measured"] is None
 
 
+def test_run_on_a_topology_with_l2_reports_it(capsys, tmp_path):
+    # h200x4's cubes have an L2: the hardware table has its column, the JSON its counters and the
+    # trace its track; hits + misses are the sectors read, fills are the misses' bytes.
+    path, trace = tmp_path / "run.json", tmp_path / "trace.json"
+    rc, out, _ = run_cli(capsys, "run", "--topology", "h200x4", "--tp", "2", "--timing-only", "--json", str(path),
+                         "--trace", str(trace), *SMALL)
+    assert rc == 0
+    assert "L2 (hit rate)" in out and "% hits)" in out
+    d = json.loads(path.read_text())
+    for c in d["hardware"]["cubes"]:
+        l2 = c["l2"]
+        assert set(l2) == {"busy", "hits", "misses", "hit_rate"}
+        assert l2["misses"] > 0 and 0 < l2["busy"] <= 1
+        assert l2["hit_rate"] == pytest.approx(l2["hits"] / (l2["hits"] + l2["misses"]))
+    units = [u for u in d["usage"] if u["kind"] == "l2"]
+    assert [u["name"] for u in units] == ["cube0.l2", "cube1.l2"]
+    for u, c in zip(units, d["hardware"]["cubes"]):
+        assert (u["hits"], u["misses"]) == (c["l2"]["hits"], c["l2"]["misses"])
+        assert u["fill_bytes"] == 32 * u["misses"]  # 32-byte sectors
+    tracks = {(e["args"]["name"]) for e in json.loads(trace.read_text())["traceEvents"]
+              if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert "l2" in tracks
+    rc, out, _ = run_cli(capsys, "topo", "show", "h200x4")
+    assert rc == 0 and "L2: 50" in out and "128-byte lines of 32-byte sectors, 16 ways" in out
+
+
 def test_run_json_to_stdout_is_only_json(capsys):
     rc, out, _ = run_cli(capsys, "run", "--json", "-", *SMALL)
     assert rc == 0

@@ -412,7 +412,10 @@ std::vector<json> documents_with_every_schema_key() {
   full["cube"]["pe"]["gemm"] = json::parse(R"({"tile": {"m": 16, "n": 32, "k": 16},
       "tiles": {"f32": {"m": 16, "n": 16, "k": 8}, "bf16": {"m": 32, "n": 32, "k": 16}, "f16": {"m": 32, "n": 32, "k": 16}},
       "stages": 3, "raster": "m", "swizzle": 2, "cluster": [2, 1],
-      "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50}})");
+      "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50,
+              "unaligned_bytes_per_cycle": 64}})");
+  full["cube"]["l2"] = json::parse(R"({"capacity_KiB": 64, "line_bytes": 128, "sector_bytes": 32, "ways": 4,
+                                       "bandwidth_GBps": 2000, "latency_ns": 20})");
   full["host"] = json::parse(R"({"memory": {"capacity_GiB": 1, "bandwidth_GBps": 10, "latency_ns": 100},
                                  "link": {"bandwidth_GBps": 16, "latency_ns": 500, "overhead_ns": 100}})");
   full["link_overrides"] = json::parse(R"([
@@ -425,10 +428,11 @@ std::vector<json> documents_with_every_schema_key() {
                                                              {"capacity_TiB", 1}, {"capacity_GB", 1}};
   for (const auto& [unit, amount] : units) {
     json d = full;
-    for (const char* mem : {"/cube/hbm", "/cube/pe/tcm", "/host/memory"}) {
+    for (const char* mem : {"/cube/hbm", "/cube/pe/tcm", "/host/memory", "/cube/l2"}) {
       json& m = d[json::json_pointer(mem)];
       for (const auto& u : units) m.erase(u.first);
-      m[unit] = amount;
+      // 1 TiB of L2 would be more lines than the simulator keeps: the L2 has 1/1024 TiB (1 GiB).
+      m[unit] = std::string(mem) == "/cube/l2" && unit == "capacity_TiB" ? amount / 1024 : amount;
     }
     json one = d["cube"];
     one["id"] = 1;
@@ -470,14 +474,14 @@ TEST(TopologySchema, UnknownKeysListTheSchemaNodesKeys) {
   doc["cubes"] = json::array({{{"id", 0}, {"pess", 3}}, {{"id", 1}}, {{"id", 2}}, {{"id", 3}}});
   // A per-cube entry has the cube's fields and its id; the template has no id.
   expect_error_contains([&] { topology_from_json(doc, "t"); },
-                        {"cubes.0: unknown key 'pess' (did you mean 'pes'?); valid keys here: clock_scale, hbm, id, pe, pes"});
+                        {"cubes.0: unknown key 'pess' (did you mean 'pes'?); valid keys here: clock_scale, hbm, id, l2, pe, pes"});
   json tmpl = small_doc();
   tmpl["cube"]["id"] = 0;
   expect_error_contains([&] { topology_from_json(tmpl, "t"); },
-                        {"cube: unknown key 'id'", "valid keys here: clock_scale, hbm, pe, pes"});
-  EXPECT_EQ(topology_schema().field("cube")->keys(), (std::vector<std::string>{"clock_scale", "hbm", "pe", "pes"}));
+                        {"cube: unknown key 'id'", "valid keys here: clock_scale, hbm, l2, pe, pes"});
+  EXPECT_EQ(topology_schema().field("cube")->keys(), (std::vector<std::string>{"clock_scale", "hbm", "l2", "pe", "pes"}));
   EXPECT_EQ(topology_schema().field("cubes")->item()->keys(),
-            (std::vector<std::string>{"clock_scale", "hbm", "id", "pe", "pes"}));
+            (std::vector<std::string>{"clock_scale", "hbm", "id", "l2", "pe", "pes"}));
 }
 
 TEST(Topology, LoadWithOverridesIsLoadThenApplyThenValidate) {
