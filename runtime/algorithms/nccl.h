@@ -7,7 +7,10 @@
 // Figures (hw::NcclSpec, topology "nccl" section; topologies/README.md has the schema). A topology
 // without the section uses NcclSpec::defaults() — NCCL's own tuning constants for Hopper over
 // NVLink (src/graph/tuning.cc, src/graph/topo.h, src/include/device.h, src/init.cc) — and so does a
-// backend without a topology (the host reference), so the host replays a simulated run.
+// backend without a topology (the host reference), so the host replays a simulated run. The bits
+// depend only on whether a call runs a ring or a tree (below), so a host replay matches any
+// section that makes the same ring/tree choice as the defaults (the shipped sections are the
+// defaults; reduce_scatter, all_gather and broadcast are rings whatever the figures).
 //
 // Selection (NCCL's rule: the smallest predicted time; nccl_plan() below):
 //   candidates  all_reduce: ring, tree; all_gather, reduce_scatter, broadcast: ring — those the
@@ -33,7 +36,10 @@
 //   same S for every piece of the channel). Each channel is a concurrent process of the rank; it
 //   runs slice by slice, and for each slice all the ring steps (reduce-scatter's p-1, then
 //   all-gather's p-1), as NCCL's primitives do, so slice k+1 follows slice k down the ring. The
-//   ring order is the group order (member j sends to j+1) on every channel.
+//   ring order is the group order (member j sends to j+1) on every channel. Channels in use:
+//   min(channels, n / p) (at least 1), so that a channel has an element of every chunk; broadcast
+//   min(channels, n); a tree all_reduce max(1, channels / 2) per tree. The plan names the section's
+//   channel count.
 //   Reduction order: as ring.h, element by element: chunk c is summed ((x[c+1] + x[c+2]) + ...)
 //   + x[c] — whatever C, S or the protocol. So `nccl` gives bitwise the results of `ring` when it
 //   picks a ring, and of `tree` when it picks a tree.
@@ -53,9 +59,13 @@
 //     LL128's 128 per 120, so the payload takes that much longer on the links (memories see the
 //     payload). Channels share links through the link servers.
 //   - reductions stream with the receives (comm.h).
-//   On an idle ring of p ranks with links of latency a and bandwidth b, one slice per chunk:
-//     T ≈ launch + base + nsteps x (hop + a + (n/p/C)·wire/data / b·C-sharing)
-//   tests/runtime/nccl_test.cpp checks this against a hand-computed value.
+//   So one ring step of B payload bytes over one idle link (latency a, bandwidth b), one slice:
+//     T = launch + base + hop + a + B x wire/data / b
+//   (tests/runtime/nccl_test.cpp checks this by hand for Simple, LL and LL128); channels on one
+//   link share its bandwidth, so more channels do not make one link faster.
+//   Not modelled: NCCL's per-channel ring orders (on a full mesh NCCL spreads its channels' rings
+//   over different links; here every channel rings in group order, so on h200x4 a ring uses one
+//   link per direction of each GPU's three), NVLS, multi-node (net) figures.
 //
 // The plan of every call shows in the trace (a span "nccl ring/Simple x16" on the rank's comm
 // track) and in op records (record_ops: the detail ends with the plan).
