@@ -112,7 +112,9 @@ NcclPlan nccl_plan(Collective k, int p, std::uint64_t bytes, const hw::NcclSpec&
 
 const hw::NcclSpec& nccl_spec_of(Comm& c) {
   const hw::Topology* t = c.context().backend().topology();
-  return t && t->nccl.present ? t->nccl : hw::NcclSpec::defaults();
+  if (t && t->nccl.present) return t->nccl;
+  const std::optional<hw::NcclSpec>& given = c.context().options().nccl;
+  return given ? *given : hw::NcclSpec::defaults();
 }
 
 namespace {

@@ -7,10 +7,11 @@
 // Figures (hw::NcclSpec, topology "nccl" section; topologies/README.md has the schema). A topology
 // without the section uses NcclSpec::defaults() — NCCL's own tuning constants for Hopper over
 // NVLink (src/graph/tuning.cc, src/graph/topo.h, src/include/device.h, src/init.cc) — and so does a
-// backend without a topology (the host reference), so the host replays a simulated run. The bits
-// depend only on whether a call runs a ring or a tree (below), so a host replay matches any
-// section that makes the same ring/tree choice as the defaults (the shipped sections are the
-// defaults; reduce_scatter, all_gather and broadcast are rings whatever the figures).
+// backend without a topology (the host reference) unless its ContextOptions::nccl gives the
+// figures: a host replay of a simulated run takes the topology's section there (tp's
+// check_mlp_equivalence does), so it plans exactly as the simulated run did. The bits depend only
+// on whether a call runs a ring or a tree (below): reduce_scatter, all_gather and broadcast give
+// ring's bits whatever the figures.
 //
 // Selection (NCCL's rule: the smallest predicted time; nccl_plan() below):
 //   candidates  all_reduce: ring, tree; all_gather, reduce_scatter, broadcast: ring — those the
@@ -103,7 +104,8 @@ NcclPlan nccl_plan(Collective k, int p, std::uint64_t bytes, const hw::NcclSpec&
 double nccl_predicted_us(Collective k, int p, std::uint64_t bytes, NcclAlgo a, hw::NcclProtocol proto,
                          const hw::NcclSpec& spec);
 
-// The figures a call plans with: the topology's section, else NcclSpec::defaults().
+// The figures a call plans with: the topology's section, else ContextOptions::nccl, else
+// NcclSpec::defaults().
 const hw::NcclSpec& nccl_spec_of(Comm& c);
 
 void nccl_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});

@@ -217,6 +217,24 @@ TEST(NcclValues, BitwiseTheRingOrTreeItRuns) {
   }
 }
 
+// A host given the section (ContextOptions::nccl) plans as the simulated run: here, trees.
+TEST(NcclValues, AHostGivenTheSectionReplaysIt) {
+  const hw::Topology trees = hw::load_topology("h200x4", {{"nccl.algorithms", json::array({"tree"})}});
+  Factory host_trees = [&](int ranks) {
+    ContextOptions o;
+    o.world_size = ranks;
+    o.stack_size = 64 * 1024;
+    o.nccl = trees.nccl;
+    return std::make_unique<Context>(o);
+  };
+  CollCase c{"all_reduce", Algorithm::nccl, DType::bf16, 4, 300001};
+  const CollResult s = run_collective(sim_with(trees), c);
+  const CollResult h = run_collective(host_trees, c);
+  const CollResult plain = run_collective(host_context, c);  // defaults: a ring, other bits
+  for (int k = 0; k < 4; ++k) ASSERT_EQ(s.out_bytes[k], h.out_bytes[k]) << "rank " << k;
+  EXPECT_NE(s.out_bytes[0], plain.out_bytes[0]);
+}
+
 TEST(NcclValues, ThePlanShowsInOpRecords) {
   const hw::Topology topo = hw::load_topology("h200x4");
   for (auto [n, plan] : {std::pair<std::int64_t, std::string>{256, "nccl ring/LL x16"},
