@@ -181,19 +181,24 @@ int ring_channels(int C, std::int64_t n, int M) {
 }
 
 // Channel ch of a ring: reduce-scatter (rs) and/or all-gather (ag) steps, slice by slice.
+// R: the channel's ring order (positions in m), or null for m's own order.
 void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, int C, int ch, const Run& r, bool rs,
-                  bool ag) {
-  const int M = m.size(), j = m.pos;
+                  bool ag, const std::vector<int>* R) {
+  const int M = m.size();
   const std::int64_t n = flat.numel();
-  const int next = m.at(j + 1), prev = m.at(j - 1);
+  // Ring position x is member position at(x) of m; it owns m's chunk at(x).
+  auto at = [&](int x) { return R ? (*R)[static_cast<std::size_t>(mod(x, M))] : mod(x, M); };
+  int j = m.pos;
+  if (R) j = static_cast<int>(std::find(R->begin(), R->end(), m.pos) - R->begin());
+  const int next = m.at(at(j + 1)), prev = m.at(at(j - 1));
   auto piece = [&](int i) {
     const Range ci = chunk_range(n, M, i);
     const Range pc = chunk_range(ci.count, C, ch);
     return Range{ci.begin + pc.begin, pc.count};
   };
   const int S = slices_of(static_cast<std::uint64_t>(piece(0).count) * dtype_size(flat.dtype()), r.slice_bytes);
-  auto slice = [&](int i, int k) {
-    const Range pc = piece(i);
+  auto slice = [&](int x, int k) {  // ring position x's chunk
+    const Range pc = piece(at(x));
     const Range sl = chunk_range(pc.count, S, k);
     return region(flat, Range{pc.begin + sl.begin, sl.count});
   };
@@ -218,7 +223,8 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
 
 void ring_collective(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Run& r, bool rs, bool ag) {
   const int C = ring_channels(r.plan.channels, flat.numel(), m.size());
-  run_lanes(c, C, [&](int ch) { ring_channel(c, m, flat, op, C, ch, r, rs, ag); });
+  const hw::NcclSpec& spec = nccl_spec_of(c);
+  run_lanes(c, C, [&](int ch) { ring_channel(c, m, flat, op, C, ch, r, rs, ag, spec.ring_order(m.size(), ch)); });
 }
 
 // One lane of a binary tree over member positions L (L[i]'s children at 2i+1, 2i+2; i the

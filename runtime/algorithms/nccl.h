@@ -36,14 +36,18 @@
 //   (chunk_range(piece, S, k); S = ceil(largest piece's bytes / slice_bytes), 1..kMaxSlices, the
 //   same S for every piece of the channel). Each channel is a concurrent process of the rank; it
 //   runs slice by slice, and for each slice all the ring steps (reduce-scatter's p-1, then
-//   all-gather's p-1), as NCCL's primitives do, so slice k+1 follows slice k down the ring. The
-//   ring order is the group order (member j sends to j+1) on every channel. Channels in use:
+//   all-gather's p-1), as NCCL's primitives do, so slice k+1 follows slice k down the ring.
+//   Ring orders: channel c uses R = the (c mod k)-th of the section's k "rings" of length p
+//   (member indices; none: the group order 0, 1, ..., p-1). Ring position i is member R[i], sends
+//   to R[i+1] and owns chunk R[i] (so reduce_scatter's member k still ends with chunk k).
+//   Channels in use:
 //   min(channels, n / p) (at least 1), so that a channel has an element of every chunk; broadcast
 //   min(channels, n); a tree all_reduce max(1, channels / 2) per tree. The plan names the section's
 //   channel count.
-//   Reduction order: as ring.h, element by element: chunk c is summed ((x[c+1] + x[c+2]) + ...)
-//   + x[c] — whatever C, S or the protocol. So `nccl` gives bitwise the results of `ring` when it
-//   picks a ring, and of `tree` when it picks a tree.
+//   Reduction order, element by element, of chunk c on channel ch (R[i] = c): ((x[R[i+1]] +
+//   x[R[i+2]]) + ...) + x[c] — whatever S or the protocol. With group-order rings that is ring.h's
+//   order whatever C, so `nccl` gives bitwise the results of `ring` when it picks a ring (and of
+//   `tree` when it picks a tree); with "rings" the order is fixed by (p, C, the rings).
 //   Tree (all_reduce). tree.h's two trees and halves; half t is cut into max(1, C/2) channel pieces,
 //   each piece pipelined in slices; per slice and node: acc = own; acc = op(acc, child0); acc =
 //   op(acc, child1) — tree.h's order, bitwise tree's results.
@@ -64,9 +68,8 @@
 //     T = launch + base + hop + a + B x wire/data / b
 //   (tests/runtime/nccl_test.cpp checks this by hand for Simple, LL and LL128); channels on one
 //   link share its bandwidth, so more channels do not make one link faster.
-//   Not modelled: NCCL's per-channel ring orders (on a full mesh NCCL spreads its channels' rings
-//   over different links; here every channel rings in group order, so on h200x4 a ring uses one
-//   link per direction of each GPU's three), NVLS, multi-node (net) figures.
+//   Not modelled: NCCL's ring search (the orders come from the section: h200x4 lists the six
+//   directed cycles of its full mesh), NVLS, multi-node (net) figures.
 //
 // The plan of every call shows in the trace (a span "nccl ring/Simple x16" on the rank's comm
 // track) and in op records (record_ops: the detail ends with the plan).

@@ -727,6 +727,17 @@ std::string_view nccl_protocol_name(NcclProtocol p) {
   return "?";
 }
 
+const std::vector<int>* NcclSpec::ring_order(int p, int channel) const {
+  int k = 0;
+  for (const auto& r : rings) k += static_cast<int>(r.size()) == p;
+  if (k == 0) return nullptr;
+  int want = channel % k;
+  for (const auto& r : rings) {
+    if (static_cast<int>(r.size()) == p && want-- == 0) return &r;
+  }
+  return nullptr;
+}
+
 const NcclSpec& NcclSpec::defaults() {
   // NCCL's tuning constants for Hopper over NVLink (topologies/README.md lists the sources).
   static const NcclSpec d = [] {
@@ -785,6 +796,34 @@ void read_nccl(const Ctx& ctx, const json& doc, Topology& t) {
       } else {
         ctx.fail(child(o.at("algorithms"), i), fmt::format("unknown algorithm {}; valid: ring, tree", short_dump(a)));
       }
+    }
+  }
+  if (const json* v = o.get("rings")) {
+    if (!v->is_array()) o.fail("rings", fmt::format("{} is not valid; give a list of ring orders like \"0 2 1 3\"", short_dump(*v)));
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const json& e = (*v)[i];
+      std::vector<int> order;
+      bool ok = e.is_string();
+      if (ok) {
+        std::istringstream in(e.get<std::string>());
+        std::string tok;
+        while (ok && in >> tok) {
+          char* end = nullptr;
+          const long x = std::strtol(tok.c_str(), &end, 10);
+          ok = *end == '\0' && x >= 0 && x < 4096;
+          order.push_back(static_cast<int>(x));
+        }
+        std::vector<int> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        for (std::size_t k = 0; ok && k < sorted.size(); ++k) ok = sorted[k] == static_cast<int>(k);
+        ok = ok && order.size() >= 2;
+      }
+      if (!ok) {
+        ctx.fail(child(o.at("rings"), i), fmt::format("{} is not valid; give a permutation of 0..p-1 (p >= 2) as "
+                                                      "space-separated member indices, e.g. \"0 2 1 3\"",
+                                                      short_dump(e)));
+      }
+      s.rings.push_back(std::move(order));
     }
   }
   if (o.has("protocols")) {

@@ -134,6 +134,10 @@ struct NcclSpec {
   int channels = 16;
   double channel_bandwidth_GBps = 20.6;  // the model's bus bandwidth per channel (selection only)
   bool ring = true, tree = true;      // algorithms allowed
+  // Ring orders: channel c of a ring over p members uses the (c mod k)-th of the k orders of
+  // length p (member indices); none of that length: the group order.
+  std::vector<std::vector<int>> rings;
+  const std::vector<int>* ring_order(int p, int channel) const;
   NcclProtocolSpec protocols[3];      // by NcclProtocol
   const NcclProtocolSpec& protocol(NcclProtocol p) const { return protocols[static_cast<int>(p)]; }
   static const NcclSpec& defaults();

@@ -120,6 +120,9 @@ SchemaNode nccl_section() {
                  leaf("channels", "parallel rings (trees: half each way)"),
                  leaf("channel_bandwidth_GBps", "the model's bus bandwidth per channel, GB/s (selection only)"),
                  list("algorithms", "the algorithms NCCL may choose: ring, tree", leaf("*", "ring or tree")),
+                 list("rings", "ring orders over member indices, e.g. \"0 2 1 3\"; channel c of a p-member ring "
+                               "uses the (c mod k)-th of the k orders of length p (none: the group order)",
+                      leaf("*", "a permutation of 0..p-1, space-separated")),
                  object("protocols", "per protocol: LL, LL128, Simple", std::move(protocols))});
 }
 

@@ -187,7 +187,8 @@ TEST(NcclTiming, ChannelsShareTheLink) {
 // ---------------------------------------------------------------- values and plans
 
 TEST(NcclValues, BitwiseTheRingOrTreeItRuns) {
-  const hw::Topology topo = hw::load_topology("h200x4");
+  // Rings in group order (h200x4 ships other orders: NcclValues.RingOrdersAsDocumented).
+  const hw::Topology topo = hw::load_topology("h200x4", {{"nccl.rings", json::array()}});
   const hw::Topology trees = hw::load_topology("h200x4", {{"nccl.algorithms", json::array({"tree"})}});
   // Sizes that pick LL, LL128 and Simple on 4 ranks; odd counts.
   for (std::int64_t n : {std::int64_t{1001}, std::int64_t{300001}, std::int64_t{4000001}}) {
@@ -214,6 +215,53 @@ TEST(NcclValues, BitwiseTheRingOrTreeItRuns) {
     ring.algo = Algorithm::ring;
     const CollResult h = run_collective(host_context, ring);
     for (int k = 0; k < 3; ++k) ASSERT_EQ(s.out_bytes[k], h.out_bytes[k]) << c.name() << " rank " << k;
+  }
+}
+
+// Ring orders per channel (nccl.h): chunk c (owned by member c) is summed along channel ch's ring R
+// starting after c: x[R[i+1]] + x[R[i+2]] + ... + x[c], where R[i] = c; replayed independently.
+TEST(NcclValues, RingOrdersAsDocumented) {
+  const hw::Topology topo = hw::load_topology("h200x4");
+  ASSERT_EQ(topo.nccl.rings.size(), 6u);
+  const int p = 4;
+  for (DType d : {DType::bf16, DType::f32}) {
+    for (std::int64_t n : {std::int64_t{1001}, std::int64_t{400003}}) {
+      CollCase c{"all_reduce", Algorithm::nccl, d, p, n};
+      c.seed = static_cast<std::uint64_t>(n) + 7;
+      const CollResult s = run_collective(sim_with(topo), c);
+      const int C = static_cast<int>(std::clamp<std::int64_t>(n / p, 1, topo.nccl.channels));
+      std::vector<float> want(static_cast<std::size_t>(n));
+      for (int ch = 0; ch < C; ++ch) {
+        const std::vector<int>& R = topo.nccl.rings[static_cast<std::size_t>(ch % 6)];
+        for (int i = 0; i < p; ++i) {
+          const int owner = R[static_cast<std::size_t>(i)];
+          const Range cr = chunk_range(n, p, owner);
+          const Range pc = chunk_range(cr.count, C, ch);
+          for (std::int64_t e = cr.begin + pc.begin; e < cr.begin + pc.begin + pc.count; ++e) {
+            float acc = s.inputs[static_cast<std::size_t>(R[static_cast<std::size_t>((i + 1) % p)])][e];
+            for (int k = 2; k <= p; ++k) {
+              acc = round_to(d, acc + s.inputs[static_cast<std::size_t>(R[static_cast<std::size_t>((i + k) % p)])][e]);
+            }
+            want[static_cast<std::size_t>(e)] = acc;
+          }
+        }
+      }
+      for (int k = 0; k < p; ++k) ASSERT_EQ(s.out[static_cast<std::size_t>(k)], want) << c.name() << " rank " << k;
+      // reduce_scatter: member k ends with chunk k, in the same order.
+      CollCase rs{"reduce_scatter", Algorithm::nccl, d, p, n / p};
+      rs.seed = c.seed;
+      const CollResult r = run_collective(sim_with(topo), rs);
+      const CollResult h = run_collective(
+          [&](int ranks) {
+            ContextOptions o;
+            o.world_size = ranks;
+            o.stack_size = 64 * 1024;
+            o.nccl = topo.nccl;
+            return std::make_unique<Context>(o);
+          },
+          rs);
+      for (int k = 0; k < p; ++k) ASSERT_EQ(r.out_bytes[static_cast<std::size_t>(k)], h.out_bytes[static_cast<std::size_t>(k)]);
+    }
   }
 }
 
@@ -268,6 +316,8 @@ TEST(NcclErrors, TheSectionsErrorsNameThePathAndTheValidChoices) {
                         {"nccl.algorithms.1", "unknown algorithm \"rings\"", "valid: ring, tree"});
   expect_error_contains(with("nccl.protocols.LL.wire_bytes", 4), {"nccl.protocols.LL.wire_bytes", "data_bytes 8"});
   expect_error_contains(with("nccl.channels", 0), {"nccl.channels", "integer from 1 to 64"});
+  expect_error_contains(with("nccl.rings", json::array({"0 1 2 3", "0 1 1 3"})),
+                        {"nccl.rings.1", "\"0 1 1 3\" is not valid", "permutation of 0..p-1"});
   json off = hw::load_topology_json("h200x4");
   for (const char* p : {"LL", "LL128", "Simple"}) off["nccl"]["protocols"][p]["enabled"] = false;
   expect_error_contains([&] { hw::topology_from_json(off, "t"); }, {"nccl.protocols", "enable at least one"});
