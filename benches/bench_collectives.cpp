@@ -12,6 +12,9 @@
 //   functional ring all-reduce, 64 ranks (torus8x8), 64 MiB bf16:          <= 5 s
 //   timing-only ring all-reduce, 1024 ranks (ring4 with cubes=1024), 1 GiB: <= 10 s
 // and wall time against ranks (8 to 1024), timing-only ring all-reduce of 1 GiB on a ring.
+// Rows of the nccl algorithm show its plan per size ("nccl ring/LL x16"; JSON: nccl_plan and
+// nccl_predicted_us, the NCCL model's time), and run on 2 of h200x4's GPUs as well, for the
+// comparison with real NCCL's busbw.
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "runtime/algorithms/nccl.h"
 #include "runtime/collectives.h"
 #include "runtime/run_collective.h"
 #include "runtime/sim_backend.h"
@@ -40,6 +44,8 @@ double bus_factor(const std::string& coll, int p) {
 
 struct Row {
   std::string topology, collective, algorithm;
+  std::string nccl_plan;      // nccl: what it chose ("ring/LL x16")
+  double nccl_predicted_us = 0;  // and the NCCL model's time for it
   int ranks = 0;
   std::uint64_t bytes = 0;
   double sim_time_us = 0, algbw = 0, busbw = 0, wall_s = 0;
@@ -61,7 +67,8 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
             const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional) {
   ContextOptions o;
   o.stack_size = 64 * 1024;
-  auto ctx = make_sim_context(o, hw::load_topology(topo, overrides), {.timing_only = !functional});
+  const hw::Topology topology = hw::load_topology(topo, overrides);
+  auto ctx = make_sim_context(o, topology, {.timing_only = !functional});
   const int p = ctx->world_size();
   const std::int64_t elems = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / dtype_size(d)));
   const bool whole = coll == "all_reduce" || coll == "broadcast";
@@ -88,14 +95,29 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
   row.busbw = row.algbw * bus_factor(coll, p);
   row.wall_s = res.wall_s;
   row.functional = functional;
+  if (a == Algorithm::nccl) {
+    const hw::NcclSpec& spec = topology.nccl.present ? topology.nccl : hw::NcclSpec::defaults();
+    const algo::NcclPlan plan = algo::nccl_plan(c.collective, p, row.bytes, spec);
+    row.nccl_plan = plan.describe();
+    row.nccl_predicted_us = plan.predicted_us;
+  }
   return row;
 }
 
 nlohmann::json to_json(const Row& r) {
-  return {{"topology", r.topology}, {"collective", r.collective}, {"algorithm", r.algorithm}, {"ranks", r.ranks},
-          {"bytes", r.bytes},       {"sim_time_us", r.sim_time_us}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw},
-          {"wall_s", r.wall_s},     {"functional", r.functional}};
+  nlohmann::json j = {{"topology", r.topology}, {"collective", r.collective}, {"algorithm", r.algorithm},
+                      {"ranks", r.ranks},       {"bytes", r.bytes},           {"sim_time_us", r.sim_time_us},
+                      {"algbw_GBps", r.algbw},  {"busbw_GBps", r.busbw},      {"wall_s", r.wall_s},
+                      {"functional", r.functional}};
+  if (!r.nccl_plan.empty()) {
+    j["nccl_plan"] = r.nccl_plan;
+    j["nccl_predicted_us"] = r.nccl_predicted_us;
+  }
+  return j;
 }
+
+// The algorithm column: nccl with its plan.
+std::string algorithm_cell(const Row& r) { return r.nccl_plan.empty() ? r.algorithm : r.algorithm + " " + r.nccl_plan; }
 
 std::string human_bytes(std::uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{}G", b >> 30);
@@ -137,11 +159,23 @@ int main(int argc, char** argv) {
               if (b == 1024) fmt::print(stderr, "skip {} {} {}: {}\n", topo, coll, algorithm_name(a), e.what());
               break;
             }
-            t.row({r.topology, std::to_string(r.ranks), r.collective, r.algorithm, human_bytes(r.bytes),
+            t.row({r.topology, std::to_string(r.ranks), r.collective, algorithm_cell(r), human_bytes(r.bytes),
                    fmt::format("{:.2f}", r.sim_time_us), fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
                    fmt::format("{:.3f}", r.wall_s)});
             out["rows"].push_back(to_json(r));
           }
+        }
+      }
+    }
+    // nccl on 2 of h200x4's GPUs too: real NCCL's busbw is measured on 2 and 4 GPUs.
+    if (std::find(topologies.begin(), topologies.end(), "h200x4") != topologies.end()) {
+      for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather"}) {
+        for (std::uint64_t b = 1024; b <= max_bytes; b *= 4) {
+          const Row r = run_one("h200x4", {{"cubes", 2}}, coll, Algorithm::nccl, b, DType::bf16, false);
+          t.row({r.topology, std::to_string(r.ranks), r.collective, algorithm_cell(r), human_bytes(r.bytes),
+                 fmt::format("{:.2f}", r.sim_time_us), fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
+                 fmt::format("{:.3f}", r.wall_s)});
+          out["rows"].push_back(to_json(r));
         }
       }
     }

@@ -26,6 +26,7 @@
 #include "sim/core/simulator.h"
 #include "sim/core/time.h"
 #include "sim/hw/topology.h"
+#include "sim/hw/transfer.h"
 #include "sim/hw/unit.h"
 
 namespace cubesim::rt {
@@ -100,6 +101,17 @@ class Backend {
   // process until they have landed. Timing-only backends move no values.
   virtual void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
                     std::uint64_t n) = 0;
+
+  // A protocol's send (the nccl family, runtime/algorithms/nccl.h): waits `delay` on the calling
+  // process, then moves n bytes as copy() does, with `wire` bytes on every link per byte of
+  // payload. Backends without simulated time just copy.
+  virtual void protocol_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
+                             std::uint64_t n, sim::Duration delay, hw::WireScale wire) {
+    copy(src, src_off, dst, dst_off, n);
+  }
+  // A fixed latency on `rank`'s timeline (blocks the calling process for d); `what` says what it
+  // stands for. Nothing on backends without simulated time.
+  virtual void delay(int rank, sim::Duration d, std::string_view what) {}
 
   // Charges the simulated time of work that the runtime computed on host values, on `rank`
   // (blocks the calling process for it). `overlapped_with` is time already spent that the work

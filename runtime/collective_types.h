@@ -22,7 +22,7 @@ using kernels::parse_reduce_op;
 // How a collective moves and combines data. Each has a row in runtime/algorithms/table.h (its
 // name, the collectives it does) and a header there documenting its chunking and reduction order;
 // the simulated data path follows it exactly, so a host run of the same algorithm gives the same bits.
-enum class Algorithm { ring, direct, tree, halving_doubling, hierarchical };
+enum class Algorithm { ring, direct, tree, halving_doubling, hierarchical, nccl };
 std::string_view algorithm_name(Algorithm a);
 Algorithm parse_algorithm(std::string_view s);  // throws RuntimeError listing the valid names
 

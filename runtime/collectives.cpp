@@ -97,7 +97,10 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
     ctx.add_comm(rank, t1 - t0);
     auto& tr = ctx.trace();
     tr.span(ctx.comm_track(rank), comm->name(), t0, t1);
-    if (ctx.options().record_ops) ctx.record_op(OpRecord{rank, "collective", comm->name(), signature, t0, t1, comm->region});
+    if (ctx.options().record_ops) {
+      ctx.record_op(OpRecord{rank, "collective", comm->name(), comm->plan.empty() ? signature : signature + " " + comm->plan,
+                             t0, t1, comm->region});
+    }
     done->trigger();
   };
   if (async) {

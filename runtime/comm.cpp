@@ -44,7 +44,9 @@ Comm::~Comm() {
   if (std::uncaught_exceptions() == 0) ctx_.finish_pending(group_.id(), seq_, me_);
 }
 
-Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) {
+Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) { return isend(to, region, tag, 0, {}); }
+
+Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag, sim::Duration delay, hw::WireScale wire) {
   auto done = std::make_shared<sim::Event>("send done");  // the sending process's name says who and where
   const int gid = group_.id();
   const std::uint64_t seq = seq_;
@@ -61,7 +63,12 @@ Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) {
                                         name, Context::current_rank("send"), region.nbytes(), to_rank, mb.dst.nbytes()));
     }
     mb.t_start = ctx->simulator().now();
-    ctx->backend().copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), region.nbytes());
+    if (delay == 0 && wire.identity()) {
+      ctx->backend().copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), region.nbytes());
+    } else {
+      ctx->backend().protocol_copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(),
+                                   region.nbytes(), delay, wire);
+    }
     mb.t_end = ctx->simulator().now();
     mb.delivered.trigger();
     done->trigger();

@@ -57,11 +57,15 @@ class Comm {
   std::uint64_t sequence() const { return seq_; }  // the group's collective number, equal on every member
 
   std::uint64_t region = 0;  // the backend's begin_region token for this collective (0: none)
+  std::string plan;          // what the algorithm chose ("nccl ring/Simple x16"), for op records
 
   struct Send {
     std::shared_ptr<sim::Event> done;
   };
   Send isend(int to, const Tensor& region, std::uint64_t tag);
+  // A protocol's send (nccl.h): the transfer starts `delay` after the receiver posted, with `wire`
+  // bytes on every link per byte of payload.
+  Send isend(int to, const Tensor& region, std::uint64_t tag, sim::Duration delay, hw::WireScale wire);
   void wait(Send& s);
   void wait_all();  // every isend of this Comm so far
 

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct ContextOptions {
   int hierarchy = 0;                      // default inner-group size for hierarchical (0: auto)
   std::size_t stack_size = 256 * 1024;    // per rank process
   bool record_ops = false;                // keep an OpRecord of every GEMM and collective (op_records())
+  // The nccl algorithm's figures on a backend without a topology section (the host replaying a
+  // simulated run: give it the simulated topology's section); none: hw::NcclSpec::defaults().
+  std::optional<hw::NcclSpec> nccl = std::nullopt;
 };
 
 // One GEMM or collective as a rank ran it (ContextOptions::record_ops), in the rank's program order.

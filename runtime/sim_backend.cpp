@@ -82,6 +82,19 @@ void SimBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, s
   system_->transfer(s.at(src_off), d.at(dst_off), n);
 }
 
+void SimBackend::protocol_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
+                               std::uint64_t n, sim::Duration delay, hw::WireScale wire) {
+  if (delay > 0) sim::this_process::sleep(delay);
+  const auto& s = static_cast<const SimStorage&>(src);
+  auto& d = static_cast<SimStorage&>(dst);
+  if (n == 0) return;
+  system_->start_transfer(s.at(src_off), d.at(dst_off), n, wire).wait();
+}
+
+void SimBackend::delay(int, sim::Duration d, std::string_view) {
+  if (d > 0) sim::this_process::sleep(d);
+}
+
 sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
   auto& sys = const_cast<hw::System&>(*system_);
   hw::Cube& cube = sys.cube(device_of(rank));

@@ -128,10 +128,13 @@ EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions&
     // The replay must run the collectives as the context does (algorithm, f32 accumulation,
     // hierarchy): they fix the reduction order, hence the bits.
     const rt::ContextOptions& co = ctx.options();
+    // And the nccl algorithm's figures (runtime/algorithms/nccl.h): they choose ring or tree.
+    const hw::Topology* topo = ctx.backend().topology();
     rt::Context hostp(rt::ContextOptions{.world_size = o.tp,
                                          .algorithm = co.algorithm,
                                          .accumulate_f32 = co.accumulate_f32,
-                                         .hierarchy = co.hierarchy});
+                                         .hierarchy = co.hierarchy,
+                                         .nccl = topo && topo->nccl.present ? std::optional(topo->nccl) : co.nccl});
     Run replay = run_mlp(hostp, o, o.tp);
     for (const auto& [name, values] : tpr.full) {
       rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));

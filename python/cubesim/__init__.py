@@ -74,6 +74,7 @@ from ._cubesim import (
     load_topology,
     load_topology_json,
     matmul,
+    nccl_plan,
     recv,
     reduce_scatter,
     round_to,

@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "common.h"
+#include "runtime/algorithms/nccl.h"
 #include "runtime/algorithms/table.h"
 #include "runtime/backend_registry.h"
 #include "runtime/collectives.h"
@@ -720,6 +721,27 @@ void bind_runtime(py::module_& m) {
           return v;
         },
         py::arg("collective"), "Algorithms a collective supports, e.g. supported_algorithms('all_gather').");
+  m.def("nccl_plan",
+        [](const std::string& coll, int ranks, std::uint64_t bytes, const py::object& topology) {
+          const rt::CollectiveRequest::Kind k = rt::parse_collective_kind(coll);
+          std::optional<hw::Topology> t;
+          if (py::isinstance<hw::Topology>(topology)) t = topology.cast<hw::Topology>();
+          else if (py::isinstance<py::str>(topology)) t = hw::load_topology(topology.cast<std::string>());
+          const hw::NcclSpec& spec = t && t->nccl.present ? t->nccl : hw::NcclSpec::defaults();
+          const rt::algo::NcclPlan pl = rt::algo::nccl_plan(k, ranks, bytes, spec);
+          py::dict d;
+          d["algorithm"] = std::string(rt::algo::nccl_algo_name(pl.algo));
+          d["protocol"] = std::string(hw::nccl_protocol_name(pl.protocol));
+          d["channels"] = pl.channels;
+          d["predicted_us"] = pl.predicted_us;
+          d["plan"] = pl.describe();
+          return d;
+        },
+        py::arg("collective"), py::arg("ranks"), py::arg("bytes"), py::arg("topology") = py::none(),
+        "What the nccl algorithm runs for one call (runtime/algorithms/nccl.h): a dict of algorithm ('ring', "
+        "'tree'), protocol ('LL', 'LL128', 'Simple'), channels, predicted_us (NCCL's model) and plan, from the "
+        "topology's nccl section (a name, a path or a Topology; none or no section: NCCL's defaults). bytes: the "
+        "buffer (all_gather: the gathered one, reduce_scatter: the whole input).");
   m.def("current_rank", [] { return rt::Context::current_rank("cubesim.current_rank()"); },
         "The calling rank, inside a rank function.");
 

@@ -12,6 +12,7 @@
 #include "runtime/algorithms/direct.h"
 #include "runtime/algorithms/halving_doubling.h"
 #include "runtime/algorithms/hierarchical.h"
+#include "runtime/algorithms/nccl.h"
 #include "runtime/algorithms/ring.h"
 #include "runtime/algorithms/tree.h"
 #include "runtime/collectives.h"
@@ -52,6 +53,13 @@ constexpr Row kRows[] = {
      .name = "hierarchical",
      .summary = "rings inside groups of `hierarchy` consecutive ranks, then rings across the groups",
      .all_reduce = {hierarchical_all_reduce}},
+    {.id = Algorithm::nccl,
+     .name = "nccl",
+     .summary = "as NCCL runs it: its choice of ring/tree and LL/LL128/Simple per call, over channels (topology 'nccl')",
+     .all_reduce = {nccl_all_reduce},
+     .reduce_scatter = {nccl_reduce_scatter},
+     .all_gather = {nccl_all_gather},
+     .broadcast = {nccl_broadcast}},
 };
 
 // row() indexes kRows by the enum's value.

@@ -49,6 +49,7 @@ struct TransferRecord : TransferInfo {
   Memory* dst = nullptr;
   Path* path = nullptr;
   std::uint64_t bytes = 0, chunk = 0;
+  WireScale wire;  // on the links (arrival-ordered stages)
   Time first_inject = 0;
   bool done = true;
   std::optional<sim::Event> event;
@@ -397,6 +398,15 @@ TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t byte
                         Region::contiguous(dst.addr, bytes));
 }
 
+TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire) {
+  if (wire.data == 0 || wire.wire < wire.data) {
+    throw TransferError(fmt::format("transfer: wire scale {}/{} is not valid; give wire >= data >= 1", wire.wire, wire.data));
+  }
+  TransferHandle h = start_transfer(src, dst, bytes);
+  if (h.rec_) h.rec_->wire = wire;  // read from the first chunk's injection on, which comes later
+  return h;
+}
+
 TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst, const Region& dr) {
   if (&src.hazard_tracker() != &hazard_tracker_ || &dst.hazard_tracker() != &hazard_tracker_) {
     throw TransferError(fmt::format("transfer {} -> {}: a memory of another System", src.name(), dst.name()));
@@ -463,6 +473,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   Path& p = const_cast<Path&>(path(src, dst));
   r->path = &p;
   r->bytes = bytes;
+  r->wire = WireScale{};
   r->chunk = p.chunk;
   r->nchunks = (bytes + p.chunk - 1) / p.chunk;
   r->landed = 0;
@@ -517,6 +528,7 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
                // Local stages may be booked up to lookback_ ahead of their ready time (see the constructor).
                .forget_before = now > lookback_ ? now - lookback_ : 0,
                .trace = tr.enabled() ? &tr : nullptr};
+  const std::uint64_t payload = v.bytes;
   for (std::size_t i = stage; i < p.stages.size(); ++i) {
     const Stage& st = p.stages[i];
     // An arrival-ordered unit (a link) is served when the chunk's head reaches it, so chunks from
@@ -525,6 +537,7 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
       sim_->at(head, ChunkStep{r, tail, chunk, static_cast<std::uint32_t>(i)});
       return;
     }
+    if (!r->wire.identity()) v.bytes = st.arrival ? r->wire.of(payload) : payload;
     v.region = st.src_side ? &r->src_region : &r->dst_region;
     v.read = st.src_side;
     v.head = head;

@@ -891,6 +891,159 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
   }
 }
 
+// ---------------------------------------------------------------- the "nccl" section
+
+}  // namespace
+
+std::string_view nccl_protocol_name(NcclProtocol p) {
+  switch (p) {
+    case NcclProtocol::ll: return "LL";
+    case NcclProtocol::ll128: return "LL128";
+    case NcclProtocol::simple: return "Simple";
+  }
+  return "?";
+}
+
+const std::vector<int>* NcclSpec::ring_order(int p, int channel) const {
+  int k = 0;
+  for (const auto& r : rings) k += static_cast<int>(r.size()) == p;
+  if (k == 0) return nullptr;
+  int want = channel % k;
+  for (const auto& r : rings) {
+    if (static_cast<int>(r.size()) == p && want-- == 0) return &r;
+  }
+  return nullptr;
+}
+
+const NcclSpec& NcclSpec::defaults() {
+  // NCCL's tuning constants for Hopper over NVLink (topologies/README.md lists the sources).
+  static const NcclSpec d = [] {
+    NcclSpec s;
+    auto us = [](double v) { return sim::from_ns(v * 1000.0); };
+    NcclProtocolSpec& ll = s.protocols[static_cast<int>(NcclProtocol::ll)];
+    ll.data_bytes = 8, ll.wire_bytes = 16;
+    ll.base_latency[0] = us(6.6), ll.base_latency[1] = us(6.8);
+    ll.hop_latency[0] = us(0.6), ll.hop_latency[1] = us(0.6);
+    ll.slice_bytes = 32768;  // one step of the 512 KiB LL buffer (8 steps), half of it flags
+    ll.max_bus_GBps = 141.0;
+    ll.tree_bandwidth_factor = 0.92 / 3.8;
+    NcclProtocolSpec& l128 = s.protocols[static_cast<int>(NcclProtocol::ll128)];
+    l128.data_bytes = 120, l128.wire_bytes = 128;
+    l128.base_latency[0] = us(14.0), l128.base_latency[1] = us(14.0);
+    l128.hop_latency[0] = us(1.9), l128.hop_latency[1] = us(1.25);
+    l128.slice_bytes = 576000;
+    l128.tree_bandwidth_factor = 0.92 * 7.0 / 9.0;  // one step of the LL128 buffer (120 x 640 x 8 steps x 8 B), 120/128 of it data
+    NcclProtocolSpec& sp = s.protocols[static_cast<int>(NcclProtocol::simple)];
+    sp.base_latency[0] = us(8.4), sp.base_latency[1] = us(8.4);
+    sp.hop_latency[0] = us(3.4), sp.hop_latency[1] = us(4.0);
+    sp.slice_bytes = 1 << 20;
+    sp.tree_bandwidth_factor = 0.92;  // 2 steps (ALLREDUCE_SLICESTEPS) of the 4 MiB Simple buffer's 8
+    return s;
+  }();
+  return d;
+}
+
+namespace {
+
+void read_nccl(const Ctx& ctx, const json& doc, Topology& t) {
+  t.nccl = NcclSpec::defaults();
+  auto it = doc.find("nccl");
+  if (it == doc.end()) return;
+  NcclSpec& s = t.nccl;
+  s.present = true;
+  Obj o(ctx, schema_at("nccl"), *it, "nccl");
+  if (const json* v = o.get("launch_latency_ns")) s.launch_latency = o.as_duration("launch_latency_ns", *v);
+  if (const json* v = o.get("channels")) {
+    s.channels = static_cast<int>(o.as_positive_int("channels", *v, "parallel rings", 64));
+  }
+  if (const json* v = o.get("channel_bandwidth_GBps")) {
+    s.channel_bandwidth_GBps = o.as_bandwidth("channel_bandwidth_GBps", *v).gbps();
+  }
+  if (const json* v = o.get("algorithms")) {
+    if (!v->is_array() || v->empty()) {
+      o.fail("algorithms", fmt::format("{} is not valid; give a non-empty list of ring, tree", short_dump(*v)));
+    }
+    s.ring = s.tree = false;
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const json& a = (*v)[i];
+      if (a == "ring") {
+        s.ring = true;
+      } else if (a == "tree") {
+        s.tree = true;
+      } else {
+        ctx.fail(child(o.at("algorithms"), i), fmt::format("unknown algorithm {}; valid: ring, tree", short_dump(a)));
+      }
+    }
+  }
+  if (const json* v = o.get("rings")) {
+    if (!v->is_array()) o.fail("rings", fmt::format("{} is not valid; give a list of ring orders like \"0 2 1 3\"", short_dump(*v)));
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      const json& e = (*v)[i];
+      std::vector<int> order;
+      bool ok = e.is_string();
+      if (ok) {
+        std::istringstream in(e.get<std::string>());
+        std::string tok;
+        while (ok && in >> tok) {
+          char* end = nullptr;
+          const long x = std::strtol(tok.c_str(), &end, 10);
+          ok = *end == '\0' && x >= 0 && x < 4096;
+          order.push_back(static_cast<int>(x));
+        }
+        std::vector<int> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        for (std::size_t k = 0; ok && k < sorted.size(); ++k) ok = sorted[k] == static_cast<int>(k);
+        ok = ok && order.size() >= 2;
+      }
+      if (!ok) {
+        ctx.fail(child(o.at("rings"), i), fmt::format("{} is not valid; give a permutation of 0..p-1 (p >= 2) as "
+                                                      "space-separated member indices, e.g. \"0 2 1 3\"",
+                                                      short_dump(e)));
+      }
+      s.rings.push_back(std::move(order));
+    }
+  }
+  if (o.has("protocols")) {
+    Obj ps = o.object("protocols", "per protocol");
+    for (NcclProtocol p : kNcclProtocols) {
+      const std::string name(nccl_protocol_name(p));
+      if (!ps.has(name)) continue;
+      Obj po = ps.object(name, "the protocol's figures");
+      NcclProtocolSpec& f = s.protocols[static_cast<int>(p)];
+      f.enabled = po.opt_bool("enabled", f.enabled);
+      if (const json* v = po.get("data_bytes")) f.data_bytes = static_cast<std::uint32_t>(po.as_positive_int("data_bytes", *v, "payload bytes", 1u << 20));
+      if (const json* v = po.get("wire_bytes")) f.wire_bytes = static_cast<std::uint32_t>(po.as_positive_int("wire_bytes", *v, "wire bytes", 1u << 20));
+      if (f.wire_bytes < f.data_bytes) {
+        po.fail("wire_bytes", fmt::format("{} is less than data_bytes {}: a protocol cannot carry more payload than "
+                                          "it puts on the wire; give wire_bytes >= data_bytes",
+                                          f.wire_bytes, f.data_bytes));
+      }
+      for (const char* key : {"base_latency_ns", "hop_latency_ns"}) {
+        if (!po.has(key)) continue;
+        Obj l = po.object(key, "per algorithm: ring, tree");
+        Duration* d = std::string_view(key) == "base_latency_ns" ? f.base_latency : f.hop_latency;
+        if (const json* v = l.get("ring")) d[0] = l.as_duration("ring", *v);
+        if (const json* v = l.get("tree")) d[1] = l.as_duration("tree", *v);
+        l.finish();
+      }
+      if (const json* v = po.get("slice_bytes")) f.slice_bytes = po.as_positive_int("slice_bytes", *v, "slice bytes", 1ull << 40);
+      if (const json* v = po.get("max_bus_bandwidth_GBps")) f.max_bus_GBps = po.as_bandwidth("max_bus_bandwidth_GBps", *v).gbps();
+      if (const json* v = po.get("tree_bandwidth_factor")) {
+        f.tree_bandwidth_factor = po.as_number("tree_bandwidth_factor", *v);
+        if (!(f.tree_bandwidth_factor > 0) || f.tree_bandwidth_factor > 1) {
+          po.fail("tree_bandwidth_factor", fmt::format("{} is not valid; give a factor in (0, 1]", short_dump(*v)));
+        }
+      }
+      po.finish();
+    }
+    ps.finish();
+  }
+  o.finish();
+  bool any = false;
+  for (const NcclProtocolSpec& f : s.protocols) any = any || f.enabled;
+  if (!any) ctx.fail("nccl.protocols", "every protocol is disabled; enable at least one of LL, LL128, Simple");
+}
+
 // ---------------------------------------------------------------- files
 
 std::string env_or(const char* name, const char* dflt) {
@@ -1242,11 +1395,13 @@ Topology topology_from_json(const json& input, const std::string& origin) {
   }
   top.get("link_overrides");
   top.get("host");
+  top.get("nccl");
   top.finish();
 
   read_network(ctx, doc, t);
   read_host(ctx, doc, t);
   read_link_overrides(ctx, doc, t);
+  read_nccl(ctx, doc, t);
   check_connected(ctx, t);
   t.doc = std::move(doc);
   return t;

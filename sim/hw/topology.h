@@ -151,6 +151,37 @@ struct HostSpec {
   LinkFigures link;  // each cube's host link, per direction (PCIe-like)
 };
 
+// The "nccl" section: the figures of the `nccl` collective family (runtime/algorithms/nccl.h). A
+// topology without it plans with defaults() — NCCL's own tuning constants for Hopper over NVLink.
+enum class NcclProtocol { ll, ll128, simple };
+inline constexpr NcclProtocol kNcclProtocols[] = {NcclProtocol::ll, NcclProtocol::ll128, NcclProtocol::simple};
+std::string_view nccl_protocol_name(NcclProtocol p);  // "LL", "LL128", "Simple"
+
+struct NcclProtocolSpec {
+  bool enabled = true;
+  std::uint32_t data_bytes = 1, wire_bytes = 1;  // a link carries wire_bytes per data_bytes of payload
+  Duration base_latency[2] = {0, 0};             // ring, tree: once per call
+  Duration hop_latency[2] = {0, 0};              // ring, tree: per step (per send)
+  std::uint64_t slice_bytes = 1 << 20;           // pipelining slice of a channel's piece
+  double max_bus_GBps = 0;                       // the model's cap on the bus bandwidth (0: none)
+  double tree_bandwidth_factor = 1;              // the model's factor on the tree's bus bandwidth
+};
+
+struct NcclSpec {
+  bool present = false;               // the topology has an "nccl" section
+  Duration launch_latency = 0;        // once per call, before any data moves
+  int channels = 16;
+  double channel_bandwidth_GBps = 20.6;  // the model's bus bandwidth per channel (selection only)
+  bool ring = true, tree = true;      // algorithms allowed
+  // Ring orders: channel c of a ring over p members uses the (c mod k)-th of the k orders of
+  // length p (member indices); none of that length: the group order.
+  std::vector<std::vector<int>> rings;
+  const std::vector<int>* ring_order(int p, int channel) const;
+  NcclProtocolSpec protocols[3];      // by NcclProtocol
+  const NcclProtocolSpec& protocol(NcclProtocol p) const { return protocols[static_cast<int>(p)]; }
+  static const NcclSpec& defaults();
+};
+
 struct Topology {
   std::string name;
   std::string description;
@@ -173,6 +204,7 @@ struct Topology {
   bool has_switch_ports() const { return network == NetworkKind::kSwitch && switch_port.bytes_per_s > 0; }
   std::vector<LinkSpec> links;  // directed; both directions of a cable are two entries
   HostSpec host;
+  NcclSpec nccl;  // the "nccl" section, or defaults() with present = false
 
   // Index into links of the link from -> to, or -1.
   int find_link(int from, int to) const;

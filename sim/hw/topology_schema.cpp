@@ -133,6 +133,35 @@ Fields cube_fields() {
   };
 }
 
+// The "nccl" section (runtime/algorithms/nccl.h): every field optional, defaults NCCL's own.
+SchemaNode nccl_section() {
+  auto per_algo = [](std::string key, std::string what) {
+    return object(std::move(key), what + ", ns, per algorithm",
+                  {leaf("ring", what + " of the ring, ns"), leaf("tree", what + " of the tree, ns")});
+  };
+  Fields protocols;
+  for (const char* p : {"LL", "LL128", "Simple"}) {
+    protocols.push_back(object(
+        p, fmt::format("the {} protocol", p),
+        {leaf("enabled", "true (default): NCCL may choose it"),
+         leaf("data_bytes", "payload bytes per wire_bytes on the link"),
+         leaf("wire_bytes", "bytes on the link per data_bytes of payload (LL 16 per 8, LL128 128 per 120)"),
+         per_algo("base_latency_ns", "fixed cost per call"), per_algo("hop_latency_ns", "latency per step (per send)"),
+         leaf("slice_bytes", "pipelining slice of a channel's piece, bytes"),
+         leaf("max_bus_bandwidth_GBps", "the model's cap on the bus bandwidth, GB/s (selection only)"),
+         leaf("tree_bandwidth_factor", "the model's factor on the tree's bus bandwidth (selection only)")}));
+  }
+  return object("nccl", "figures of the nccl collective family (runtime/algorithms/nccl.h)",
+                {leaf("launch_latency_ns", "kernel launch, once per call, ns"),
+                 leaf("channels", "parallel rings (trees: half each way)"),
+                 leaf("channel_bandwidth_GBps", "the model's bus bandwidth per channel, GB/s (selection only)"),
+                 list("algorithms", "the algorithms NCCL may choose: ring, tree", leaf("*", "ring or tree")),
+                 list("rings", "ring orders over member indices, e.g. \"0 2 1 3\"; channel c of a p-member ring "
+                               "uses the (c mod k)-th of the k orders of length p (none: the group order)",
+                      leaf("*", "a permutation of 0..p-1, space-separated")),
+                 object("protocols", "per protocol: LL, LL128, Simple", std::move(protocols))});
+}
+
 SchemaNode build() {
   return object(
       "", "a topology document",
@@ -164,6 +193,7 @@ SchemaNode build() {
                       concat(capacity("host memory"), {leaf("bandwidth_GBps", "host memory bandwidth, GB/s"),
                                                        leaf("latency_ns", "host memory read latency, ns")})),
                object("link", "each cube's host link (PCIe-like)", link_figures("the host link"))}),
+       nccl_section(),
        list("link_overrides", "changes to single links of a generated network",
             object("*", "one link: from, to and what changes",
                    concat({leaf("from", "cube id, \"host\" or \"switch\""), leaf("to", "cube id, \"host\" or \"switch\""),

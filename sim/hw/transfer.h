@@ -71,6 +71,15 @@ struct PathFigures {
   std::vector<std::string> stage_names() const;
 };
 
+// A transfer's bytes on the links per byte of payload: a protocol that sends flags or headers with
+// the data (NCCL's LL: 16 wire bytes per 8 of data; LL128: 128 per 120) occupies each link for
+// wire/data times the payload's time. Memories and DMA channels see the payload. {1, 1}: the payload.
+struct WireScale {
+  std::uint32_t wire = 1, data = 1;
+  bool identity() const { return wire == data; }
+  std::uint64_t of(std::uint64_t payload) const { return identity() ? payload : (payload * wire + data - 1) / data; }
+};
+
 class TransferHandle {
  public:
   TransferHandle() = default;  // an empty transfer: already done

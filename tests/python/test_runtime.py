@@ -552,3 +552,22 @@ def test_ranks_on_errors_name_the_argument_and_the_cube_range():
         cs.Context("sim", topology="h200x8", ranks_on=[0, 8])
     with pytest.raises(ValueError, match="backend 'host' has no option 'cubes'"):
         cs.Context("host", world_size=2, ranks_on=[0, 1])
+
+
+def test_nccl_plan_and_runs(rng):
+    # NCCL's choice by size (runtime/algorithms/nccl.h): LL for tiny messages, Simple for large ones.
+    small = cs.nccl_plan("all_reduce", 4, 1024, topology="h200x4")
+    big = cs.nccl_plan("all_reduce", 4, 1 << 30, topology="h200x4")
+    assert (small["algorithm"], small["protocol"], small["channels"]) == ("ring", "LL", 16)
+    assert big["protocol"] == "Simple" and big["plan"] == "ring/Simple x16"
+    assert big["predicted_us"] > small["predicted_us"] > 0
+    assert cs.nccl_plan("all_gather", 2, 1024) == cs.nccl_plan("all_gather", 2, 1024, topology="h200x4")
+    with pytest.raises(ValueError, match="'gossip' is not a collective"):
+        cs.nccl_plan("gossip", 2, 1024)
+    # On the simulator, with rings in group order, bitwise the ring's result.
+    xs = [rng.standard_normal(1001).astype(np.float32) for _ in range(4)]
+    ctx = cs.Context("sim", topology="h200x4", overrides={"nccl.rings": []})
+    got = ctx.run_collective("all_reduce", xs, dtype="bf16", algorithm="nccl", bits=True)
+    ref = cs.Context("host", world_size=4).run_collective("all_reduce", xs, dtype="bf16", algorithm="ring", bits=True)
+    for a, b in zip(got.outputs, ref.outputs):
+        assert np.array_equal(a, b)

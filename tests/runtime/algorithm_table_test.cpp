@@ -72,11 +72,11 @@ TEST(AlgorithmTable, EveryCollectiveHasTheRingAndSupportedAlgorithmsReadsTheTabl
 TEST(AlgorithmTable, EachCollectiveHasTheAlgorithmsItHad) {
   using A = Algorithm;
   EXPECT_EQ(supported_algorithms("all_reduce"),
-            (std::vector<A>{A::ring, A::direct, A::tree, A::halving_doubling, A::hierarchical}));
-  EXPECT_EQ(supported_algorithms("reduce_scatter"), (std::vector<A>{A::ring, A::direct, A::halving_doubling}));
-  EXPECT_EQ(supported_algorithms("all_gather"), (std::vector<A>{A::ring, A::direct, A::halving_doubling}));
-  EXPECT_EQ(supported_algorithms("broadcast"), (std::vector<A>{A::ring, A::direct, A::tree}));
-  EXPECT_EQ(algo::supported_names(Collective::broadcast), "ring, direct, tree");
+            (std::vector<A>{A::ring, A::direct, A::tree, A::halving_doubling, A::hierarchical, A::nccl}));
+  EXPECT_EQ(supported_algorithms("reduce_scatter"), (std::vector<A>{A::ring, A::direct, A::halving_doubling, A::nccl}));
+  EXPECT_EQ(supported_algorithms("all_gather"), (std::vector<A>{A::ring, A::direct, A::halving_doubling, A::nccl}));
+  EXPECT_EQ(supported_algorithms("broadcast"), (std::vector<A>{A::ring, A::direct, A::tree, A::nccl}));
+  EXPECT_EQ(algo::supported_names(Collective::broadcast), "ring, direct, tree, nccl");
 }
 
 TEST(AlgorithmTable, ACollectiveWithoutABodyIsRefusedWithTheValidAlgorithms) {
@@ -107,7 +107,7 @@ TEST(AlgorithmTable, HalvingDoublingNeedsAPowerOfTwoGroupForReduceScatterAndAllG
       const std::string got =
           error_of({.coll = coll, .algo = Algorithm::halving_doubling, .dtype = DType::f32, .ranks = ranks, .n = 12});
       EXPECT_NE(got.find(fmt::format("{} #0 on group 'world': halving_doubling {} needs a power-of-two group, not {} "
-                                     "ranks; use ring or direct",
+                                     "ranks; use ring, direct or nccl",
                                      coll, coll, ranks)),
                 std::string::npos)
           << got;

@@ -53,7 +53,7 @@ TEST(RunCollective, ParsesNamesAndAlgorithms) {
     parse_algorithm_for(Kind::broadcast, "halving_doubling");
     FAIL();
   } catch (const RuntimeError& e) {
-    EXPECT_EQ(std::string(e.what()), "broadcast has no algorithm 'halving_doubling'; valid: ring, direct, tree");
+    EXPECT_EQ(std::string(e.what()), "broadcast has no algorithm 'halving_doubling'; valid: ring, direct, tree, nccl");
   }
   EXPECT_THROW(parse_algorithm_for(Kind::all_reduce, "spiral"), RuntimeError);
 }

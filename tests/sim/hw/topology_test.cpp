@@ -421,6 +421,13 @@ std::vector<json> documents_with_every_schema_key() {
   full["link_overrides"] = json::parse(R"([
       {"from": 0, "to": 1, "both_directions": true, "bandwidth_GBps": 50, "latency_ns": 30, "overhead_ns": 6},
       {"from": "host", "to": 2, "bandwidth_scale": 0.5}])");
+  full["nccl"] = json::parse(R"({"launch_latency_ns": 100, "channels": 4, "channel_bandwidth_GBps": 20,
+                                 "algorithms": ["ring", "tree"], "rings": ["0 2 1 3"], "protocols": {}})");
+  for (const char* p : {"LL", "LL128", "Simple"}) {
+    full["nccl"]["protocols"][p] = json::parse(R"({"enabled": true, "data_bytes": 8, "wire_bytes": 16,
+        "base_latency_ns": {"ring": 6600, "tree": 6800}, "hop_latency_ns": {"ring": 600, "tree": 600},
+        "slice_bytes": 32768, "max_bus_bandwidth_GBps": 141, "tree_bandwidth_factor": 0.25})");
+  }
   std::vector<json> docs;
   // Every capacity unit, in the template and in a per-cube entry.
   const std::vector<std::pair<std::string, double>> units = {{"capacity_bytes", 1 << 20}, {"capacity_KiB", 1024},

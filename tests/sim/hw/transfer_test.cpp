@@ -74,6 +74,36 @@ TEST(Transfer, LargeMessagesReachLinkBandwidth) {
   }
 }
 
+// A wire scale (a protocol's flags, transfer.h) makes the links carry wire/data bytes per byte of
+// payload: a large message takes that many times the link time; {1, 1} is a plain transfer.
+TEST(Transfer, AWireScaleStretchesTheLinksOnly) {
+  for (const char* name : {"ring4", "h200x4"}) {
+    SCOPED_TRACE(name);
+    const std::uint64_t bytes = 64ull << 20;
+    Duration t[3] = {};
+    const WireScale scales[3] = {{1, 1}, {2, 1}, {128, 120}};
+    for (int i = 0; i < 3; ++i) {
+      sim::Simulator sim;
+      SystemOptions o;
+      o.functional = false;
+      System sys(sim, load_topology(name), o);
+      sim.spawn("one", [&] {
+        const Time t0 = sim.now();
+        sys.start_transfer(sys.hbm(0).at(0), sys.hbm(1).at(0), bytes, scales[i]).wait();
+        t[i] = sim.now() - t0;
+      });
+      sim.run();
+      if (i == 0) EXPECT_EQ(t[0], sys.path_figures(sys.hbm(0), sys.hbm(1)).time(bytes));
+    }
+    const double link_s = static_cast<double>(bytes) / static_cast<double>(load_topology(name).links[0].figures.bandwidth.bytes_per_s);
+    EXPECT_NEAR(sim::to_s(t[1] - t[0]), link_s, 0.01 * link_s);            // 2x: one more payload time
+    EXPECT_NEAR(sim::to_s(t[2] - t[0]), link_s * 8 / 120, 0.01 * link_s);  // 128/120: 8/120 more
+  }
+  sim::Simulator sim;
+  System sys(sim, load_topology("ring4"));
+  EXPECT_THROW(sys.start_transfer(sys.hbm(0).at(0), sys.hbm(1).at(0), 64, WireScale{1, 2}), TransferError);
+}
+
 TEST(Transfer, TwoFlowsOnOneLinkEachGetHalfTheBandwidth) {
   // ring4: 0 -> 2 goes 0 -> 1 -> 2 (a tie, taken the positive way); 1 -> 2 shares link c1->c2.
   const std::uint64_t bytes = 16ull << 20;
