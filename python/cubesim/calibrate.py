@@ -159,6 +159,10 @@ class Param:
     lo: float
     hi: float
     what: str  # for the overlay's sources: what the figure is
+    integer: bool = False  # a whole number (cycles)
+
+    def value(self, v):
+        return int(round(v)) if self.integer else round(v, 6)
 
 
 @dataclasses.dataclass
@@ -180,7 +184,7 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
 
     def residuals(xv):
         vals = dict(fixed)
-        vals.update({n: round(math.exp(v), 6) for n, v in zip(names, xv)})
+        vals.update({p.path: p.value(math.exp(v)) for p, v in zip(group.params, xv)})
         topo = topology_of(base, vals)
         return [math.log(group.predict(topo, r) / group.measured(r)) for r in records]
 
@@ -219,7 +223,7 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
             + ", ".join(f"{nm.split('.')[-1]}={math.exp(v):.4g}" for nm, v in zip(names, x)))
         if not improved:
             break
-    return {n: round(math.exp(v), 6) for n, v in zip(names, x)}, res
+    return {p.path: p.value(math.exp(v)) for p, v in zip(group.params, x)}, res
 
 
 def solve(A, b):
@@ -301,3 +305,118 @@ def write_overlay(doc, path):
         json.dump(doc, fh, indent=2)
         fh.write("\n")
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- what is fitted, and how
+
+
+def closed_form(m):
+    """Figures read straight off the measurements: ({path: value}, [source lines])."""
+    vals, src = {}, []
+    env = m.get("env") or {}
+    reads = [r for r in m.get("hbm", []) if r["op"] == "read"]
+    if reads:
+        big = max(reads, key=lambda r: r["bytes"])
+        bw = big["moved"] / big["time"] / 1e9
+        vals["cube.hbm.bandwidth_GBps"] = round(bw, 1)
+        src.append(f"cube.hbm.bandwidth_GBps {bw:.0f}: measured read bandwidth of a {big['bytes'] >> 20} MiB buffer "
+                   f"(a device reduction over it, gpu_measure.py hbm 'read')")
+    l2 = env.get("l2_bytes")
+    if l2:
+        vals["cube.l2.capacity_MiB"] = round(l2 / (1 << 20), 3)
+        src.append(f"cube.l2.capacity_MiB {l2 / (1 << 20):g}: the device's L2 size (cudaDeviceProp.l2CacheSize)")
+        copies = [r for r in m.get("hbm", []) if r["op"] == "copy" and 2 * r["bytes"] <= l2 // 2]
+        if copies:
+            best = max(copies, key=lambda r: r["moved"] / r["time"])
+            bw = best["moved"] / best["time"] / 1e9
+            vals["cube.l2.bandwidth_GBps"] = round(bw, 1)
+            src.append(f"cube.l2.bandwidth_GBps {bw:.0f}: the fastest L2-resident copy (a {best['bytes'] >> 20} MiB "
+                       "buffer copied over and over, bytes read + written per second)")
+    peers = sorted((r for r in m.get("peer", []) if r["bytes"] >= 64 << 20), key=lambda r: r["bytes"])
+    if len(peers) >= 2:
+        a, b = peers[0], peers[-1]
+        bw = (b["bytes"] - a["bytes"]) / (b["time"] - a["time"]) / 1e9
+        per_link = bw / 18
+        for path in ("network.link.bandwidth_GBps", "network.switch.port.bandwidth_GBps"):
+            vals[path] = round(per_link, 3)
+        src.append(f"network.link and switch.port bandwidth_GBps {per_link:.2f}: a peer copy's incremental rate between "
+                   f"{a['bytes'] >> 20} MiB and {b['bytes'] >> 20} MiB ({bw:.0f} GB/s per direction) over the 18 NVLinks")
+    logs = m.get("nccl_log") or {}
+    log2 = logs.get("2") if isinstance(logs, dict) and "choices" not in logs else logs
+    if log2 and log2.get("channels"):
+        vals["nccl.channels"] = int(log2["channels"])
+        src.append(f"nccl.channels {log2['channels']}: NCCL's own count on this machine ('coll channels' in its "
+                   "NCCL_DEBUG=INFO log)")
+    return vals, src
+
+
+def gemm_group():
+    return Group(
+        name="gemm", kind="gemm",
+        predict=lambda topo, r: sim_gemm(topo, r["m"], r["n"], r["k"], r["ta"], r["tb"]),
+        params=[
+            Param("cube.pe.mac.clock_GHz", 1.83, 1.0, 2.1, "the MAC array's sustained clock under a dense GEMM"),
+            Param("cube.pe.gemm.mma.prologue_cycles", 1000, 10, 50000, "per-tile cycles before the first MMA", True),
+            Param("cube.pe.gemm.mma.epilogue_cycles", 600, 10, 50000, "per-tile cycles after the last MMA", True),
+            Param("cube.pe.dma.read_GBps", 128, 16, 2000, "a PE's TMA load bandwidth"),
+            Param("cube.pe.gemm.mma.unaligned_bytes_per_cycle", 16, 0.5, 512,
+                  "operand bytes per cycle without TMA (unaligned operands)"),
+        ])
+
+
+def coll_group():
+    return Group(
+        name="coll", kind="coll", measured=coll_time,
+        predict=lambda topo, r: sim_collective(topo, r["op"], r["ranks"], r["bytes"]),
+        params=[
+            Param("nccl.launch_latency_ns", 2000, 10, 50000, "a collective's launch latency"),
+            Param("nccl.channel_bandwidth_GBps", 20.6, 2, 100, "one channel's bandwidth"),
+            Param("nccl.protocols.LL.hop_latency_ns.ring", 600, 10, 20000, "LL's per-hop latency (ring)"),
+            Param("nccl.protocols.Simple.hop_latency_ns.ring", 3400, 10, 50000, "Simple's per-hop latency (ring)"),
+            Param("nccl.protocols.LL.max_bus_bandwidth_GBps", 141, 10, 1000, "LL's bus bandwidth ceiling"),
+        ])
+
+
+def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
+    """Fits `base` to measurements `m`: closed-form figures first, then each group by the simulator.
+    Returns {"values", "overlay" (the document to write), "document" (resolved), "residuals"}."""
+    values, sources = closed_form(m)
+    log(f"closed-form figures: {values}")
+    groups = [g for g in (gemm_group(), coll_group()) if g.kind in kinds]
+    fit_sets = {}
+    for g in groups:
+        recs, _ = split(m, g.kind)
+        if g.kind == "coll":
+            recs = [r for r in recs if r["bytes"] <= (256 << 20) and r["bytes"] >= 64]
+        fit_sets[g.name] = recs
+        if not recs:
+            log(f"{g.name}: no measurements to fit; its figures keep the base's values")
+            continue
+        log(f"fitting {g.name} on {len(recs)} measurements: {', '.join(p.path for p in g.params)}")
+        vals, res = fit_group(base, values, g, recs, log=log)
+        values.update(vals)
+        rms = math.sqrt(sum(e * e for e in res) / len(res))
+        for p in g.params:
+            sources.append(f"{p.path} {vals[p.path]}: {p.what}, fitted by cubesim calibrate to {len(recs)} "
+                           f"{g.name} measurements (rms log error {rms:.3f})")
+    env = m.get("env") or {}
+    name = name or f"{os.path.splitext(os.path.basename(str(base)))[0]}_calibrated"
+    when = env.get("date", "")[:10]
+    overlay = {
+        "name": name,
+        "extends": base,
+        "description": f"{base} with figures fitted to measurements of {env.get('gpus', '?')} x {env.get('gpu', '?')} "
+                       f"(driver {env.get('driver', '?')}, CUDA {env.get('cuda', '?')}, NCCL {env.get('nccl', '?')}, "
+                       f"PyTorch {env.get('torch', '?')}) on {when} by cubesim calibrate.",
+        "sources": [f"measurements: {os.path.basename(m.get('_path', '?'))} (gpu_measure.py, schema {MEASURE_SCHEMA})"]
+                   + sources,
+        "calibration": {"gpu": env.get("gpu", ""), "gpus": env.get("gpus", 0), "driver": env.get("driver", ""),
+                        "nccl": env.get("nccl", ""), "cuda": env.get("cuda", ""), "date": when,
+                        "measurements": os.path.basename(m.get("_path", ""))},
+        "set": {k: values[k] for k in sorted(values)},
+    }
+    doc = cs.load_topology_json(base)
+    for k, v in overlay["set"].items():
+        doc = cs.apply_override(doc, k, v)
+    doc["name"] = name
+    return {"values": values, "overlay": overlay, "document": doc, "fit_sets": fit_sets}

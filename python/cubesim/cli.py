@@ -5,6 +5,7 @@
     cubesim algorithms | backends [--json FILE]
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
+    cubesim calibrate [--base NAME] [--measurements FILE | --measure-only] [--out OVERLAY] [--check OVERLAY]
 
 Human output is aligned tables on stdout; --json FILE writes the same results for machines
 (--json - prints only the JSON, on stdout). Exit codes: 0 success; 1 the job ran and failed (a check
@@ -17,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cubesim as cs
@@ -670,6 +672,75 @@ def cmd_xcheck(args):
     return {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_FAILED)
 
 
+# ---- calibrate -----------------------------------------------------------------------------------
+
+
+def gpu_measure_script():
+    return Path(__file__).resolve().parent / "gpu_measure.py"
+
+
+def measure_now(path, ranks):
+    """Runs gpu_measure.py (PyTorch: cuBLAS, NCCL) on this machine's GPUs into `path`."""
+    argv = [sys.executable, str(gpu_measure_script()), "--out", str(path), "--nccl-log"]
+    if ranks:
+        argv += ["--ranks", ranks]
+    print(f"cubesim calibrate: measuring this machine's GPUs: {' '.join(argv)}", file=sys.stderr)
+    rc = subprocess.call(argv)
+    if rc == 3:
+        raise UsageError("calibrate: no CUDA GPU here (or PyTorch cannot see one); measure on a GPU machine "
+                         "(python3 gpu_measure.py --out FILE) and pass --measurements FILE")
+    if rc != 0 and not Path(path).exists():
+        raise UsageError(f"calibrate: the measurement failed (exit status {rc}); see the messages above")
+    return path
+
+
+def cmd_calibrate(args):
+    from . import calibrate as cal
+
+    out = Output(args.json)
+    try:
+        if args.measurements:
+            m = cal.load_measurements(args.measurements)
+        else:
+            save = args.save or f"measurements-{time.strftime('%Y%m%d-%H%M%S')}.json"
+            m = cal.load_measurements(measure_now(save, args.ranks))
+            out.say(f"measurements: {save}")
+            if args.measure_only:
+                return EXIT_OK
+        if args.check:
+            doc = cs.load_topology_json(args.check) if hasattr(cs, "load_topology_json") else None
+            cal.check_gpu(doc, m)
+            topo = cs.load_topology(args.check)
+            rows = cal.error_rows(topo, m, kinds=args.kinds.split(","))
+            report = {"topology": args.check, "gpu": cal.gpu_of(m), "rows": rows}
+        else:
+            result = cal.fit(m, base=args.base, log=lambda t: out.say(t), kinds=args.kinds.split(","))
+            path = args.out or f"{args.base}_calibrated.json"
+            cal.write_overlay(result["overlay"], path)
+            out.say(f"wrote {path}")
+            topo = cs.topology_from_json(result["document"], path) if hasattr(cs, "topology_from_json") else \
+                cs.load_topology(path)
+            rows = cal.error_rows(topo, m, kinds=args.kinds.split(","))
+            report = {"topology": path, "gpu": cal.gpu_of(m), "fitted": result["values"], "rows": rows}
+    except cal.CalibrationError as e:
+        raise UsageError(f"calibrate: {e}") from None
+    table = []
+    for r in rows:
+        table.append([r["kind"], r["label"], "fit" if r["in_fit"] else "held out", f"{r['measured'] * 1e6:.2f}",
+                      f"{r['simulated'] * 1e6:.2f}", f"{100 * r['error']:+.1f}%"])
+    out.say(format_table(["kind", "measurement", "set", "measured us", "simulated us", "error"], table))
+    summary = cal.summarise(rows)
+    out.say("\nheld-out |error| by kind:")
+    out.say(format_table(["kind", "n", "median", "geomean", "max"],
+                         [[k, v["n"], f"{100 * v['median']:.1f}%", f"{100 * v['geomean']:.1f}%",
+                           f"{100 * v['max']:.1f}%"] for k, v in summary.items()]))
+    for r in rows:
+        r.pop("record", None)
+    report["summary"] = summary
+    out.json(report)
+    return EXIT_OK
+
+
 # ---- algorithms, backends: the runtime's tables -----------------------------------------------------
 
 
@@ -796,6 +867,27 @@ def build_parser():
     xc.add_argument("args", nargs=argparse.REMAINDER, help="more options for cubesim-xcheck (--json FILE, --tokens N, "
                     "--sim-only, ...)")
     xc.set_defaults(fn=cmd_xcheck)
+
+    ca = sub.add_parser(
+        "calibrate",
+        help="fit a topology to measurements of this machine's GPUs (cuBLAS, NCCL), or check an overlay",
+        description="Measures the GPUs here with PyTorch (python/cubesim/gpu_measure.py: HBM and L2 bandwidth, peer "
+        "copies, NCCL all_reduce / all_gather / reduce_scatter from 8 B to 1 GiB, cuBLAS GEMMs over a shape grid, "
+        "the PyTorch MLP step), or reads such a measurement (--measurements FILE), then fits a few physical figures "
+        "of the base topology by running the simulator and writes an overlay that extends it, recording every "
+        "fitted figure and where it came from. --check OVERLAY prints the error table of an overlay without "
+        "refitting. Errors are reported on the held-out measurements (the split is a fixed rule, calibrate.py).",
+    )
+    ca.add_argument("--base", default="h200x8", metavar="NAME|FILE", help="topology to fit (default h200x8)")
+    ca.add_argument("--measurements", metavar="FILE", help="use these measurements instead of measuring now")
+    ca.add_argument("--save", metavar="FILE", help="where to write the measurements taken now")
+    ca.add_argument("--ranks", default="", metavar="N,M", help="GPU counts for the collectives (default 2 and all)")
+    ca.add_argument("--measure-only", action="store_true", help="measure and save, do not fit")
+    ca.add_argument("--out", metavar="FILE", help="the overlay to write (default BASE_calibrated.json)")
+    ca.add_argument("--check", metavar="OVERLAY", help="print the error table of this overlay; no fit")
+    ca.add_argument("--kinds", default="gemm,coll,peer", help="measurement kinds to fit and check (default all)")
+    json_opt(ca)
+    ca.set_defaults(fn=cmd_calibrate)
 
     al = sub.add_parser("algorithms", help="the collective algorithms: name, the collectives each does, summary")
     json_opt(al)
