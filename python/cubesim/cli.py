@@ -714,8 +714,9 @@ def cmd_calibrate(args):
             rows = cal.error_rows(topo, m, kinds=args.kinds.split(","))
             report = {"topology": args.check, "gpu": cal.gpu_of(m), "rows": rows}
         else:
-            result = cal.fit(m, base=args.base, log=lambda t: out.say(t), kinds=args.kinds.split(","))
-            path = args.out or f"{args.base}_calibrated.json"
+            path = args.out or f"{Path(args.base).stem}_calibrated.json"
+            result = cal.fit(m, base=args.base, log=lambda t: out.say(t), kinds=args.kinds.split(","),
+                             name=Path(path).stem)
             cal.write_overlay(result["overlay"], path)
             out.say(f"wrote {path}")
             topo = cs.topology_from_json(result["document"], path) if hasattr(cs, "topology_from_json") else \

@@ -203,18 +203,30 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
     return region(flat, Range{pc.begin + sl.begin, sl.count});
   };
   const std::uint64_t ph = m.phase * 4;
+  // A channel is one SM's copy loop: it puts at most channel_bandwidth of wire bytes per second
+  // on its way out (nccl.h, "channel bandwidth"); a send waits until the channel has pushed the
+  // previous one.
+  sim::Simulator& sim = c.context().simulator();
+  const sim::Bandwidth ch_bw = sim::Bandwidth::GBps(nccl_spec_of(c).channel_bandwidth_GBps);
+  sim::Time ch_free = sim.now();
+  auto pace = [&](const Tensor& sl) {
+    const sim::Time now = sim.now();
+    if (ch_free > now) c.context().backend().delay(c.rank(), ch_free - now, "nccl channel");
+    ch_free = std::max(now, ch_free) + sim::transfer_time(r.wire.of(sl.nbytes()), ch_bw);
+    return sl;
+  };
   for (int k = 0; k < S; ++k) {
     if (rs) {
       for (int s = 0; s < M - 1; ++s) {
         const std::uint64_t t = tag(ph, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
-        c.isend(next, slice(mod(j - s - 1, M), k), t, r.hop, r.wire);
+        c.isend(next, pace(slice(mod(j - s - 1, M), k)), t, r.hop, r.wire);
         c.recv_reduce(prev, slice(mod(j - s - 2, M), k), op, t);
       }
     }
     if (ag) {
       for (int s = 0; s < M - 1; ++s) {
         const std::uint64_t t = tag(ph + 1, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
-        c.isend(next, slice(mod(j - s, M), k), t, r.hop, r.wire);
+        c.isend(next, pace(slice(mod(j - s, M), k)), t, r.hop, r.wire);
         c.recv(prev, slice(mod(j - s - 1, M), k), t);
       }
     }

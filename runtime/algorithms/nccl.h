@@ -63,6 +63,10 @@
 //     as the transfer's wire scale (hw::WireScale): a link carries LL's 16 bytes per 8 of data and
 //     LL128's 128 per 120, so the payload takes that much longer on the links (memories see the
 //     payload). Channels share links through the link servers.
+//   - a ring channel is one SM's copy loop: it pushes at most channel_bandwidth of wire bytes per
+//     second, so its next send waits until the previous one's wire bytes / channel_bandwidth has
+//     passed (a pace per channel; the links' own bandwidth still applies, so a channel rate above
+//     the link's share changes nothing).
 //   - reductions stream with the receives (comm.h).
 //   So one ring step of B payload bytes over one idle link (latency a, bandwidth b), one slice:
 //     T = launch + base + hop + a + B x wire/data / b

@@ -1333,6 +1333,22 @@ Topology topology_from_json(const json& input, const std::string& origin) {
       t.sources.push_back((*s)[i].get<std::string>());
     }
   }
+  if (const json* c = top.get("calibration")) {
+    Obj cal = top.object_at("calibration", *c);
+    auto text = [&](std::string_view key, std::string& out) {
+      if (cal.has(key)) out = cal.string(key, "text");
+    };
+    text("gpu", t.calibration.gpu);
+    text("driver", t.calibration.driver);
+    text("cuda", t.calibration.cuda);
+    text("nccl", t.calibration.nccl);
+    text("date", t.calibration.date);
+    text("measurements", t.calibration.measurements);
+    if (const json* g = cal.get("gpus")) {
+      t.calibration.gpus = static_cast<int>(cal.as_positive_int("gpus", *g, "GPUs measured", 1 << 20));
+    }
+    cal.finish();
+  }
 
   // Cubes: a template ("cube") and a count, or a list of cubes (each merged over the template).
   const json* tmpl = top.get("cube");

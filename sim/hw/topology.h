@@ -171,7 +171,7 @@ struct NcclSpec {
   bool present = false;               // the topology has an "nccl" section
   Duration launch_latency = 0;        // once per call, before any data moves
   int channels = 16;
-  double channel_bandwidth_GBps = 20.6;  // the model's bus bandwidth per channel (selection only)
+  double channel_bandwidth_GBps = 20.6;  // a channel's bandwidth: selection, and each ring channel's send rate
   bool ring = true, tree = true;      // algorithms allowed
   // Ring orders: channel c of a ring over p members uses the (c mod k)-th of the k orders of
   // length p (member indices); none of that length: the group order.
@@ -186,6 +186,11 @@ struct Topology {
   std::string name;
   std::string description;
   std::vector<std::string> sources;
+  // "calibration": what a calibrated overlay was fitted to (cubesim calibrate); empty when absent.
+  struct Calibration {
+    std::string gpu, driver, cuda, nccl, date, measurements;
+    int gpus = 0;
+  } calibration;
   std::string origin;    // the file it came from, or what the caller called it
   nlohmann::json doc;    // the resolved document: extends merged, "set" applied
 

@@ -414,6 +414,8 @@ std::vector<json> documents_with_every_schema_key() {
       "stages": 3, "raster": "m", "swizzle": 2, "cluster": [2, 1],
       "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50,
               "unaligned_bytes_per_cycle": 64}})");
+  full["calibration"] = json::parse(R"({"gpu": "NVIDIA H200", "gpus": 2, "driver": "580.159.04", "cuda": "13.0",
+                                        "nccl": "2.28.9", "date": "2026-11-22", "measurements": "m.json"})");
   full["cube"]["l2"] = json::parse(R"({"capacity_KiB": 64, "line_bytes": 128, "sector_bytes": 32, "ways": 4,
                                        "bandwidth_GBps": 2000, "latency_ns": 20})");
   full["host"] = json::parse(R"({"memory": {"capacity_GiB": 1, "bandwidth_GBps": 10, "latency_ns": 100},

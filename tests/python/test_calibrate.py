@@ -1,0 +1,143 @@
+"""cubesim calibrate: the fit recovers figures the simulator itself produced, the fixed split rule,
+the overlay it writes, and the errors a user can cause (a wrong file, another GPU's overlay)."""
+import json
+import math
+
+import pytest
+
+import cubesim as cs
+from cubesim import calibrate as cal
+from cubesim import cli
+
+ENV = {"gpu": "NVIDIA H200", "gpus": 2, "driver": "580.159.04", "cuda": "13.0", "nccl": "2.28.9",
+       "torch": "2.11.0", "date": "2026-11-22T16:13:54Z", "l2_bytes": 60 << 20}
+
+
+def measurements(tmp_path, **sections):
+    doc = {"schema": cal.MEASURE_SCHEMA, "env": dict(ENV), "hbm": [], "peer": [], "gemm": [], "coll": [], "mlp": []}
+    doc.update(sections)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    return cal.load_measurements(str(path))
+
+
+def with_values(base, values):
+    doc = cs.load_topology_json(base)
+    for k, v in values.items():
+        doc = cs.apply_override(doc, k, v)
+    return cs.topology_from_json(doc, "truth")
+
+
+def test_fit_recovers_nccl_figures_it_generated(tmp_path):
+    truth = {"nccl.launch_latency_ns": 4000, "nccl.channel_bandwidth_GBps": 9.0}
+    topo = with_values("h200x8", truth)
+    recs = [{"op": op, "ranks": 2, "bytes": 1 << k, "time": 0.0} for op in ("all_reduce", "all_gather")
+            for k in range(16, 25, 2)]
+    for r in recs:
+        r["time"] = cal.sim_collective(topo, r["op"], 2, r["bytes"])
+    group = cal.Group(name="coll", kind="coll", predict=lambda t, r: cal.sim_collective(t, r["op"], 2, r["bytes"]),
+                      params=[cal.Param("nccl.launch_latency_ns", 1500, 10, 50000, "launch", True),
+                              cal.Param("nccl.channel_bandwidth_GBps", 20, 1, 100, "channel bandwidth")])
+    got, res = cal.fit_group("h200x8", {}, group, recs, log=lambda s: None, iterations=8)
+    assert max(abs(e) for e in res) < 0.01
+    assert got["nccl.launch_latency_ns"] == pytest.approx(4000, rel=0.03)
+    assert got["nccl.channel_bandwidth_GBps"] == pytest.approx(9.0, rel=0.03)
+
+
+def test_fit_recovers_the_mma_clock_it_generated():
+    topo = with_values("h200x8", {"cube.pe.mac.clock_GHz": 1.55})
+    recs = [{"m": 2048, "n": 2048, "k": 2048, "ta": False, "tb": False},
+            {"m": 2048, "n": 4096, "k": 1024, "ta": False, "tb": True}]
+    for r in recs:
+        r["time"] = cal.sim_gemm(topo, r["m"], r["n"], r["k"], r["ta"], r["tb"])
+    group = cal.Group(name="gemm", kind="gemm",
+                      predict=lambda t, r: cal.sim_gemm(t, r["m"], r["n"], r["k"], r["ta"], r["tb"]),
+                      params=[cal.Param("cube.pe.mac.clock_GHz", 1.9, 1.0, 1.98, "clock")])
+    got, res = cal.fit_group("h200x8", {}, group, recs, log=lambda s: None)
+    assert got["cube.pe.mac.clock_GHz"] == pytest.approx(1.55, rel=0.01)
+    assert max(abs(e) for e in res) < 0.01
+
+
+def test_the_split_keeps_the_targets_out_of_the_fit(tmp_path):
+    gemm = [{"m": 4096, "n": 14336, "k": 4096, "ta": False, "tb": True, "name": "fc1.fwd tp1", "time": 1},
+            {"m": 4096, "n": 4096, "k": 4096, "ta": False, "tb": False, "name": "square", "time": 1},
+            {"m": 512, "n": 512, "k": 512, "ta": False, "tb": False, "name": "square", "time": 1}]
+    gemm += [{"m": m, "n": 4096, "k": 4096, "ta": False, "tb": True, "name": "m-sweep", "time": 1}
+             for m in (1, 2, 1024, 1536, 2048)]
+    coll = [{"op": "all_reduce", "ranks": r, "bytes": 1 << k, "time": 1} for r in (2, 4) for k in (16, 17, 28, 30)]
+    m = measurements(tmp_path, gemm=gemm, coll=coll)
+    fit, held = cal.split(m, "gemm")
+    assert [(r["name"], r["m"]) for r in fit] == [("square", 4096), ("m-sweep", 1024), ("m-sweep", 2048)]
+    assert all(r in held for r in m["gemm"] if r["name"].startswith("fc"))
+    fit, held = cal.split(m, "coll")
+    assert sorted((r["ranks"], r["bytes"]) for r in fit) == [(2, 1 << 16), (2, 1 << 28)]
+    assert all(r["ranks"] == 4 or r["bytes"] in (1 << 17, 1 << 30) for r in held)
+
+
+def test_closed_form_figures_come_from_the_measurements(tmp_path):
+    m = measurements(tmp_path,
+                     hbm=[{"op": "read", "bytes": 1 << 32, "moved": 1 << 32, "time": (1 << 32) / 4.0e12}],
+                     peer=[{"bytes": 64 << 20, "time": 10e-6 + (64 << 20) / 360e9},
+                           {"bytes": 1 << 30, "time": 10e-6 + (1 << 30) / 360e9}])
+    vals, src = cal.closed_form(m)
+    assert vals["cube.hbm.bandwidth_GBps"] == pytest.approx(4000, rel=1e-3)
+    assert vals["cube.l2.capacity_MiB"] == 60
+    assert vals["network.link.bandwidth_GBps"] == pytest.approx(20, rel=1e-3)  # 360 GB/s over 18 links
+    assert any("cube.hbm.bandwidth_GBps" in s for s in src)
+
+
+def test_bad_measurement_files_are_refused(tmp_path):
+    with pytest.raises(cal.CalibrationError, match="nosuch.json: cannot read"):
+        cal.load_measurements(str(tmp_path / "nosuch.json"))
+    p = tmp_path / "x.json"
+    p.write_text("{not json")
+    with pytest.raises(cal.CalibrationError, match="not JSON"):
+        cal.load_measurements(str(p))
+    p.write_text(json.dumps({"schema": "other/1"}))
+    with pytest.raises(cal.CalibrationError, match="schema 'other/1'; expected 'cubesim.measure/1'"):
+        cal.load_measurements(str(p))
+
+
+def test_an_overlay_for_another_gpu_is_refused_naming_both(tmp_path):
+    m = measurements(tmp_path)
+    m["env"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    with pytest.raises(cal.CalibrationError, match="calibrated on a NVIDIA H200, but the GPU found is a NVIDIA H100"):
+        cal.check_gpu({"calibration": {"gpu": "NVIDIA H200"}}, m)
+    cal.check_gpu({"calibration": {"gpu": "NVIDIA H100 80GB HBM3"}}, m)  # the same GPU: fine
+
+
+def test_cli_fits_writes_a_loadable_overlay_and_checks_it(tmp_path, capsys):
+    truth = with_values("h200x8", {"nccl.launch_latency_ns": 3000})
+    coll = [{"op": "all_reduce", "ranks": 2, "bytes": 1 << k} for k in (16, 18, 20, 21)]
+    for r in coll:
+        r["time"] = cal.sim_collective(truth, "all_reduce", 2, r["bytes"])
+    m = measurements(tmp_path, coll=coll)
+    out = tmp_path / "h200x8_cal.json"
+    rc = cli.main(["calibrate", "--measurements", m["_path"], "--kinds", "coll", "--out", str(out),
+                   "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    overlay = json.loads(out.read_text())
+    assert overlay["extends"] == "h200x8" and overlay["calibration"]["gpu"] == "NVIDIA H200"
+    assert "nccl.launch_latency_ns" in overlay["set"] and any("fitted" in s for s in overlay["sources"])
+    topo = cs.load_topology(str(out))
+    assert topo.name == "h200x8_cal"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["summary"]["coll"]["max"] < 0.05  # held out: 2^21
+    # --check reads the overlay without refitting; another GPU's measurements are refused.
+    assert cli.main(["calibrate", "--measurements", m["_path"], "--kinds", "coll", "--check", str(out)]) == 0
+    other = json.loads(open(m["_path"]).read())
+    other["env"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    (tmp_path / "h100.json").write_text(json.dumps(other))
+    capsys.readouterr()
+    assert cli.main(["calibrate", "--measurements", str(tmp_path / "h100.json"), "--check", str(out)]) == 2
+    assert "calibrated on a NVIDIA H200, but the GPU found is a NVIDIA H100 80GB HBM3" in capsys.readouterr().err
+
+
+def test_the_shipped_overlay_is_a_valid_topology_for_the_h200():
+    t = cs.load_topology("h200x8_calibrated")
+    assert cs.load_topology_json("h200x8_calibrated")["calibration"]["gpu"] == "NVIDIA H200"
+    with open(f"{cs.topology_dir()}/h200x8_calibrated.json") as fh:
+        doc = json.load(fh)
+    assert t.name == "h200x8_calibrated" and len(t.cubes) == 8
+    assert set(doc["set"]) >= {"cube.hbm.bandwidth_GBps", "cube.pe.mac.clock_GHz", "nccl.channel_bandwidth_GBps"}
+    assert all(math.isfinite(float(v)) for v in doc["set"].values())
