@@ -244,10 +244,14 @@ std::string pct(double sim, double meas) {
   return fmt::format("{:+.1f}%", 100.0 * (sim - meas) / meas);
 }
 
-std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool timing_only, bool record) {
+// The bits run the deterministic ring (what the cuda backend's exact mode runs); the timing run
+// collectives as NCCL does (the `nccl` family), which is what the GPUs' NCCL and PyTorch run.
+std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool timing_only, bool record,
+                                         rt::Algorithm algorithm = rt::Algorithm::ring) {
   rt::ContextOptions o;
   o.world_size = tp;
   o.record_ops = record;
+  o.algorithm = algorithm;
   return rt::make_sim_context(o, topo, {.timing_only = timing_only});
 }
 
@@ -399,7 +403,7 @@ int main(int argc, char** argv) {
 #endif
     }
     // ---- time
-    auto sctx = sim_context(topo, tp, true, true);
+    auto sctx = sim_context(topo, tp, true, true, rt::Algorithm::nccl);
     const MlpRun sim = run_mlp(*sctx, a.time, tp, false, 1);
     const auto sim_ops = rank0_ops(sim.ops, 0, SIZE_MAX);
     fmt::print("\ntime: MLP step {} tokens x {} hidden x {} ffn, bf16, rank 0; simulated step {:.1f} us\n", a.time.tokens,
