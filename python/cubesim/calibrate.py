@@ -143,14 +143,6 @@ def sim_peer(topo, nbytes):
     return ctx.spawn(rank_fn).sim_time_ps * 1e-12
 
 
-def sim_mlp(topo, tp, tokens, hidden, ffn):
-    """Simulated seconds of the ParallelMLP step (forward + backward, bf16, bias, GELU tanh) and per-op
-    times of rank 0 ({name: seconds}), timing only."""
-    r = cs.run_mlp(backend="sim", topology=topo, tp=tp, tokens=tokens, hidden=hidden, ffn=ffn, dtype="bf16",
-                   timing_only=True, algorithm="nccl", record_ops=True)
-    return r
-
-
 # ---------------------------------------------------------------- the fit
 
 

@@ -708,8 +708,7 @@ def cmd_calibrate(args):
             if args.measure_only:
                 return EXIT_OK
         if args.check:
-            doc = cs.load_topology_json(args.check) if hasattr(cs, "load_topology_json") else None
-            cal.check_gpu(doc, m)
+            cal.check_gpu(cs.load_topology_json(args.check), m)
             topo = cs.load_topology(args.check)
             rows = cal.error_rows(topo, m, kinds=args.kinds.split(","))
             report = {"topology": args.check, "gpu": cal.gpu_of(m), "rows": rows}
@@ -719,8 +718,7 @@ def cmd_calibrate(args):
                              name=Path(path).stem)
             cal.write_overlay(result["overlay"], path)
             out.say(f"wrote {path}")
-            topo = cs.topology_from_json(result["document"], path) if hasattr(cs, "topology_from_json") else \
-                cs.load_topology(path)
+            topo = cs.topology_from_json(result["document"], path)
             rows = cal.error_rows(topo, m, kinds=args.kinds.split(","))
             report = {"topology": path, "gpu": cal.gpu_of(m), "fitted": result["values"], "rows": rows}
     except cal.CalibrationError as e:

@@ -141,3 +141,17 @@ def test_the_shipped_overlay_is_a_valid_topology_for_the_h200():
     assert t.name == "h200x8_calibrated" and len(t.cubes) == 8
     assert set(doc["set"]) >= {"cube.hbm.bandwidth_GBps", "cube.pe.mac.clock_GHz", "nccl.channel_bandwidth_GBps"}
     assert all(math.isfinite(float(v)) for v in doc["set"].values())
+
+
+def test_unaligned_operands_load_at_the_unaligned_rate():
+    # TMA needs 16-byte aligned rows: K = 4095 bf16 (8190-byte rows) is not, K = 4096 is.
+    slow = with_values("h200x8", {"cube.pe.gemm.mma.unaligned_bytes_per_cycle": 4})
+    fast = with_values("h200x8", {"cube.pe.gemm.mma.unaligned_bytes_per_cycle": 64})
+    plain = cs.load_topology("h200x8")  # no such figure: no limit
+    aligned = [cal.sim_gemm(t, 1024, 2048, 4096) for t in (slow, fast, plain)]
+    assert aligned[0] == aligned[1] == aligned[2]
+    odd = [cal.sim_gemm(t, 1024, 2048, 4095) for t in (slow, fast, plain)]
+    assert odd[0] > 4 * odd[2] and odd[2] <= odd[1] < odd[0]
+    doc = cs.load_topology_json("h200x8")
+    with pytest.raises(cs.TopologyError, match=r"pe\.gemm\.mma\.unaligned_bytes_per_cycle: -1 is not valid; give"):
+        cs.topology_from_json(cs.apply_override(doc, "cube.pe.gemm.mma.unaligned_bytes_per_cycle", -1), "t")
