@@ -38,7 +38,7 @@ struct SimBackendOptions {
   // Rank placement: rank r runs on cube cubes[r]; empty: rank r on cube r, one rank per cube.
   // Each cube at most once and within the topology (RuntimeError otherwise, naming the option
   // `cubes`, Python's ranks_on and the CLI's --cubes).
-  std::vector<int> cubes;
+  std::vector<int> cubes = {};
 };
 
 // Checks a rank placement against a topology: RuntimeError naming `what` (the option, argument or

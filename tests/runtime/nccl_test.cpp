@@ -120,7 +120,9 @@ TEST(NcclSelection, PredictedTimeIsNcclsFormula) {
   for (NcclAlgo a : {NcclAlgo::ring, NcclAlgo::tree}) {
     for (NcclProtocol p : hw::kNcclProtocols) {
       const double t = algo::nccl_predicted_us(Collective::all_reduce, 4, 1 << 20, a, p, d);
-      if (t >= 0) EXPECT_LE(pl.predicted_us, t);
+      if (t >= 0) {
+        EXPECT_LE(pl.predicted_us, t);
+      }
     }
   }
 }

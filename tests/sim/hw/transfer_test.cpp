@@ -93,7 +93,9 @@ TEST(Transfer, AWireScaleStretchesTheLinksOnly) {
         t[i] = sim.now() - t0;
       });
       sim.run();
-      if (i == 0) EXPECT_EQ(t[0], sys.path_figures(sys.hbm(0), sys.hbm(1)).time(bytes));
+      if (i == 0) {
+        EXPECT_EQ(t[0], sys.path_figures(sys.hbm(0), sys.hbm(1)).time(bytes));
+      }
     }
     const double link_s = static_cast<double>(bytes) / static_cast<double>(load_topology(name).links[0].figures.bandwidth.bytes_per_s);
     EXPECT_NEAR(sim::to_s(t[1] - t[0]), link_s, 0.01 * link_s);            // 2x: one more payload time
