@@ -13,9 +13,10 @@ sees) and a held-out set (what the error tables judge): see SPLIT below.
 
     from cubesim import calibrate
     m = calibrate.load_measurements("calibration/h200_2gpu_2026-11-22.json")
-    fit = calibrate.fit(m, base="h200x8")             # -> Fit (values, overlay document, residuals)
-    calibrate.write_overlay(fit, "topologies/h200x8_calibrated.json")
-    rows = calibrate.check(m, "h200x8_calibrated")    # per measurement: measured, simulated, error
+    fit = calibrate.fit(m, base="h200x8")             # {"values", "overlay", "document", "fit_sets"}
+    calibrate.write_overlay(fit["overlay"], "topologies/h200x8_calibrated.json")
+    rows = calibrate.error_rows(cs.load_topology("h200x8_calibrated"), m)   # measured, simulated, error
+    calibrate.summarise(rows)                         # held-out median / geomean / max per kind
 """
 from __future__ import annotations
 
