@@ -188,6 +188,26 @@ std::span<const std::byte> bytes(const std::vector<std::uint8_t>& v) {
   return {reinterpret_cast<const std::byte*>(v.data()), v.size()};
 }
 
+// The processes a GEMM runs on (one per PE, or per cluster): spawn() each, then wait() for all.
+struct Workers {
+  sim::Simulator& sim;
+  std::vector<std::unique_ptr<sim::Event>> done = {};
+  template <class Fn>
+  void spawn(std::string name, std::string event, Fn fn) {
+    done.push_back(std::make_unique<sim::Event>(std::move(event)));
+    sim::Event* ev = done.back().get();
+    sim.spawn(std::move(name), [fn = std::move(fn), ev]() mutable {
+      fn();
+      ev->trigger();
+    });
+  }
+  void wait() {
+    std::vector<sim::Event*> evs;
+    for (auto& e : done) evs.push_back(e.get());
+    sim::wait_all(evs);
+  }
+};
+
 struct Member {
   hw::Pe* pe = nullptr;
   std::vector<std::uint64_t> a_buf, b_buf, bias_buf;  // one per stage
@@ -455,20 +475,14 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
   sim::Simulator& sim = sys.simulator();
   const sim::Time t0 = sim.now();
   const std::int64_t nblocks = P.mblocks * P.nblocks;
-  std::vector<std::unique_ptr<sim::Event>> done;
+  Workers workers{sim};
   for (std::int64_t c = 0; c < std::min(P.clusters, nblocks); ++c) {
-    done.push_back(std::make_unique<sim::Event>("gemm cluster done"));
-    sim::Event* ev = done.back().get();
     std::vector<hw::Pe*> members = clusters[static_cast<std::size_t>(c)];
     std::string name = fmt::format("{}/{}", members[0]->name(), opts.label);
-    sim.spawn(std::move(name), [&sys, members = std::move(members), c, &P, ev] {
-      run_cluster(sys, members, c, P);
-      ev->trigger();
-    });
+    workers.spawn(std::move(name), "gemm cluster done",
+                  [&sys, members = std::move(members), c, &P] { run_cluster(sys, members, c, P); });
   }
-  std::vector<sim::Event*> evs;
-  for (auto& e : done) evs.push_back(e.get());
-  sim::wait_all(evs);
+  workers.wait();
 
   SimGemmReport r;
   r.time = sim.now() - t0;
@@ -543,22 +557,16 @@ SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& 
   sim::Simulator& sim = sys.simulator();
   const sim::Time t0 = sim.now();
   const std::int64_t ntiles = sh.mtiles * sh.ntiles;
-  std::vector<std::unique_ptr<sim::Event>> done;
+  Workers workers{sim};
   for (std::size_t p = 0; p < pes.size(); ++p) {
     std::vector<std::int64_t> mine;
     for (std::int64_t t = static_cast<std::int64_t>(p); t < ntiles; t += static_cast<std::int64_t>(pes.size())) mine.push_back(t);
     if (mine.empty()) continue;
-    done.push_back(std::make_unique<sim::Event>(pes[p]->name() + " " + opts.label + " done"));
-    sim::Event* ev = done.back().get();
     hw::Pe* pe = pes[p];
-    sim.spawn(fmt::format("{}/{}", pe->name(), opts.label), [&sys, pe, mine = std::move(mine), &sh, ev] {
-      run_pe(sys, *pe, mine, sh);
-      ev->trigger();
-    });
+    workers.spawn(fmt::format("{}/{}", pe->name(), opts.label), pe->name() + " " + opts.label + " done",
+                  [&sys, pe, mine = std::move(mine), &sh] { run_pe(sys, *pe, mine, sh); });
   }
-  std::vector<sim::Event*> evs;
-  for (auto& e : done) evs.push_back(e.get());
-  sim::wait_all(evs);
+  workers.wait();
 
   SimGemmReport r;
   r.time = sim.now() - t0;

@@ -43,12 +43,7 @@ class Link final : public PathUnit {
   // FIFO: a chunk starts once its head has arrived (plus the entry delay) and the link is free, and
   // cannot finish before its tail has arrived (cut-through).
   Passage serve(const ChunkVisit& v) override {
-    const Time start = std::max(v.head + v.pre, server_.free);
-    const Time end = std::max(start + server_.duration(v.bytes), v.tail + v.pre);
-    server_.free = end;
-    server_.account(v.bytes, end - start);
-    if (v.trace) trace_chunk(v, server_, kNoChannel, start, end, v.bytes);
-    return {start + v.post, end + v.post};
+    return serve_fifo(server_, v);
   }
   StageFigures figures() const override { return StageFigures::of(spec_.figures.bandwidth); }
   void declare_tracks(sim::Trace& trace) override { trace.track(track_name(), track_group()); }

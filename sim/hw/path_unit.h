@@ -18,6 +18,7 @@
 //            gaps of earlier bookings; see server.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -75,6 +76,17 @@ class PathUnit : public Unit {
   // span: split bookings can overlap in [first, last], and a track's spans must not.
   void trace_chunk(const ChunkVisit& v, Server& s, std::uint64_t channel, sim::Time start, sim::Time end,
                    std::uint64_t bytes);
+  // FIFO service on one server (links, switch ports): a chunk starts once its head has arrived plus
+  // v.pre and the server is free, and cannot finish before its tail has arrived plus v.pre
+  // (cut-through); it leaves v.post later. Counts it and records its span when tracing.
+  Passage serve_fifo(Server& s, const ChunkVisit& v) {
+    const sim::Time start = std::max(v.head + v.pre, s.free);
+    const sim::Time end = std::max(start + s.duration(v.bytes), v.tail + v.pre);
+    s.free = end;
+    s.account(v.bytes, end - start);
+    if (v.trace) trace_chunk(v, s, kNoChannel, start, end, v.bytes);
+    return {start + v.post, end + v.post};
+  }
   // The track of a server of the unit (a memory's channel; kNoChannel: the unit's own track).
   static constexpr std::uint64_t kNoChannel = ~std::uint64_t{0};
   virtual std::string track_name_of(std::uint64_t channel) const { return track_name(); }
