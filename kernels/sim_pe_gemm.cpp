@@ -9,6 +9,7 @@
 #include "kernels/det_gemm.h"
 #include "sim/core/event.h"
 #include "sim/core/wait.h"
+#include "sim/hw/cube.h"
 
 namespace cubesim::kernels {
 
@@ -223,6 +224,7 @@ struct Pipe {
   const HbmVector* bias;
   const hw::GemmPipelineSpec* g;
   std::int64_t tm, tn, tk, mtiles, ntiles, nk, cm, cn, mblocks, nblocks, clusters;
+  std::size_t stages;
   bool functional;
   std::uint64_t dma_bytes = 0, multicast_bytes = 0;
   bool unaligned = false;  // an operand or C breaks TMA's 16-byte alignment (the header's [unaligned])
@@ -242,7 +244,7 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
   const std::int64_t M = A.rows, N = B.cols, K = A.cols;
   const std::uint64_t ea = dtype_size(A.dtype), eb = dtype_size(B.dtype), ec = dtype_size(C.dtype);
   const std::uint64_t ebias = P.bias ? dtype_size(P.bias->dtype) : 0;
-  const std::size_t S = P.g->stages;
+  const std::size_t S = P.stages;
   const std::int64_t cm = P.cm, cn = P.cn;
   sim::Simulator& sim = sys.simulator();
   sim::Trace& tr = sim.trace();
@@ -366,10 +368,12 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
           }
         }
         if (kt > 0) {
-          // A k-block occupies the MAC array max(MACs / rate, issue figure) cycles.
+          // A k-block occupies the MAC array max(MACs / rate, issue figure) cycles; an edge tile's
+          // MMAs are a whole tile's (the instruction shape does not shrink with the rows left).
           hw::ComputeUnit& mac = x.pe->mac();
           const std::uint64_t macs = static_cast<std::uint64_t>(mt * nt * kt);
-          std::uint64_t cyc = std::max(mac.cycles(macs, A.dtype), P.g->issue_cycles_per_k_block);
+          std::uint64_t cyc = std::max(mac.cycles(static_cast<std::uint64_t>(P.tm * P.tn * kt), A.dtype),
+                                       P.g->issue_cycles_per_k_block);
           if (P.unaligned) {
             const double b = static_cast<double>(static_cast<std::uint64_t>(mt * kt) * ea + static_cast<std::uint64_t>(kt * nt) * eb);
             cyc = std::max(cyc, static_cast<std::uint64_t>(std::ceil(b / P.g->unaligned_bytes_per_cycle)));
@@ -430,30 +434,100 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
   }
 }
 
+// The kernel a GEMM runs: a tile of pe.gemm.choices (or the one tile), with or without the
+// cluster, and its stages; `estimate` is the header's estimate of its time, in seconds.
+struct Kernel {
+  hw::TileSpec tile;
+  std::int64_t cm = 1, cn = 1;
+  std::uint64_t stages = 0;
+  double estimate = 0;
+};
+
+// Picks the kernel as a GPU library's heuristic does: the one whose estimated time (the header's
+// "Kernel choice") is least; ties go to the earlier tile, the cluster before none.
+Kernel choose_kernel(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias, const HbmMatrix& C,
+                     const std::vector<int>& cubes, const std::vector<hw::Pe*>& pes, bool unaligned) {
+  const hw::PeSpec& pe = pes[0]->spec();
+  const hw::GemmPipelineSpec& g = pe.gemm;
+  const std::int64_t M = A.rows, N = B.cols, K = A.cols;
+  const double ea = static_cast<double>(dtype_size(A.dtype)), eb = static_cast<double>(dtype_size(B.dtype));
+  const double f = static_cast<double>(pe.mac.clock_hz), macs = pe.mac.rate(A.dtype);
+  const double dma = static_cast<double>(pe.dma.read.bytes_per_s);
+  hw::Cube& cube = sys.cube(cubes[0]);
+  const double hbm_bw = static_cast<double>(cube.hbm().bandwidth().bytes_per_s) * static_cast<double>(cubes.size());
+  double latency = static_cast<double>(cube.hbm().latency()) * 1e-12, l2_bw = hbm_bw;
+  if (const hw::L2Cache* l2 = cube.l2()) {
+    latency += static_cast<double>(l2->latency()) * 1e-12;
+    l2_bw = static_cast<double>(l2->spec().bandwidth.bytes_per_s) * static_cast<double>(cubes.size());
+  }
+  const double unique = static_cast<double>(M * K) * ea + static_cast<double>(K * N) * eb +
+                        static_cast<double>(M * N * static_cast<std::int64_t>(dtype_size(C.dtype)));
+  const std::int64_t per_cube = static_cast<std::int64_t>(pes.size() / cubes.size());
+  const double launch = static_cast<double>(g.launch) * 1e-12;
+  std::vector<std::pair<std::int64_t, std::int64_t>> clusters{{g.cluster_m, g.cluster_n}};
+  if (g.cluster_m * g.cluster_n > 1) clusters.emplace_back(1, 1);
+  Kernel best;
+  bool found = false;
+  for (const hw::TileSpec& t : g.tiles_for(A.dtype)) {
+    const std::uint64_t S = g.stages_for(t, dtype_size(A.dtype), dtype_size(B.dtype), dtype_size(C.dtype),
+                                         bias ? dtype_size(bias->dtype) : 0, pes[0]->tcm().capacity());
+    if (S == 0) continue;
+    const std::int64_t mt = (M + t.m - 1) / t.m, nt = (N + t.n - 1) / t.n;
+    const std::int64_t nk = std::max<std::int64_t>((K + t.k - 1) / t.k, 1);
+    const double em = static_cast<double>(std::min<std::int64_t>(t.m, M)), en = static_cast<double>(std::min<std::int64_t>(t.n, N));
+    const double ek = static_cast<double>(std::min<std::int64_t>(t.k, K));
+    const double a_box = em * ek * ea, b_box = ek * en * eb;
+    double mma = std::max(std::ceil(static_cast<double>(t.m) * t.n * ek / macs), static_cast<double>(g.issue_cycles_per_k_block));
+    if (unaligned) mma = std::max(mma, std::ceil((a_box + b_box) / g.unaligned_bytes_per_cycle));
+    for (const auto& [cm, cn] : clusters) {
+      const std::int64_t G = per_cube / (cm * cn) * static_cast<std::int64_t>(cubes.size());
+      if (G == 0) continue;
+      const std::int64_t blocks = (mt + cm - 1) / cm * ((nt + cn - 1) / cn);
+      const double waves = static_cast<double>((blocks + G - 1) / G);
+      const double issued = static_cast<double>(cm) * a_box + static_cast<double>(cn) * b_box;  // per block, k-block
+      const double step = std::max({mma / f, issued / static_cast<double>(cm * cn) / dma,
+                                    (latency + (a_box + b_box) / dma) / static_cast<double>(S)});
+      const double tile = static_cast<double>(g.prologue_cycles + g.epilogue_cycles) / f + static_cast<double>(nk) * step;
+      const double est = launch + std::max({waves * tile, static_cast<double>(blocks * nk) * issued / l2_bw, unique / hbm_bw});
+    
+      if (!found || est < best.estimate) best = Kernel{t, cm, cn, S, est};
+      found = true;
+    }
+  }
+  if (!found) {
+    throw std::invalid_argument(fmt::format("sim_pe_gemm: no tile of pe.gemm for {} fits {}'s TCM of {} bytes with its C "
+                                            "tile and a stage", dtype_name(A.dtype), pes[0]->name(),
+                                            pes[0]->tcm().capacity()));
+  }
+  return best;
+}
+
 // The GPU-like path (the topology's "pe.gemm"): clusters of cm x cn PEs within a cube, blocks of
 // cm x cn tiles in the swizzled raster walk, cluster g running blocks g, g + G, ... (see the header).
 SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias,
                            const HbmMatrix& C, const SimGemmOptions& opts, const std::vector<int>& cubes,
                            const std::vector<hw::Pe*>& pes) {
   const hw::GemmPipelineSpec& g = pes[0]->spec().gemm;
-  const hw::TileSpec& tile = g.tile_for(A.dtype);
-  Pipe P{&A, &B, &C, bias, &g, tile.m, tile.n, tile.k, 0, 0, 0, g.cluster_m, g.cluster_n, 0, 0, 0,
-         sys.options().functional};
+  const bool unaligned = g.unaligned_bytes_per_cycle > 0 && !(tma_aligned(A) && tma_aligned(B) && tma_aligned(C));
+  const Kernel kernel = choose_kernel(sys, A, B, bias, C, cubes, pes, unaligned);
+  const hw::TileSpec& tile = kernel.tile;
+  Pipe P{&A, &B, &C, bias, &g, tile.m, tile.n, tile.k, 0, 0, 0, kernel.cm, kernel.cn, 0, 0, 0,
+         static_cast<std::size_t>(kernel.stages), sys.options().functional};
   P.mtiles = (A.rows + P.tm - 1) / P.tm;
   P.ntiles = (B.cols + P.tn - 1) / P.tn;
   P.nk = std::max<std::int64_t>((A.cols + P.tk - 1) / P.tk, 1);
-  P.unaligned = g.unaligned_bytes_per_cycle > 0 && !(tma_aligned(A) && tma_aligned(B) && tma_aligned(C));
+  P.unaligned = unaligned;
   P.mblocks = (P.mtiles + P.cm - 1) / P.cm;
   P.nblocks = (P.ntiles + P.cn - 1) / P.cn;
   const std::uint64_t need =
-      g.stages * (static_cast<std::uint64_t>(P.tm * P.tk) * dtype_size(A.dtype) +
+      P.stages * (static_cast<std::uint64_t>(P.tm * P.tk) * dtype_size(A.dtype) +
                   static_cast<std::uint64_t>(P.tk * P.tn) * dtype_size(B.dtype) +
                   (bias ? static_cast<std::uint64_t>(P.tn) * dtype_size(bias->dtype) : 0)) +
       static_cast<std::uint64_t>(P.tm * P.tn) * dtype_size(C.dtype);
   if (need > pes[0]->tcm().capacity()) {
     throw std::invalid_argument(fmt::format("sim_pe_gemm: {} stages of a {}x{}x{} tile ({} x {} -> {}) need {} bytes of "
                                             "TCM but {} has {}; give fewer pe.gemm.stages or a smaller pe.gemm.tiles.{}",
-                                            g.stages, P.tm, P.tn, P.tk, dtype_name(A.dtype), dtype_name(B.dtype),
+                                            P.stages, P.tm, P.tn, P.tk, dtype_name(A.dtype), dtype_name(B.dtype),
                                             dtype_name(C.dtype), need, pes[0]->name(), pes[0]->tcm().capacity(),
                                             dtype_name(A.dtype)));
   }
@@ -466,15 +540,11 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
     for (std::size_t c = i; c + csize <= j; c += csize) clusters.emplace_back(pes.begin() + c, pes.begin() + c + csize);
     i = j;
   }
-  if (clusters.empty()) {
-    throw std::invalid_argument(fmt::format("sim_pe_gemm: a cluster of {}x{} PEs (pe.gemm.cluster) does not fit in the "
-                                            "{} PEs chosen per cube (max_pes {}); allow at least {} PEs",
-                                            P.cm, P.cn, pes.size() / cubes.size(), opts.max_pes, csize));
-  }
   P.clusters = static_cast<std::int64_t>(clusters.size());
   sim::Simulator& sim = sys.simulator();
   const sim::Time t0 = sim.now();
   const std::int64_t nblocks = P.mblocks * P.nblocks;
+  if (g.launch > 0) sim::this_process::sleep(g.launch);  // the kernel's launch, before any PE starts
   Workers workers{sim};
   for (std::int64_t c = 0; c < std::min(P.clusters, nblocks); ++c) {
     std::vector<hw::Pe*> members = clusters[static_cast<std::size_t>(c)];
@@ -495,6 +565,8 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
   r.cluster_m = static_cast<int>(P.cm);
   r.cluster_n = static_cast<int>(P.cn);
   r.waves = (nblocks + P.clusters - 1) / P.clusters;
+  r.stages = static_cast<int>(P.stages);
+  r.estimate = kernel.estimate;
   r.dma_bytes = P.dma_bytes;
   r.multicast_bytes = P.multicast_bytes;
   roofline(r, A, B, bias, C, *pes[0], pes.size());

@@ -17,9 +17,24 @@
 //
 // The GPU-like pipeline. When the topology's PEs have a "pe.gemm" section (topologies/README.md),
 // the GEMM runs as a persistent Hopper-style kernel instead (values are the same bits):
-//   - Tile: pe.gemm.tiles.<A's dtype>, else pe.gemm.tile, else pe.tile (m x n output, k-block k).
-//   - Clusters: each cube's PEs form floor(PEs / (cm·cn)) clusters of cm x cn PEs ("cluster"),
-//     cube-major; G clusters in all (the rest idle). A cluster runs a block of cm x cn adjacent tiles.
+//   - Tile: pe.gemm.tiles.<A's dtype>, else pe.gemm.tile, else pe.tile (m x n output, k-block k);
+//     with pe.gemm.choices.<A's dtype>, one of that list (Kernel choice, below).
+//   - Clusters: each cube's PEs form floor(PEs / (cm·cn)) clusters of cm x cn PEs ("cluster", or
+//     1 x 1 when the kernel choice runs without clusters), cube-major; G clusters in all (the rest
+//     idle). A cluster runs a block of cm x cn adjacent tiles.
+//   - Stages: pe.gemm.stages k-block buffers per PE, or with "auto" as many as the TCM holds besides
+//     the C tile: (TCM - C tile) / (A k-block + B k-block + bias slice).
+//   - Kernel choice (as a GPU library's heuristic picks a kernel for a shape): every tile of the
+//     choices (or the one tile), with the cluster and without, is estimated and the least estimate
+//     runs (ties: the earlier tile, the cluster first). With G clusters, blocks of cm x cn tiles,
+//     nk k-blocks, boxes a = A k-block bytes and b = B k-block bytes, S stages, per PE:
+//       step = max(MMA cycles of a whole tile's k-block / f, (cm·a + cn·b) / (cm·cn) / DMA read rate,
+//                  (HBM latency + L2 latency + (a + b) / DMA read rate) / S)
+//       tile = (prologue + epilogue) / f + nk · step
+//       estimate = launch + max(ceil(blocks / G) · tile,  blocks · nk · (cm·a + cn·b) / L2 bandwidth,
+//                               (A + B + C bytes) / HBM bandwidth)
+//     An estimate, not the simulation: it only picks the kernel; the time is what the run takes.
+//   - Launch: pe.gemm.launch_ns passes before the first tile starts (a GPU kernel's launch).
 //   - Walk: blocks are ordered by a swizzled raster: with raster "n", block rows are cut into bands
 //     of `swizzle` rows; bands go top to bottom, each walked column by column, down the band first
 //     (swizzle 1: row-major). Raster "m" is the transpose (swizzle 1: column-major). Cluster g runs
@@ -34,9 +49,11 @@
 //     s + stages is issued when every member's MMAs of step s have finished (the cluster-wide
 //     "buffer empty" barrier).
 //   - Timing, per member and tile (cycles at the MAC clock, f = clock):
-//       k-block  = max(ceil(m·n·k / macs_per_cycle[dtype]), issue_cycles_per_k_block,
+//       k-block  = max(ceil(tm·tn·k / macs_per_cycle[dtype]), issue_cycles_per_k_block,
 //                      [unaligned] ceil((A k-block + B k-block bytes) / unaligned_bytes_per_cycle)) / f,
-//                  starting when its A and B have landed and the MAC array is free;
+//                  starting when its A and B have landed and the MAC array is free (tm x tn:
+//                  the whole tile's MMAs, also for a tile at the edge that holds fewer rows or
+//                  columns: a tensor core's instruction shape does not shrink with the data);
 //     [unaligned]: when A's, B's or C's base address or row pitch (the stride of its major
 //     dimension) in bytes is not a multiple of 16, a GPU cannot use TMA (the tensor copy engine
 //     needs 16-byte aligned global addresses and strides) and its kernels load operands through
@@ -101,6 +118,8 @@ struct SimGemmReport {
   std::int64_t tiles = 0;  // output tiles
   std::int64_t waves = 0;  // ceil(blocks of cluster tiles / clusters): the last one may leave PEs idle
   int clusters = 0, cluster_m = 1, cluster_n = 1;  // pe.gemm's clusters (0 without the section)
+  int stages = 0;       // pe.gemm's k-block buffers per PE (0 without the section)
+  double estimate = 0;  // pe.gemm: the kernel choice's estimate of the time, seconds
   std::uint64_t multicast_bytes = 0;  // bytes delivered to TCMs besides the issuer's (multicast)
   std::vector<sim::Duration> pe_idle;  // per PE (cube-major order): time less its MAC array's busy time
 };

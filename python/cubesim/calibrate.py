@@ -59,11 +59,10 @@ def coll_time(rec):
 
 
 # The split (a fixed rule, not a choice per run): what the fit may see.
-#   gemm: the square sweep from 2048 and every other point of the M sweep from M = 1024 (the shapes
-#         that fill the machine with the topology's one tile shape: cuBLAS's choice of smaller
-#         tiles or split-K for small problems is not modelled), plus two shapes whose rows are not
-#         16-byte aligned; held out: every MLP shape (tp 1/2/4/8, fwd, dgrad, wgrad), the other
-#         M-sweep points, the small squares and the other odd shapes.
+#   gemm: the square sweep from 2048, every other point of the M sweep (M = 1, 4, 16, ..., 16384),
+#         777^3 and one shape whose rows are not 16-byte aligned; held out: every MLP shape (tp
+#         1/2/4/8, fwd, dgrad, wgrad), the other M-sweep points, the small squares and the other
+#         odd shapes.
 #   coll: 2 GPUs, sizes 2^k with k even from 64 KiB to 256 MiB; held out: odd k, 1 GiB, and every
 #         rank count other than 2.
 #   mlp:  never in the fit.
@@ -72,7 +71,7 @@ def in_fit(kind, rec, index=None):
         if rec.get("name") == "square":
             return rec["m"] >= 2048
         if rec.get("name") == "m-sweep":
-            return index is not None and index % 2 == 0 and rec["m"] >= 1024
+            return index is not None and index % 2 == 0
         return (rec["m"], rec["n"], rec["k"]) in ((777, 777, 777), (4096, 4096, 4095))
     if kind == "coll":
         k = int(math.log2(rec["bytes"]))
@@ -363,6 +362,7 @@ def gemm_group():
             Param("cube.pe.dma.read_GBps", 128, 16, 2000, "a PE's TMA load bandwidth"),
             Param("cube.pe.gemm.mma.unaligned_bytes_per_cycle", 16, 0.5, 512,
                   "operand bytes per cycle without TMA (unaligned operands)"),
+            Param("cube.pe.gemm.launch_ns", 2000, 10, 20000, "a GEMM kernel's launch and completion"),
         ])
 
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/hw/address_hash.h"
 #include "sim/hw/errors.h"
 #include "sim/hw/format.h"
 
@@ -20,6 +21,7 @@ Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
       bandwidth_(setup.bandwidth),
       latency_(setup.latency),
       interleave_(setup.interleave == 0 ? 1 : setup.interleave),
+      hashed_(setup.hashed && setup.channels > 1),
       channels_(setup.channels == 0 ? 1 : setup.channels),
       allocator_(name(), setup.capacity) {
   const sim::Bandwidth bandwidth = setup.bandwidth;
@@ -28,6 +30,13 @@ Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
   const std::uint64_t n = channels_.size();
   for (Server& c : channels_) c.bandwidth = sim::Bandwidth{bandwidth.bytes_per_s / n};
   stripe_.bandwidth = channels_[0].bandwidth;
+  if (hashed_) per_channel_.assign(n, 0);
+}
+
+std::uint32_t Memory::channel_of(std::uint64_t addr) const {
+  const std::uint64_t n = channels_.size(), b = addr / interleave_;
+  if (!hashed_) return static_cast<std::uint32_t>(b % n);
+  return static_cast<std::uint32_t>((b % n + spread(b / n, n)) % n);
 }
 
 void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const {
@@ -134,6 +143,27 @@ void for_each_piece(std::uint64_t addr, std::uint64_t len, std::uint64_t interle
   }
 }
 
+// for_each_piece with hashed channels: block b = q * n + r goes to channel (r + spread(q, n)) % n,
+// so each whole stripe of n blocks gives every channel one block. Adds each channel's bytes of
+// [addr, addr + len) to per[] (n entries, zero on entry).
+void add_hashed_pieces(std::uint64_t addr, std::uint64_t len, std::uint64_t interleave, std::uint64_t n,
+                       std::uint64_t* per) {
+  const std::uint64_t b0 = addr / interleave, b1 = (addr + len - 1) / interleave;
+  auto block = [&](std::uint64_t b) {
+    const std::uint64_t lo = std::max(addr, b * interleave), hi = std::min(addr + len, (b + 1) * interleave);
+    per[(b % n + spread(b / n, n)) % n] += hi - lo;
+  };
+  const std::uint64_t q0 = b0 / n, q1 = b1 / n;
+  if (q1 - q0 < 2) {  // at most two stripes: block by block
+    for (std::uint64_t b = b0; b <= b1; ++b) block(b);
+    return;
+  }
+  for (std::uint64_t b = b0; b < (q0 + 1) * n; ++b) block(b);  // the first stripe's tail
+  const std::uint64_t whole = (q1 - q0 - 1) * interleave;     // the stripes between: one block each
+  for (std::uint64_t ch = 0; ch < n; ++ch) per[ch] += whole;
+  for (std::uint64_t b = q1 * n; b <= b1; ++b) block(b);      // the last stripe's head
+}
+
 }  // namespace
 
 Passage Memory::serve(const ChunkVisit& v) {
@@ -157,7 +187,8 @@ Passage Memory::serve(const ChunkVisit& v) {
   } else {
     const std::uint64_t addr = region_addr(*v.region, v.offset);
     const std::uint64_t stripe = interleave_ * n;
-    const bool even = addr % interleave_ == 0 && v.bytes % stripe == 0;
+    // Hashed: a chunk is even only when it covers whole stripes from a stripe's start.
+    const bool even = addr % interleave_ == 0 && v.bytes % stripe == 0 && (!hashed_ || addr % stripe == 0);
     if (even && !uniform_) {
       // The channels may have drifted back into step: all idle again.
       bool idle = true;
@@ -178,7 +209,16 @@ Passage Memory::serve(const ChunkVisit& v) {
         for (Server& c : channels_) c.copy_bookings(stripe_);
         uniform_ = false;
       }
-      for_each_piece(addr, v.bytes, interleave_, n, piece);
+      if (hashed_) {
+        add_hashed_pieces(addr, v.bytes, interleave_, n, per_channel_.data());
+        for (std::uint32_t ch = 0; ch < n; ++ch) {
+          if (per_channel_[ch] == 0) continue;
+          piece(ch, per_channel_[ch]);
+          per_channel_[ch] = 0;
+        }
+      } else {
+        for_each_piece(addr, v.bytes, interleave_, n, piece);
+      }
     }
   }
   return {first + v.post, std::max(last, v.tail + v.pre) + v.post};

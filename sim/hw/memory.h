@@ -48,6 +48,7 @@ struct MemorySetup {
   sim::Duration latency = 0;  // paid by reads
   std::uint32_t channels = 1;
   std::uint64_t interleave = 0;  // bytes per channel before the next (0: one block)
+  bool hashed = false;           // blocks go to channels by a hash of the address (HbmSpec::channel_hash)
   bool functional = true;        // keeps values (SystemOptions::functional)
   bool check_uninitialized = true;
 };
@@ -74,6 +75,9 @@ class Memory final : public PathUnit {
   sim::Duration latency() const { return latency_; }
   std::uint32_t channels() const { return static_cast<std::uint32_t>(channels_.size()); }
   std::uint64_t interleave_bytes() const { return interleave_; }
+  bool hashed() const { return hashed_; }
+  // The channel that byte `addr` is served by.
+  std::uint32_t channel_of(std::uint64_t addr) const;
   // The hazard checker this memory reports to: one per System, so it also tells which System a
   // memory belongs to.
   const HazardTracker& hazard_tracker() const { return *hazards_; }
@@ -140,6 +144,8 @@ class Memory final : public PathUnit {
   sim::Bandwidth bandwidth_;
   sim::Duration latency_;
   std::uint64_t interleave_;
+  bool hashed_ = false;
+  std::vector<std::uint64_t> per_channel_;  // scratch of serve() on a hashed memory
   std::vector<Server> channels_;
   // While every channel's bookings are the same (all traffic so far striped evenly over them), one
   // server stands for all of them: a chunk costs one booking instead of one per channel.

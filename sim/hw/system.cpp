@@ -132,7 +132,8 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
                                      .bandwidth = spec.hbm.bandwidth,
                                      .latency = spec.hbm.latency,
                                      .channels = spec.hbm.channels,
-                                     .interleave = spec.hbm.interleave_bytes});
+                                     .interleave = spec.hbm.interleave_bytes,
+                                     .hashed = spec.hbm.channel_hash});
     auto cube = std::make_unique<Cube>(spec, *hbm);
     if (spec.l2.present) cube->l2_ = &own(std::make_unique<L2Cache>(c, spec.l2, *hbm));
     for (int p = 0; p < spec.pes; ++p) {
@@ -483,8 +484,15 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   r->event.emplace("transfer");
   Time first = r->issued;
   if (p.injector) {
+    // The channel is busy for the full chunks at the path's pace and the last chunk for its own bytes.
     first = std::max(first, p.injector->next_inject) + p.injector_overhead;
-    p.injector->next_inject = first + r->nchunks * p.pace;
+    const std::uint64_t last = bytes - (r->nchunks - 1) * p.chunk;
+    Duration last_pace = p.pace;
+    if (last < p.chunk) {
+      last_pace = 0;
+      for (const StageFigures& sf : p.figures.stages) last_pace = std::max(last_pace, sf.time(last));
+    }
+    p.injector->next_inject = first + (r->nchunks - 1) * p.pace + last_pace;
   }
   r->first_inject = first;
   if (tracking) {

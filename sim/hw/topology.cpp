@@ -369,9 +369,34 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
     }
     t.finish();
   }
-  if (const json* v = o.get("stages")) {
-    g.stages = static_cast<std::uint32_t>(o.as_positive_int("stages", *v, "A/B k-block buffers in the TCM", 64));
+  if (const json* cs = o.get("choices")) {
+    Obj c = o.object_at("choices", *cs);
+    for (DType d : kAllDTypes) {
+      const std::string key(dtype_name(d));
+      const json* v = c.get(key);
+      if (!v) continue;
+      if (!v->is_array() || v->empty()) {
+        c.fail(key, fmt::format("expected a non-empty list of tiles [{{\"m\": .., \"n\": .., \"k\": ..}}, ...], got {}",
+                                short_dump(*v)));
+      }
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        g.choices[static_cast<std::size_t>(d)].push_back(read_tile(Obj(o.ctx(), *c.schema(key).item(), (*v)[i],
+                                                                       child(c.at(key), std::to_string(i)))));
+      }
+    }
+    c.finish();
   }
+  if (const json* v = o.get("stages")) {
+    if (v->is_string() && v->get<std::string>() == "auto") {
+      g.auto_stages = true;
+    } else if (v->is_string()) {
+      o.fail("stages", fmt::format("{} is not valid; give a number of k-block buffers (1 to 64) or \"auto\" (as many "
+                                   "as the TCM holds besides the C tile)", short_dump(*v)));
+    } else {
+      g.stages = static_cast<std::uint32_t>(o.as_positive_int("stages", *v, "A/B k-block buffers in the TCM, or \"auto\"", 64));
+    }
+  }
+  if (const json* v = o.get("launch_ns")) g.launch = o.as_duration("launch_ns", *v);
   if (const json* v = o.get("raster")) {
     const std::string r = v->is_string() ? v->get<std::string>() : "";
     if (r == "m") g.raster = GemmRaster::m;
@@ -415,17 +440,27 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
   o.finish();
   // Every dtype the MAC array runs must fit (A, B, C and bias in that dtype): `stages` x (A k-block +
   // B k-block + bias slice) and the C tile.
+  // With "stages": "auto", at least 2 (double buffering) must fit.
   for (DType d : kAllDTypes) {
     if (!(pe.mac.rate(d) > 0)) continue;
-    const TileSpec& t = g.tile_for(d);
-    const std::uint64_t es = dtype_size(d), m = t.m, n = t.n, k = t.k;
-    const std::uint64_t need = g.stages * (m * k + k * n + n) * es + m * n * es;
-    if (pe.tcm.capacity_bytes < need) {
-      o.fail(g.tile_by_dtype[static_cast<std::size_t>(d)].m ? fmt::format("tiles.{}", dtype_name(d)) : "stages",
-             fmt::format("{} stages of {}x{}x{} {} tiles need {} ({} bytes: {} x (A {}x{} + B {}x{} + bias {}) + C {}x{}) "
-                         "but the TCM holds {}; give fewer stages or a smaller tile (pe.gemm.tile or pe.gemm.tiles.{})",
-                         g.stages, m, n, k, dtype_name(d), format_bytes(need), need, g.stages, m, k, k, n, n, m, n,
-                         format_bytes(pe.tcm.capacity_bytes), dtype_name(d)));
+    const auto tiles = g.tiles_for(d);
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      const TileSpec& t = tiles[i];
+      const std::uint64_t es = dtype_size(d), m = t.m, n = t.n, k = t.k;
+      const std::uint64_t stages = g.auto_stages ? 2 : g.stages;
+      const std::uint64_t need = stages * (m * k + k * n + n) * es + m * n * es;
+      if (pe.tcm.capacity_bytes < need) {
+        const std::string where = !g.choices[static_cast<std::size_t>(d)].empty()
+                                      ? fmt::format("choices.{}.{}", dtype_name(d), i)
+                                  : g.tile_by_dtype[static_cast<std::size_t>(d)].m ? fmt::format("tiles.{}", dtype_name(d))
+                                                                                   : std::string("stages");
+        o.fail(where, fmt::format("{} stages{} of {}x{}x{} {} tiles need {} ({} bytes: {} x (A {}x{} + B {}x{} + bias {}) "
+                                  "+ C {}x{}) but the TCM holds {}; give fewer stages or a smaller tile (pe.gemm.tile, "
+                                  "pe.gemm.tiles.{} or pe.gemm.choices.{})",
+                                  stages, g.auto_stages ? " (the least \"auto\" allows)" : "", m, n, k, dtype_name(d),
+                                  format_bytes(need), need, stages, m, k, k, n, n, m, n,
+                                  format_bytes(pe.tcm.capacity_bytes), dtype_name(d), dtype_name(d)));
+      }
     }
   }
   return g;
@@ -558,6 +593,15 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     c.hbm.latency = h.duration_ns("latency_ns", "HBM read latency");
     c.hbm.channels = static_cast<std::uint32_t>(h.positive_int("channels", "independent HBM channels", 4096));
     c.hbm.interleave_bytes = h.positive_int("interleave_bytes", "bytes per channel before the next", 1ull << 40);
+    if (const json* v = h.get("channel_map")) {
+      const std::string m = v->is_string() ? v->get<std::string>() : "";
+      if (m == "hash") c.hbm.channel_hash = true;
+      else if (m != "interleave") {
+        h.fail("channel_map", fmt::format("{} is not valid; give \"interleave\" (block b on channel b mod channels) or "
+                                          "\"hash\" (each stripe of blocks rotated by a hash of its address)",
+                                          short_dump(*v)));
+      }
+    }
     h.finish();
   }
   if (const json* l = o.get("l2")) c.l2 = read_l2(o.object_at("l2", *l), c.hbm.capacity_bytes);

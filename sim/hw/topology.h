@@ -38,6 +38,10 @@ struct HbmSpec {
   Duration latency = 0;                // paid by reads
   std::uint32_t channels = 1;          // independent servers of bandwidth / channels each
   std::uint64_t interleave_bytes = 0;  // consecutive blocks of this size go to consecutive channels
+  // "channel_map": "interleave" (false: block b on channel b % channels) or "hash" (true: each
+  // stripe of `channels` blocks is rotated by a hash of its index, as GPUs hash addresses over their
+  // DRAM channels; memory.h).
+  bool channel_hash = false;
 };
 
 // A cube's L2 cache (optional; `present` false: accesses go straight to the HBM, as without one).
@@ -85,19 +89,38 @@ struct GemmPipelineSpec {
   bool present = false;
   TileSpec tile;                                    // default: pe.tile
   std::array<TileSpec, kNumDTypes> tile_by_dtype{}; // "tiles": per input dtype; m == 0: `tile`
-  std::uint32_t stages = 2;                         // A/B k-block buffers in the TCM
+  std::uint32_t stages = 2;                         // A/B k-block buffers in the TCM (see auto_stages)
   GemmRaster raster = GemmRaster::n;
   std::uint32_t swizzle = 1;                        // tiles walk in bands of this many rows (cols)
   std::uint32_t cluster_m = 1, cluster_n = 1;       // PEs sharing operand loads by multicast
+  Duration launch = 0;  // "launch_ns": per GEMM, before its first tile starts (a GPU's kernel launch)
   // MAC-clock cycles: the least a k-block's MMAs take (issue-bound), and fixed per-tile costs
   // before the first MMA and after the last one.
   std::uint64_t issue_cycles_per_k_block = 0, prologue_cycles = 0, epilogue_cycles = 0;
   // Bytes per MAC-clock cycle a PE loads operands at when an operand is not 16-byte aligned (no
   // TMA; sim_pe_gemm.h); 0: no such limit.
   double unaligned_bytes_per_cycle = 0;
+  // "choices": per input dtype, the tiles a kernel library has for it; each GEMM runs the one that
+  // sim_pe_gemm's estimate says is fastest for its shape (kernels/sim_pe_gemm.h). Empty: tile_for().
+  std::array<std::vector<TileSpec>, kNumDTypes> choices{};
+  // "stages": "auto": each tile gets as many k-block buffers as the TCM holds besides its C tile.
+  bool auto_stages = false;
   const TileSpec& tile_for(DType d) const {
     const TileSpec& t = tile_by_dtype[static_cast<std::size_t>(d)];
     return t.m ? t : tile;
+  }
+  std::vector<TileSpec> tiles_for(DType d) const {
+    const auto& c = choices[static_cast<std::size_t>(d)];
+    return c.empty() ? std::vector<TileSpec>{tile_for(d)} : c;
+  }
+  // The k-block buffers a tile gets in a TCM of `tcm` bytes (element sizes of A, B, C and the bias,
+  // 0 without one): `stages`, or with auto_stages (tcm - C tile) / (A + B k-block + bias slice).
+  std::uint64_t stages_for(const TileSpec& t, std::uint64_t ea, std::uint64_t eb, std::uint64_t ec,
+                           std::uint64_t ebias, std::uint64_t tcm) const {
+    if (!auto_stages) return stages;
+    const std::uint64_t c = std::uint64_t{t.m} * t.n * ec;
+    const std::uint64_t per = std::uint64_t{t.m} * t.k * ea + std::uint64_t{t.k} * t.n * eb + std::uint64_t{t.n} * ebias;
+    return tcm > c ? (tcm - c) / per : 0;
   }
 };
 

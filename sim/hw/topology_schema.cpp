@@ -77,15 +77,22 @@ SchemaNode gemm_pipeline() {
     return object(std::move(key), std::move(description),
                   {leaf("m", "tile rows"), leaf("n", "tile columns"), leaf("k", "k-block depth")});
   };
-  Fields per_dtype;
+  Fields per_dtype, choices;
   for (DType d : kAllDTypes) {
     per_dtype.push_back(tile(std::string(dtype_name(d)), fmt::format("the tile when A is {}", dtype_name(d))));
+    choices.push_back(list(std::string(dtype_name(d)),
+                           fmt::format("the tiles a GEMM with A in {} may run; the estimated fastest is chosen", dtype_name(d)),
+                           tile("*", "one tile {m, n, k}")));
   }
   return object(
       "gemm", "the GPU-like GEMM pipeline (optional; absent: pe.tile round-robin, double-buffered)",
       {tile("tile", "the output tile {m, n} and k-block depth k (default: pe.tile)"),
        object("tiles", "tile per input dtype, overriding 'tile'", std::move(per_dtype)),
-       leaf("stages", "A/B k-block buffers in the TCM (2 = double buffering; default 2)"),
+       object("choices", "per input dtype, a list of tiles to choose from per GEMM (overrides tiles and tile)",
+              std::move(choices)),
+       leaf("stages", "A/B k-block buffers in the TCM (2 = double buffering; default 2), or \"auto\": as many as "
+                      "the TCM holds besides the C tile"),
+       leaf("launch_ns", "per GEMM, ns before its first tile starts: the GPU's kernel launch (default 0)"),
        leaf("raster", "\"m\" or \"n\": the output dimension the tile walk advances along (default \"n\")"),
        leaf("swizzle", "tiles walk in bands of this many tile rows (raster n) or columns (raster m); default 1"),
        list("cluster", "[cm, cn]: PEs running a cm x cn block of tiles, operand k-blocks multicast (default [1, 1])",
@@ -107,7 +114,9 @@ Fields cube_fields() {
              concat(capacity("HBM"), {leaf("bandwidth_GBps", "HBM bandwidth, all channels together, GB/s"),
                                       leaf("latency_ns", "HBM read latency, ns"),
                                       leaf("channels", "independent HBM channels"),
-                                      leaf("interleave_bytes", "bytes per channel before the next")})),
+                                      leaf("interleave_bytes", "bytes per channel before the next"),
+                                      leaf("channel_map", "\"interleave\" (default: block b on channel b mod channels) "
+                                                          "or \"hash\" (stripes rotated by an address hash, as GPUs)")})),
       object("l2", "the cube's L2 cache, in front of its HBM (optional: without it, accesses go straight to the HBM)",
              concat(capacity("L2"), {leaf("line_bytes", "cache line size in bytes (a power of two)"),
                                      leaf("sector_bytes", "sector size in bytes: a power of two dividing line_bytes, "

@@ -223,6 +223,64 @@ TEST(SimPeGemmPipeline, WalkOrderFollowsRasterAndSwizzle) {
   EXPECT_EQ(short_pes({{"raster", "m"}, {"swizzle", 2}}), (std::vector<int>{4, 5, 10, 11}));
 }
 
+// pe.gemm.choices: a skinny GEMM runs the small tile (more PEs busy, no padded MMAs), a large one
+// the big tile (fewer loads and prologues); either way C is det_gemm's bits. "stages": "auto" gives
+// each tile what the TCM holds besides its C tile.
+TEST(SimPeGemmPipeline, KernelChoicePicksTheTileByShapeAndKeepsTheBits) {
+  const json g = {{"choices", {{"bf16", {{{"m", 64}, {"n", 64}, {"k", 32}}, {{"m", 16}, {"n", 16}, {"k", 32}}}}}},
+                  {"stages", "auto"},
+                  {"mma", {{"prologue_cycles", 200}, {"epilogue_cycles", 100}}}};
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nrm;
+  // single_cube's TCM is 512 KiB. With bias (f32) and an f32 C: C 64x64x4 = 16 KiB, a stage 64x32x2
+  // + 32x64x2 + 64x4 = 8448 bytes: (524288 - 16384) / 8448 = 60 stages; the 16x16 tile: C 1 KiB, a
+  // stage 16x32x2 x 2 + 16x4 = 2112 bytes: (524288 - 1024) / 2112 = 247 stages.
+  const struct {
+    Case c;
+    std::int64_t tile;
+    int stages;
+  } cases[] = {{{16, 64, 256, true, false}, 16, 247}, {{256, 256, 128, true, true}, 64, 60}};
+  for (const auto& [c, tile, stages] : cases) {
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(c.M * c.K)), b(static_cast<std::size_t>(c.K * c.N));
+    std::vector<float> bias(static_cast<std::size_t>(c.N));
+    for (auto& x : a) x = f32_to_bf16(nrm(rng));
+    for (auto& x : b) x = f32_to_bf16(nrm(rng));
+    for (auto& x : bias) x = nrm(rng);
+    std::vector<float> want(static_cast<std::size_t>(c.M * c.N));
+    const MatrixView bv = c.b_colmajor ? MatrixView::col_major(b.data(), DType::bf16, c.K, c.N)
+                                       : MatrixView::row_major(b.data(), DType::bf16, c.K, c.N);
+    const VectorView biasv = VectorView::contiguous(bias.data(), DType::f32, c.N);
+    det_gemm(MatrixView::row_major(a.data(), DType::bf16, c.M, c.K), bv, &biasv,
+             MutableMatrixView::row_major(want.data(), DType::f32, c.M, c.N));
+    SimGemmReport r;
+    const std::vector<float> got = run(topo(8, g), c, a, b, bias, &r);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << c.M << "x" << c.N << "x" << c.K;
+    EXPECT_EQ(r.tile_m, tile) << c.M << "x" << c.N << "x" << c.K;
+    EXPECT_EQ(r.tile_n, tile);
+    EXPECT_EQ(r.stages, stages);
+    EXPECT_GT(r.estimate, 0.0);
+  }
+}
+
+// An edge tile's MMAs cost a whole tile's: 16 rows of a 64-row tile take as long as 64.
+TEST(SimPeGemmPipeline, AnEdgeTilePaysTheWholeTilesMmas) {
+  const json g = {{"tile", {{"m", 64}, {"n", 64}, {"k", 64}}}};
+  const SimGemmReport full = timed(topo(1, g), 64, 64, 1024), edge = timed(topo(1, g), 16, 64, 1024);
+  // 16 k-blocks of 256 MAC cycles (1 GHz) either way; the edge tile only loads and stores less.
+  EXPECT_GE(edge.time, 16 * sim::ns(256));
+  // (Unpadded, the edge tile would take 16 x 192 ns less; what differs is the smaller A loads.)
+  EXPECT_NEAR(static_cast<double>(edge.time), static_cast<double>(full.time), static_cast<double>(sim::ns(150)));
+}
+
+// pe.gemm.launch_ns comes once per GEMM, before any tile.
+TEST(SimPeGemmPipeline, LaunchTimeComesOncePerGemm) {
+  json g = {{"tile", {{"m", 64}, {"n", 64}, {"k", 64}}}};
+  const SimGemmReport r0 = timed(topo(2, g), 256, 128, 256);
+  g["launch_ns"] = 1500;
+  const SimGemmReport r1 = timed(topo(2, g), 256, 128, 256);
+  EXPECT_EQ(r1.time - r0.time, sim::ns(1500));
+}
+
 void expect_topology_error(json gemm, int pes, const std::string& path, const std::string& what) {
   try {
     topo(pes, std::move(gemm));
@@ -247,18 +305,30 @@ TEST(SimPeGemmPipeline, BadSectionsAreClearTopologyErrors) {
   expect_topology_error({{"mma", {{"prologue_cycles", -1}}}}, 4, "cube.pe.gemm.mma.prologue_cycles",
                         "whole number of MAC-clock cycles");
   expect_topology_error({{"swizle", 2}}, 4, "cube.pe.gemm", "did you mean 'swizzle'");
-  // A cluster that fits the topology but not the PEs a run may use.
+  expect_topology_error({{"stages", "many"}}, 4, "cube.pe.gemm.stages", "\"auto\"");
+  expect_topology_error({{"choices", {{"bf16", json::array()}}}}, 4, "cube.pe.gemm.choices.bf16", "non-empty list");
+  expect_topology_error({{"choices", {{"bf16", {{{"m", 64}, {"n", 64}, {"k", 64}}, {{"m", 1024}, {"n", 1024}, {"k", 256}}}}}}},
+                        4, "cube.pe.gemm.choices.bf16.1", "fewer stages or a smaller tile");
+  expect_topology_error({{"choices", {{"bf16", {{{"m", 64}, {"n", 64}}}}}}}, 4, "cube.pe.gemm.choices.bf16.0",
+                        "missing required field 'k'");
+  expect_topology_error({{"launch_ns", -5}}, 4, "cube.pe.gemm.launch_ns", "time >= 0");
+  // A cluster that fits the topology but not the PEs a run may use: the kernel runs unclustered.
   sim::Simulator s;
-  hw::System sys(s, topo(4, {{"cluster", {2, 2}}}));
+  hw::SystemOptions so;
+  so.functional = false;
+  hw::System sys(s, topo(4, {{"cluster", {2, 2}}}), so);
   hw::Memory& hbm = sys.hbm(0);
   HbmMatrix m{&hbm, hbm.allocate(64 * 64 * 2, 256), DType::bf16, 64, 64, 64, 1};
   HbmMatrix c{&hbm, hbm.allocate(64 * 64 * 2, 256), DType::bf16, 64, 64, 64, 1};
+  SimGemmReport r;
   s.spawn("g", [&] {
     SimGemmOptions o;
     o.max_pes = 2;
-    EXPECT_THROW(sim_pe_gemm(sys, m, m, nullptr, c, o), std::invalid_argument);
+    r = sim_pe_gemm(sys, m, m, nullptr, c, o);
   });
   s.run();
+  EXPECT_EQ(r.cluster_m * r.cluster_n, 1);
+  EXPECT_EQ(r.clusters, 2);
 }
 
 }  // namespace

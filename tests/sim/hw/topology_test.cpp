@@ -404,6 +404,7 @@ std::vector<json> documents_with_every_schema_key() {
   json full = small_doc();
   full["_comment"] = "every optional key";
   full["cube"]["clock_scale"] = 1.0;
+  full["cube"]["hbm"]["channel_map"] = "hash";
   full["cube"]["pe"]["mac"]["clock_GHz"] = 1.0;
   full["cube"]["pe"]["mac"]["macs_per_cycle"]["f16"] = 1024;
   full["cube"]["pe"]["vector"]["clock_GHz"] = 1.0;
@@ -411,7 +412,9 @@ std::vector<json> documents_with_every_schema_key() {
   full["cube"]["pe"]["vector"]["ops_per_cycle"]["f16"] = 64;
   full["cube"]["pe"]["gemm"] = json::parse(R"({"tile": {"m": 16, "n": 32, "k": 16},
       "tiles": {"f32": {"m": 16, "n": 16, "k": 8}, "bf16": {"m": 32, "n": 32, "k": 16}, "f16": {"m": 32, "n": 32, "k": 16}},
-      "stages": 3, "raster": "m", "swizzle": 2, "cluster": [2, 1],
+      "choices": {"f32": [{"m": 16, "n": 16, "k": 8}], "bf16": [{"m": 32, "n": 32, "k": 16}, {"m": 16, "n": 16, "k": 16}],
+                  "f16": [{"m": 32, "n": 32, "k": 16}]},
+      "stages": 3, "launch_ns": 1000, "raster": "m", "swizzle": 2, "cluster": [2, 1],
       "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50,
               "unaligned_bytes_per_cycle": 64}})");
   full["calibration"] = json::parse(R"({"gpu": "NVIDIA H200", "gpus": 2, "driver": "580.159.04", "cuda": "13.0",

@@ -204,6 +204,30 @@ TEST(Transfer, DmaReadAndWriteChannelsRunInParallelButRequestsOnOneSerialize) {
   EXPECT_EQ(done[3], in + (bytes / f.chunk_bytes) * f.chunk_time + sys.pe(0, 0).spec().dma.overhead);
 }
 
+// A request shorter than a chunk holds the DMA channel for its own bytes, not a whole chunk's time:
+// the next request on the channel starts its overhead right after.
+TEST(Transfer, AShortRequestHoldsTheDmaChannelForItsOwnBytes) {
+  sim::Simulator sim;
+  SystemOptions o;
+  o.functional = false;
+  System sys(sim, small_topology(), o);  // 4 KiB DMA chunks at 250 GB/s, 10 ns overhead per request
+  Memory& hbm = sys.hbm(0);
+  Memory& tcm = sys.tcm(0, 0);
+  const std::uint64_t bytes = 1000;
+  const PathFigures f = sys.path_figures(hbm, tcm);
+  Duration slowest = 0;
+  for (const StageFigures& s : f.stages) slowest = std::max(slowest, s.time(bytes));
+  ASSERT_LT(slowest, f.chunk_time);  // 1000 bytes pass faster than a 4 KiB chunk
+  Time a = 0, b = 0;
+  testing::run_process(sim, [&] {
+    TransferHandle ha = sys.start_transfer(hbm.at(0), tcm.at(0), bytes);
+    TransferHandle hb = sys.start_transfer(hbm.at(1 << 20), tcm.at(4096), bytes);
+    a = ha.wait();
+    b = hb.wait();
+  });
+  EXPECT_EQ(b - a, sys.pe(0, 0).spec().dma.overhead + slowest);
+}
+
 TEST(Transfer, BytesLandWhenTheTransferCompletesNotBefore) {
   sim::Simulator sim;
   SystemOptions o;
