@@ -5,7 +5,8 @@ Standalone: it imports only PyTorch (cuBLAS, NCCL) and the standard library, so 
 machine where the cubesim extension is not built. It writes one JSON document (schema
 "cubesim.measure/1") that `cubesim calibrate --measurements FILE` fits and `--check` compares with:
 
-    python3 gpu_measure.py --out m.json [--sections env,hbm,peer,gemm,coll,mlp] [--quick]
+    python3 gpu_measure.py --out m.json [--sections env,hbm,peer,gemm,elementwise,coll,mlp] [--quick]
+                           [--gemm-random N --seed S]
 
 Sections (each a list of records; times are seconds per operation):
   env   GPU name, count, SMs, L2 size, driver, CUDA, NCCL and PyTorch versions, date, `nvidia-smi topo -m`
@@ -19,6 +20,8 @@ Sections (each a list of records; times are seconds per operation):
         torch.distributed; bytes as nccl-tests counts them (all_gather: the output, reduce_scatter:
         the input); time is the median of per-call CUDA-event durations, loop_time the mean over a
         back-to-back loop
+  elementwise {op: gelu_fwd|gelu_bwd|bias_add|bias_grad, rows, cols, bytes_read, bytes_written, time}: the
+        MLP step's elementwise ops alone on bf16 [rows, cols] (bias_grad: the column sum dy.sum(0))
   mlp   {tp, tokens, hidden, ffn, step, ops: [{name, kind, time}]}: Megatron's ParallelMLP forward +
         backward in plain PyTorch (column-parallel fc1 + GELU tanh, row-parallel fc2, the column
         layer's input-gradient all-reduce overlapping its weight-gradient GEMM), median step time and
@@ -142,6 +145,36 @@ def section_hbm(args):
     return out
 
 
+def section_elementwise(args):
+    """The MLP step's elementwise ops alone, bf16 [rows, cols]: gelu fwd (x -> y), gelu bwd (dy, x -> dx),
+    bias add (y + b, b broadcast over rows), bias grad (dy.sum(0): a column reduction), each graph-replayed."""
+    out = []
+    shapes = [(r, c) for r in (1024, 4096, 8192) for c in (4096, 7168, 14336)]
+    if args.quick:
+        shapes = shapes[::4]
+    gelu = torch.nn.functional.gelu
+    for rows, cols in shapes:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        db = torch.empty(cols, device="cuda", dtype=torch.bfloat16)
+        n = rows * cols * 2
+        for op, fn, rd, wr in (
+            ("gelu_fwd", lambda i: y.copy_(gelu(x, approximate="tanh")), n, n),
+            ("gelu_bwd", lambda i: y.copy_(torch.ops.aten.gelu_backward(dy, x, approximate="tanh")), 2 * n, n),
+            ("bias_add", lambda i: torch.add(x, b, out=y), n + cols * 2, n),
+            ("bias_grad", lambda i: torch.sum(dy, 0, out=db), n, cols * 2),
+        ):
+            reps = max(4, min(100, int(0.01 / ((rd + wr) / 2e12 + 3e-6))))
+            t = graph_time(fn, reps)
+            out.append({"op": op, "rows": rows, "cols": cols, "bytes_read": rd, "bytes_written": wr, "time": t})
+            log(f"elementwise {op:9s} {rows:5d}x{cols:5d} {t * 1e6:9.2f} us {(rd + wr) / t / 1e9:8.1f} GB/s")
+        del x, dy, b, y, db
+    torch.cuda.empty_cache()
+    return out
+
+
 def section_peer(args):
     if torch.cuda.device_count() < 2:
         return []
@@ -219,9 +252,31 @@ def gemm_grid(quick):
     return g
 
 
+def random_gemm_grid(count, seed):
+    """`count` shapes drawn log-uniformly (M 1..16384, N and K 512..16384; a quarter of each dimension odd),
+    transposes at random: shapes no fit has seen (named "random")."""
+    import math
+    import random
+    rng = random.Random(seed)
+
+    def draw(lo, hi):
+        v = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        return v if rng.random() < 0.25 else max(lo, v // 8 * 8)
+
+    g = []
+    while len(g) < count:
+        m = draw(1, 16384) if rng.random() < 0.5 else draw(1024, 16384)  # half of them: training-sized M
+        n, k = draw(512, 16384), draw(512, 16384)
+        if 2.0 * m * n * k > 4e12:  # at most a few milliseconds each
+            continue
+        g.append((m, n, k, rng.random() < 0.3, rng.random() < 0.5, "random"))
+    return g
+
+
 def section_gemm(args):
     out = []
-    for (m, n, k, ta, tb, name) in gemm_grid(args.quick):
+    grid = random_gemm_grid(args.gemm_random, args.seed) if args.gemm_random else gemm_grid(args.quick)
+    for (m, n, k, ta, tb, name) in grid:
         per_set = 2 * (m * k + k * n + m * n)
         sets = max(1, min(32, -(-300 * MiB // per_set)))
         As = [torch.randn((k, m) if ta else (m, k), device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
@@ -505,11 +560,14 @@ def parse_nccl_log(text):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every section)")
-    ap.add_argument("--sections", default="env,hbm,peer,gemm,coll,mlp")
+    ap.add_argument("--sections", default="env,hbm,peer,gemm,elementwise,coll,mlp")
     ap.add_argument("--ranks", default="", help="GPU counts for coll/mlp, e.g. 1,2,4 (default: 2 and all GPUs; the "
                     "MLP step also on 1 GPU)")
-    ap.add_argument("--mlp-shape", default="", metavar="T,H,F",
+    ap.add_argument("--mlp-shape", default="", metavar="T,H,F[;T,H,F...]",
                     help="the MLP step's tokens,hidden,ffn (default: 4096,4096,14336 and 2048,5120,13824)")
+    ap.add_argument("--gemm-random", type=int, default=0, metavar="N",
+                    help="gemm: N random shapes (named 'random', never fitted) instead of the standard grid")
+    ap.add_argument("--seed", type=int, default=1, help="seed of --gemm-random")
     ap.add_argument("--quick", action="store_true", help="a few points of each section (a smoke test)")
     ap.add_argument("--nccl-log", action="store_true",
                     help="run NCCL with NCCL_DEBUG=INFO and record its choice of algorithm, protocol and channels per "
@@ -522,13 +580,15 @@ def main(argv=None):
     global MLP_SHAPES
     if args.mlp_shape:
         try:
-            t, h, f = (int(x) for x in args.mlp_shape.split(","))
+            MLP_SHAPES = tuple(tuple(int(x) for x in one.split(",")) for one in args.mlp_shape.split(";"))
         except ValueError:
-            ap.error(f"--mlp-shape {args.mlp_shape!r}: give tokens,hidden,ffn as three integers")
-        MLP_SHAPES = ((t, h, f),)
+            MLP_SHAPES = ()
+        if not MLP_SHAPES or any(len(x) != 3 for x in MLP_SHAPES):
+            ap.error(f"--mlp-shape {args.mlp_shape!r}: give tokens,hidden,ffn as three integers (shapes separated "
+                     "by ';')")
     ranks = [int(x) for x in args.ranks.split(",") if x]
-    doc = {"schema": SCHEMA, "env": section_env(args), "hbm": [], "peer": [], "gemm": [], "coll": [], "mlp": [],
-           "errors": []}
+    doc = {"schema": SCHEMA, "env": section_env(args), "hbm": [], "peer": [], "gemm": [], "elementwise": [],
+           "coll": [], "mlp": [], "errors": []}
 
     def save():
         with open(args.out, "w") as fh:
@@ -536,7 +596,8 @@ def main(argv=None):
 
     save()
     t0 = time.time()
-    for name, fn in (("hbm", section_hbm), ("peer", section_peer), ("gemm", section_gemm)):
+    for name, fn in (("hbm", section_hbm), ("peer", section_peer), ("gemm", section_gemm),
+                     ("elementwise", section_elementwise)):
         if name in sections:
             try:
                 doc[name] = fn(args)
