@@ -115,6 +115,12 @@ double nccl_predicted_us(Collective k, int p, std::uint64_t bytes, NcclAlgo a, h
 // NcclSpec::defaults().
 const hw::NcclSpec& nccl_spec_of(Comm& c);
 
+// True when the figures model the channel loop's own copies (a protocol gives copy_bandwidth_GBps):
+// NCCL's all_gather stores the caller's part into the output in its first step's send, and its
+// reduce_scatter reads the input and writes the output in its loop, so the runtime's staging
+// copies around such a call (collectives.cpp) move the bytes without charging time.
+bool nccl_copies_in_loop(Comm& c);
+
 void nccl_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
 void nccl_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
 void nccl_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params& = {});
