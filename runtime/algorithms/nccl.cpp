@@ -241,23 +241,37 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
     const int s = t < nrs ? t : t - nrs;
     return tag(t < nrs ? ph : ph + 1, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
   };
-  auto receive = [&](int t, int k) {
-    if (t < nrs) {
-      const Tensor sl = slice(mod(j - t - 2, M), k);
-      c.recv_reduce(prev, sl, op, tag_of(t, k));
-      if (t == T - 1) copy_out(sl);
-    } else {
-      const Tensor sl = slice(mod(j - (t - nrs) - 1, M), k);
-      c.recv(prev, sl, tag_of(t, k));
-      if (t == T - 1) copy_out(sl);
-    }
+  auto recv_slice = [&](int t, int k) {
+    return t < nrs ? slice(mod(j - t - 2, M), k) : slice(mod(j - (t - nrs) - 1, M), k);
   };
-  // Chunk by chunk (chunk_slices slices): every step sends the chunk's slices, each after its
-  // receive of the step before, so a step's slices pipeline down the ring (NCCL's chunk of slices).
+  // Chunk by chunk (chunk_slices slices, NCCL's chunk): every step sends the chunk's slices, each
+  // after its receive of the step before. With more than one slice per chunk the receiver posts the
+  // step's slices (its FIFO slots) before it works on them, so a step's slices pipeline down the
+  // ring; with one, it posts each slice as it waits for it.
   const int G = std::max(1, r.chunk_slices);
+  std::vector<Comm::Posted> posted(static_cast<std::size_t>(2 * G));
+  auto post = [&](int t, int k) {
+    Comm::Posted& p = posted[static_cast<std::size_t>((t % 2) * G + (k % G))];
+    p = t < nrs ? c.post_reduce(prev, recv_slice(t, k), op, tag_of(t, k)) : c.post(prev, recv_slice(t, k), tag_of(t, k));
+  };
+  auto receive = [&](int t, int k) {
+    if (G == 1) {
+      if (t < nrs) {
+        c.recv_reduce(prev, recv_slice(t, k), op, tag_of(t, k));
+      } else {
+        c.recv(prev, recv_slice(t, k), tag_of(t, k));
+      }
+    } else {
+      c.complete(posted[static_cast<std::size_t>((t % 2) * G + (k % G))]);
+    }
+    if (t == T - 1) copy_out(recv_slice(t, k));
+  };
   for (int k0 = 0; k0 < S; k0 += G) {
     const int k1 = std::min(S, k0 + G);
     for (int t = 0; t < T; ++t) {
+      if (G > 1) {
+        for (int k = k0; k < k1; ++k) post(t, k);
+      }
       for (int k = k0; k < k1; ++k) {
         if (t > 0) receive(t - 1, k);
         c.isend(next, pace(send_of(t, k)), tag_of(t, k), r.hop, r.wire);
