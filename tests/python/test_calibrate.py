@@ -108,7 +108,14 @@ def test_an_overlay_for_another_gpu_is_refused_naming_both(tmp_path):
 
 
 def test_cli_fits_writes_a_loadable_overlay_and_checks_it(tmp_path, capsys):
-    truth = with_values("h200x8", {"nccl.launch_latency_ns": 3000})
+    # The truth in the fit's own terms (its fixed figures, its parameters where they start), with
+    # another launch latency: the fit must find it.
+    figures = dict(cal.coll_constants()[0])
+    for p in cal.coll_group().params:
+        for path in (p.path,) + tuple(p.also):
+            figures[path] = p.start
+    figures["nccl.launch_latency_ns"] = 3000
+    truth = with_values("h200x8", figures)
     coll = [{"op": "all_reduce", "ranks": 2, "bytes": 1 << k} for k in (16, 18, 20, 21)]
     for r in coll:
         r["time"] = cal.sim_collective(truth, "all_reduce", 2, r["bytes"])
