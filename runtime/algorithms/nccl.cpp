@@ -249,7 +249,7 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
   // step's slices (its FIFO slots) before it works on them, so a step's slices pipeline down the
   // ring; with one, it posts each slice as it waits for it.
   const int G = std::max(1, r.chunk_slices);
-  std::vector<Comm::Posted> posted(static_cast<std::size_t>(2 * G));
+  std::vector<Comm::Posted> posted(static_cast<std::size_t>(G > 1 ? 2 * G : 0));  // two steps' slots
   auto post = [&](int t, int k) {
     Comm::Posted& p = posted[static_cast<std::size_t>((t % 2) * G + (k % G))];
     p = t < nrs ? c.post_reduce(prev, recv_slice(t, k), op, tag_of(t, k)) : c.post(prev, recv_slice(t, k), tag_of(t, k));
