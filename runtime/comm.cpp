@@ -108,6 +108,29 @@ void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t t
   reduce_local(dst, staged, op, streamed);
 }
 
+Comm::Posted Comm::post(int from, const Tensor& dst, std::uint64_t tag) {
+  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
+  mb.dst = dst;
+  mb.posted.trigger();
+  return Posted{from, tag, dst, Tensor{}, ReduceOp::sum, false};
+}
+
+Comm::Posted Comm::post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
+  Posted r{from, tag, dst, scratch(dst.numel(), dst.dtype()), op, true};
+  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
+  mb.dst = r.staged;
+  mb.posted.trigger();
+  return r;
+}
+
+void Comm::complete(const Posted& r) {
+  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, r.from, me_, r.tag);
+  mb.delivered.wait();
+  const sim::Duration streamed = mb.t_end - mb.t_start;
+  ctx_.drop_mailbox(group_.id(), seq_, r.from, me_, r.tag);
+  if (r.reduce) reduce_local(r.dst, r.staged, r.op, streamed);
+}
+
 void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped) {
   Backend& be = ctx_.backend();
   const std::int64_t n = dst.numel();

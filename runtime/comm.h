@@ -72,6 +72,20 @@ class Comm {
   void recv(int from, const Tensor& dst, std::uint64_t tag);
   void recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag);
 
+  // A receive posted ahead (a protocol's FIFO slot, nccl.h): post() lets the sender's transfer
+  // start; complete() waits for the data and, for a reducing receive, combines it into dst as
+  // recv_reduce() does. post + complete = recv / recv_reduce, same bits.
+  struct Posted {
+    int from = 0;
+    std::uint64_t tag = 0;
+    Tensor dst, staged;  // staged: the reducing receive's staging buffer
+    ReduceOp op = ReduceOp::sum;
+    bool reduce = false;
+  };
+  Posted post(int from, const Tensor& dst, std::uint64_t tag);
+  Posted post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag);
+  void complete(const Posted& r);
+
   // Local, on this rank: dst = op(dst, src); dst = src (timed device copy).
   void reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped = 0);
   void copy_local(const Tensor& dst, const Tensor& src);

@@ -39,6 +39,33 @@ class CalibrationError(ValueError):
 
 
 def load_measurements(path):
+    """One measurement file, or several joined by commas ("a.json,b.json"): their records together
+    (collectives: each keeps the GPU count of its own file, which the split reads; the first file
+    gives env and the other sections, NCCL's logs are merged by rank count)."""
+    if "," in str(path):
+        docs = [load_measurements(p) for p in str(path).split(",") if p]
+        doc = dict(docs[0])
+        doc["coll"] = [r for d in docs for r in d.get("coll", [])]
+        logs = {}
+        for d in docs:
+            logs.update({str(k): v for k, v in nccl_logs(d).items()})
+        doc["nccl_log"] = logs
+        doc["_path"] = ",".join(d["_path"] for d in docs)
+        return doc
+    doc = load_one(path)
+    gpus = (doc.get("env") or {}).get("gpus")
+    for r in doc.get("coll", []):
+        r.setdefault("_gpus", gpus)
+    return doc
+
+
+def files_of(m, unknown="?"):
+    """The measurement files of m by name: "a.json" or "a.json, b.json"."""
+    path = m.get("_path")
+    return ", ".join(os.path.basename(p) for p in str(path).split(",")) if path else unknown
+
+
+def load_one(path):
     try:
         with open(path) as fh:
             doc = json.load(fh)
@@ -63,8 +90,10 @@ def coll_time(rec):
 #         777^3 and one shape whose rows are not 16-byte aligned; held out: every MLP shape (tp
 #         1/2/4/8, fwd, dgrad, wgrad), the other M-sweep points, the small squares and the other
 #         odd shapes.
-#   coll: 2 GPUs, sizes 2^k with k even from 64 KiB to 256 MiB; held out: odd k, 1 GiB, and every
-#         rank count other than 2.
+#   coll: sizes 2^k with k even from 64 KiB to 256 MiB, measured on a machine of as many GPUs as
+#         the call's ranks (a 2-GPU file's 2-rank calls, a 4-GPU file's 4-rank calls); held out: odd
+#         k, 1 GiB, and calls on fewer ranks than their machine has (the 4-GPU file's 2-rank calls).
+#         Only the files the fit is given count: `cubesim calibrate --measurements a.json,b.json`.
 #   mlp:  never in the fit.
 def in_fit(kind, rec, index=None):
     if kind == "gemm":
@@ -75,7 +104,7 @@ def in_fit(kind, rec, index=None):
         return (rec["m"], rec["n"], rec["k"]) in ((777, 777, 777), (4096, 4096, 4095))
     if kind == "coll":
         k = int(math.log2(rec["bytes"]))
-        return rec["ranks"] == 2 and k % 2 == 0 and 16 <= k <= 28
+        return rec.get("_gpus", rec["ranks"]) == rec["ranks"] and k % 2 == 0 and 16 <= k <= 28
     return False
 
 
@@ -155,6 +184,7 @@ class Param:
     hi: float
     what: str  # for the overlay's sources: what the figure is
     integer: bool = False  # a whole number (cycles)
+    also: tuple = ()  # further paths that take the same value (one physical figure in several places)
 
     def value(self, v):
         return int(round(v)) if self.integer else round(v, 6)
@@ -183,7 +213,7 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
 
     def residuals(xv):
         vals = dict(fixed)
-        vals.update({p.path: p.value(math.exp(v)) for p, v in zip(group.params, xv)})
+        vals.update(param_values(group.params, xv))
         topo = topology_of(base, vals)
         return [math.log(group.predict(topo, r) / group.measured(r)) for r in records]
 
@@ -223,7 +253,16 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
             + ", ".join(f"{nm.split('.')[-1]}={math.exp(v):.4g}" for nm, v in zip(names, x)))
         if not improved:
             break
-    return {p.path: p.value(math.exp(v)) for p, v in zip(group.params, x)}, res
+    return param_values(group.params, x), res
+
+
+def param_values(params, xv):
+    """{path: value} for parameters at log-values xv, including each parameter's `also` paths."""
+    out = {}
+    for p, v in zip(params, xv):
+        for path in (p.path,) + tuple(p.also):
+            out[path] = p.value(math.exp(v))
+    return out
 
 
 def solve(A, b):
@@ -366,23 +405,119 @@ def gemm_group():
         ])
 
 
+def nccl_logs(m):
+    """NCCL's own logs of a measurement file by rank count: {ranks: {"choices", "channels", "tuning"}}."""
+    logs = m.get("nccl_log") or {}
+    if not isinstance(logs, dict):
+        return {}
+    if "choices" in logs:  # one rank count: the file's own
+        return {int((m.get("env") or {}).get("gpus", 2)): logs}
+    return {int(k): v for k, v in logs.items() if isinstance(v, dict)}
+
+
+# NCCL's names in its log, ours in the topology.
+NCCL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter"}
+NCCL_PROTOS = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple", "Simple": "Simple"}
+
+
+def nccl_tuning(m):
+    """NCCL's tuning model read off its own log (NCCL_DEBUG=INFO prints, per collective, algorithm
+    and protocol, the latency and bandwidth it predicts with): the figures the simulated NCCL
+    chooses its algorithm and protocol with. ({path: value}, [source lines]). Ring only: the ring's
+    latency is base + steps x hop (all_reduce 2(p-1) steps, all_gather p-1), its bandwidth the bus
+    bandwidth x p / steps; the bus bandwidth of Simple over the channels gives the per-channel
+    figure, LL's and LL128's are their ceilings (NCCL's llMaxBw and LL128 efficiency)."""
+    logs = nccl_logs(m)
+    if not logs:
+        return {}, []
+    p = min(logs)
+    log = logs[p]
+    tab = {(t["op"], t["algo"], t["proto"]): t for t in log.get("tuning", [])}
+    vals, src = {}, []
+    where = f"NCCL's tuning table for {p} ranks (NCCL_DEBUG=INFO, nccl_log in {files_of(m)})"
+    for proto in ("LL", "LL128", "Simple"):
+        ar, ag = tab.get(("AllReduce", "Ring", proto)), tab.get(("AllGather", "Ring", proto))
+        if not ar or not ag or p < 2:
+            continue
+        hop = (ar["latency_us"] - ag["latency_us"]) / (p - 1)
+        base = ag["latency_us"] - (p - 1) * hop
+        vals[f"nccl.protocols.{proto}.base_latency_ns.ring"] = round(base * 1000, 1)
+        vals[f"nccl.protocols.{proto}.hop_latency_ns.ring"] = round(hop * 1000, 1)
+        bus = ar["bandwidth_GBps"] * 2 * (p - 1) / p
+        if proto == "Simple" and log.get("channels"):
+            vals["nccl.channel_bandwidth_GBps"] = round(bus / int(log["channels"]), 4)
+            src.append(f"nccl.channel_bandwidth_GBps {bus / int(log['channels']):g}: NCCL's bus bandwidth of ring/Simple "
+                       f"({bus:g} GB/s) over its {log['channels']} channels, from {where}; selection only")
+        else:
+            vals[f"nccl.protocols.{proto}.max_bus_bandwidth_GBps"] = round(bus, 3)
+            src.append(f"nccl.protocols.{proto}.max_bus_bandwidth_GBps {bus:g}: NCCL's ring/{proto} bus bandwidth, from "
+                       f"{where}; selection only")
+        src.append(f"nccl.protocols.{proto}.base_latency_ns.ring {base * 1000:g} and hop_latency_ns.ring {hop * 1000:g}: "
+                   f"NCCL's ring/{proto} latency (all_reduce {ar['latency_us']} us, all_gather {ag['latency_us']} us), "
+                   f"from {where}; selection only where the protocol's fixed_latency_ns and send_latency_ns are set")
+    return vals, src
+
+
+def nccl_choices(m):
+    """NCCL's recorded choices: [(op, ranks, bytes as cubesim counts them, algorithm, protocol)]. The
+    log counts all_gather and reduce_scatter by one rank's part; cubesim (and NCCL's tuning model)
+    by the whole buffer."""
+    out = []
+    for p, log in sorted(nccl_logs(m).items()):
+        for c in log.get("choices", []):
+            op = NCCL_OPS.get(c["op"])
+            if op is None:
+                continue
+            nbytes = c["bytes"] * (p if op != "all_reduce" else 1)
+            out.append((op, p, nbytes, c["algo"].lower(), NCCL_PROTOS.get(c["proto"], c["proto"])))
+    return out
+
+
 def coll_group():
+    # The physical figures of the simulated NCCL (topologies/README.md, "nccl"): what a call costs
+    # on the hardware. NCCL's choice of algorithm and protocol stays with its own tuning model
+    # (nccl_tuning). LL128 runs like Simple (the same 16-byte copy loop, 120 of 128 bytes data):
+    # its send and copy rates are Simple's.
     return Group(
         name="coll", kind="coll", measured=coll_time,
         predict=lambda topo, r: sim_collective(topo, r["op"], r["ranks"], r["bytes"]),
         params=[
-            Param("nccl.launch_latency_ns", 2000, 10, 50000, "a collective's launch latency"),
-            Param("nccl.channel_bandwidth_GBps", 12, 2, 100, "one channel's bandwidth (one SM's copy loop)"),
-            Param("nccl.protocols.LL.hop_latency_ns.ring", 600, 10, 20000, "LL's per-hop latency (ring)"),
-            Param("nccl.protocols.Simple.hop_latency_ns.ring", 3400, 10, 50000, "Simple's per-hop latency (ring)"),
-            Param("nccl.protocols.LL.max_bus_bandwidth_GBps", 141, 10, 1000, "LL's bus bandwidth ceiling"),
+            Param("nccl.launch_latency_ns", 9600, 10, 50000,
+                  "a collective's launch latency (with LL's fixed_latency_ns 0: all of LL's fixed cost)"),
+            Param("nccl.protocols.LL.send_bandwidth_GBps", 8, 1, 100, "one channel's send loop under LL (wire bytes)"),
+            Param("nccl.protocols.LL.send_latency_ns", 50, 10, 20000, "LL's latency before every send"),
+            Param("nccl.protocols.Simple.fixed_latency_ns", 10000, 10, 50000,
+                  "Simple's fixed cost per call beyond the launch", also=("nccl.protocols.LL128.fixed_latency_ns",)),
+            Param("nccl.protocols.Simple.send_latency_ns", 2000, 10, 20000, "Simple's latency before every send",
+                  also=("nccl.protocols.LL128.send_latency_ns",)),
+            Param("nccl.protocols.Simple.send_bandwidth_GBps", 18, 2, 100,
+                  "one channel's send loop under Simple (one SM storing to the peer over NVLink)",
+                  also=("nccl.protocols.LL128.send_bandwidth_GBps",)),
+            Param("nccl.protocols.Simple.copy_bandwidth_GBps", 25, 2, 400,
+                  "one channel's copy of a received Simple slice into the output (one SM, local HBM)",
+                  also=("nccl.protocols.LL128.copy_bandwidth_GBps",)),
         ])
+
+
+def coll_constants():
+    """Physical figures of the simulated NCCL that are not fitted: NCCL's own pipeline geometry
+    ({path: value}, [source lines])."""
+    vals = {"nccl.protocols.Simple.chunk_slices": 2, "nccl.protocols.LL.fixed_latency_ns": 0}
+    src = ["nccl.protocols.Simple.chunk_slices 2: NCCL's ring chunk of ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS = "
+           "(NCCL_STEPS/2) / (NCCL_STEPS/4) slices (src/include/collectives.h; all_gather and reduce_scatter the same); "
+           "slice_bytes stays 1 MiB = 2 steps of the 4 MiB Simple buffer's 8 (NCCL_BUFFSIZE, NCCL_STEPS)",
+           "nccl.protocols.LL.fixed_latency_ns 0: LL's fixed cost is the fitted launch latency"]
+    return vals, src
 
 
 def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
     """Fits `base` to measurements `m`: closed-form figures first, then each group by the simulator.
     Returns {"values", "overlay" (the document to write), "document" (resolved), "residuals"}."""
     values, sources = closed_form(m)
+    if "coll" in kinds:  # NCCL's own tuning model (its choice of algorithm and protocol), from its log
+        for tv, ts in (nccl_tuning(m), coll_constants()):
+            values.update(tv)
+            sources += ts
     log(f"closed-form figures: {values}")
     groups = [g for g in (gemm_group(), coll_group()) if g.kind in kinds]
     fit_sets = {}
@@ -397,7 +532,8 @@ def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
         values.update(vals)
         rms = math.sqrt(sum(e * e for e in res) / len(res))
         for p in g.params:
-            sources.append(f"{p.path} {vals[p.path]}: {p.what}, fitted by cubesim calibrate to {len(recs)} "
+            also = "".join(f" (and {a})" for a in p.also)
+            sources.append(f"{p.path} {vals[p.path]}{also}: {p.what}, fitted by cubesim calibrate to {len(recs)} "
                            f"{g.name} measurements (rms log error {rms:.3f})")
     env = m.get("env") or {}
     name = name or f"{os.path.splitext(os.path.basename(str(base)))[0]}_calibrated"
@@ -408,11 +544,11 @@ def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
         "description": f"{base} with figures fitted to measurements of {env.get('gpus', '?')} x {env.get('gpu', '?')} "
                        f"(driver {env.get('driver', '?')}, CUDA {env.get('cuda', '?')}, NCCL {env.get('nccl', '?')}, "
                        f"PyTorch {env.get('torch', '?')}) on {when} by cubesim calibrate.",
-        "sources": [f"measurements: {os.path.basename(m.get('_path', '?'))} (gpu_measure.py, schema {MEASURE_SCHEMA})"]
+        "sources": [f"measurements: {files_of(m)} (gpu_measure.py, schema {MEASURE_SCHEMA})"]
                    + sources,
         "calibration": {"gpu": env.get("gpu", ""), "gpus": env.get("gpus", 0), "driver": env.get("driver", ""),
                         "nccl": env.get("nccl", ""), "cuda": env.get("cuda", ""), "date": when,
-                        "measurements": os.path.basename(m.get("_path", ""))},
+                        "measurements": files_of(m, "")},
         "set": {k: values[k] for k in sorted(values)},
     }
     doc = cs.load_topology_json(base)

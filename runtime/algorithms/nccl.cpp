@@ -117,14 +117,25 @@ const hw::NcclSpec& nccl_spec_of(Comm& c) {
   return given ? *given : hw::NcclSpec::defaults();
 }
 
+bool nccl_copies_in_loop(Comm& c) {
+  const hw::NcclSpec& s = nccl_spec_of(c);
+  for (const hw::NcclProtocolSpec& f : s.protocols) {
+    if (f.enabled && f.copy_GBps > 0) return true;
+  }
+  return false;
+}
+
 namespace {
 
 // One call's plan and what its sends carry.
 struct Run {
   NcclPlan plan;
-  sim::Duration hop = 0;
+  sim::Duration hop = 0;       // before every send (send_latency, else the tuning hop latency)
   hw::WireScale wire;
   std::uint64_t slice_bytes = 1;
+  sim::Bandwidth send_bw;      // a channel's send loop, wire bytes
+  sim::Bandwidth copy_bw;      // a channel's copy of a received slice into the output (0: free)
+  int chunk_slices = 1;
   sim::Time t0 = 0;
 };
 
@@ -135,12 +146,16 @@ Run begin(Comm& c, Collective k, int p, const Tensor& flat) {
   r.plan = nccl_plan(k, p, flat.nbytes(), spec);
   const hw::NcclProtocolSpec& f = spec.protocol(r.plan.protocol);
   const int ai = algo_index(r.plan.algo);
-  r.hop = f.hop_latency[ai];
+  r.hop = f.has_send_latency ? f.send_latency : f.hop_latency[ai];
   r.wire = hw::WireScale{f.wire_bytes, f.data_bytes};
   r.slice_bytes = f.slice_bytes;
+  r.send_bw = sim::Bandwidth::GBps(f.send_GBps > 0 ? f.send_GBps : spec.channel_bandwidth_GBps);
+  if (f.copy_GBps > 0) r.copy_bw = sim::Bandwidth::GBps(f.copy_GBps);
+  r.chunk_slices = f.chunk_slices;
   c.plan = "nccl " + r.plan.describe();
   r.t0 = c.context().simulator().now();
-  c.context().backend().delay(c.rank(), spec.launch_latency + f.base_latency[ai], "nccl launch");
+  const sim::Duration fixed = f.has_fixed_latency ? f.fixed_latency : f.base_latency[ai];
+  c.context().backend().delay(c.rank(), spec.launch_latency + fixed, "nccl launch");
   return r;
 }
 
@@ -203,33 +218,70 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
     return region(flat, Range{pc.begin + sl.begin, sl.count});
   };
   const std::uint64_t ph = m.phase * 4;
-  // A channel is one SM's copy loop: it puts at most channel_bandwidth of wire bytes per second
-  // on its way out (nccl.h, "channel bandwidth"); a send waits until the channel has pushed the
-  // previous one.
+  // A channel is one SM's loop over the ring's steps (nccl.h, "channel"): it puts at most send_bw
+  // of wire bytes per second on its way out, and a slice it only receives (the last step) it then
+  // copies into the output at copy_bw; a send waits until the channel has done the previous work.
   sim::Simulator& sim = c.context().simulator();
-  const sim::Bandwidth ch_bw = sim::Bandwidth::GBps(nccl_spec_of(c).channel_bandwidth_GBps);
   sim::Time ch_free = sim.now();
   auto pace = [&](const Tensor& sl) {
     const sim::Time now = sim.now();
     if (ch_free > now) c.context().backend().delay(c.rank(), ch_free - now, "nccl channel");
-    ch_free = std::max(now, ch_free) + sim::transfer_time(r.wire.of(sl.nbytes()), ch_bw);
+    ch_free = std::max(now, ch_free) + sim::transfer_time(r.wire.of(sl.nbytes()), r.send_bw);
     return sl;
   };
-  for (int k = 0; k < S; ++k) {
-    if (rs) {
-      for (int s = 0; s < M - 1; ++s) {
-        const std::uint64_t t = tag(ph, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
-        c.isend(next, pace(slice(mod(j - s - 1, M), k)), t, r.hop, r.wire);
-        c.recv_reduce(prev, slice(mod(j - s - 2, M), k), op, t);
+  auto copy_out = [&](const Tensor& sl) {
+    if (r.copy_bw.bytes_per_s <= 0) return;
+    ch_free = std::max(sim.now(), ch_free) + sim::transfer_time(sl.nbytes(), r.copy_bw);
+  };
+  // The channel's steps: reduce-scatter's M-1 (receives reduce), then all-gather's M-1. Step t
+  // sends ring position x's chunk and receives position y's under tag (phase, t).
+  const int nrs = rs ? M - 1 : 0, T = nrs + (ag ? M - 1 : 0);
+  auto send_of = [&](int t, int k) { return t < nrs ? slice(mod(j - t - 1, M), k) : slice(mod(j - (t - nrs), M), k); };
+  auto tag_of = [&](int t, int k) {
+    const int s = t < nrs ? t : t - nrs;
+    return tag(t < nrs ? ph : ph + 1, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
+  };
+  auto recv_slice = [&](int t, int k) {
+    return t < nrs ? slice(mod(j - t - 2, M), k) : slice(mod(j - (t - nrs) - 1, M), k);
+  };
+  // Chunk by chunk (chunk_slices slices, NCCL's chunk): every step sends the chunk's slices, each
+  // after its receive of the step before. With more than one slice per chunk the receiver posts the
+  // step's slices (its FIFO slots) before it works on them, so a step's slices pipeline down the
+  // ring; with one, it posts each slice as it waits for it.
+  const int G = std::max(1, r.chunk_slices);
+  std::vector<Comm::Posted> posted(static_cast<std::size_t>(G > 1 ? 2 * G : 0));  // two steps' slots
+  auto post = [&](int t, int k) {
+    Comm::Posted& p = posted[static_cast<std::size_t>((t % 2) * G + (k % G))];
+    p = t < nrs ? c.post_reduce(prev, recv_slice(t, k), op, tag_of(t, k)) : c.post(prev, recv_slice(t, k), tag_of(t, k));
+  };
+  auto receive = [&](int t, int k) {
+    if (G == 1) {
+      if (t < nrs) {
+        c.recv_reduce(prev, recv_slice(t, k), op, tag_of(t, k));
+      } else {
+        c.recv(prev, recv_slice(t, k), tag_of(t, k));
+      }
+    } else {
+      c.complete(posted[static_cast<std::size_t>((t % 2) * G + (k % G))]);
+    }
+    if (t == T - 1) copy_out(recv_slice(t, k));
+  };
+  for (int k0 = 0; k0 < S; k0 += G) {
+    const int k1 = std::min(S, k0 + G);
+    for (int t = 0; t < T; ++t) {
+      if (G > 1) {
+        for (int k = k0; k < k1; ++k) post(t, k);
+      }
+      for (int k = k0; k < k1; ++k) {
+        if (t > 0) receive(t - 1, k);
+        c.isend(next, pace(send_of(t, k)), tag_of(t, k), r.hop, r.wire);
       }
     }
-    if (ag) {
-      for (int s = 0; s < M - 1; ++s) {
-        const std::uint64_t t = tag(ph + 1, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
-        c.isend(next, pace(slice(mod(j - s, M), k)), t, r.hop, r.wire);
-        c.recv(prev, slice(mod(j - s - 1, M), k), t);
-      }
-    }
+    for (int k = k0; k < k1; ++k) receive(T - 1, k);
+  }
+  // The channel ends when its last copy does (without copies: when its sends and receives do).
+  if (r.copy_bw.bytes_per_s > 0 && ch_free > sim.now()) {
+    c.context().backend().delay(c.rank(), ch_free - sim.now(), "nccl channel");
   }
 }
 

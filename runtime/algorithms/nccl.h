@@ -35,8 +35,11 @@
 //   chunk (chunk_range(len_i, C, c) inside chunk i), and each piece travels in S slices
 //   (chunk_range(piece, S, k); S = ceil(largest piece's bytes / slice_bytes), 1..kMaxSlices, the
 //   same S for every piece of the channel). Each channel is a concurrent process of the rank; it
-//   runs slice by slice, and for each slice all the ring steps (reduce-scatter's p-1, then
-//   all-gather's p-1), as NCCL's primitives do, so slice k+1 follows slice k down the ring.
+//   runs chunk by chunk (G = the protocol's chunk_slices slices, NCCL's chunk), and for each chunk
+//   all the ring steps (reduce-scatter's p-1, then all-gather's p-1), as NCCL's primitives do: a
+//   step sends the chunk's slices, each after its receive of the step before, so chunk k+1 follows
+//   chunk k down the ring. With G > 1 the receiver posts a step's G slices (its FIFO slots) before
+//   it works on them, so the slices of a step pipeline; with G = 1 it posts each as it waits.
 //   Ring orders: channel c uses R = the (c mod k)-th of the section's k "rings" of length p
 //   (member indices; none: the group order 0, 1, ..., p-1). Ring position i is member R[i], sends
 //   to R[i+1] and owns chunk R[i] (so reduce_scatter's member k still ends with chunk k).
@@ -53,20 +56,27 @@
 //   op(acc, child1) — tree.h's order, bitwise tree's results.
 //   Broadcast: ring.h's chain from the root over the group order, per channel piece and slice.
 //
-// Time (simulating backends; the host charges nothing):
-//   - launch_latency + base_latency[algo][proto]: a fixed delay on the calling rank before any data
-//     moves (the kernel launch and NCCL's fixed cost).
-//   - every send waits hop_latency[algo][proto] before its bytes start (the protocol's per-hop
-//     handshake); sends of different slices overlap, so a ring pays it once per step on its
-//     critical path, as NCCL's model does.
+// Time (simulating backends; the host charges nothing). The tuning figures above choose; what a
+// call costs comes from the protocol's physical figures where the section gives them
+// (fixed_latency, send_latency, send_bandwidth, copy_bandwidth, chunk_slices), else from the tuning
+// figures (so a section without them simulates as before they existed):
+//   - launch_latency + fixed_latency (default base_latency[algo][proto]): a fixed delay on the
+//     calling rank before any data moves (the kernel launch and the protocol's fixed cost).
+//   - every send waits send_latency (default hop_latency[algo][proto]) before its bytes start (the
+//     protocol's per-step handshake); sends of different slices overlap, so a ring pays it once
+//     per step on its critical path.
 //   - the bytes move as System transfers HBM -> HBM over the links, with wire_bytes / data_bytes
 //     as the transfer's wire scale (hw::WireScale): a link carries LL's 16 bytes per 8 of data and
 //     LL128's 128 per 120, so the payload takes that much longer on the links (memories see the
 //     payload). Channels share links through the link servers.
-//   - a ring channel is one SM's copy loop: it pushes at most channel_bandwidth of wire bytes per
-//     second, so its next send waits until the previous one's wire bytes / channel_bandwidth has
-//     passed (a pace per channel; the links' own bandwidth still applies, so a channel rate above
-//     the link's share changes nothing).
+//   - a ring channel is one SM's copy loop: it pushes at most send_bandwidth (default
+//     channel_bandwidth) of wire bytes per second, so its next send waits until the previous one's
+//     wire bytes / send_bandwidth has passed (a pace per channel; the links' own bandwidth still
+//     applies, so a channel rate above the link's share changes nothing). With copy_bandwidth, each
+//     slice it receives in the last step (all_gather's and all_reduce's final receive,
+//     reduce_scatter's final reduction) then costs the channel its bytes / copy_bandwidth before its
+//     next send (NCCL's recv / recvReduceCopy op), and the channel ends when its last copy does; the
+//     runtime's staging copies around the call are then untimed (nccl_copies_in_loop).
 //   - reductions stream with the receives (comm.h).
 //   So one ring step of B payload bytes over one idle link (latency a, bandwidth b), one slice:
 //     T = launch + base + hop + a + B x wire/data / b
@@ -114,6 +124,12 @@ double nccl_predicted_us(Collective k, int p, std::uint64_t bytes, NcclAlgo a, h
 // The figures a call plans with: the topology's section, else ContextOptions::nccl, else
 // NcclSpec::defaults().
 const hw::NcclSpec& nccl_spec_of(Comm& c);
+
+// True when the figures model the channel loop's own copies (a protocol gives copy_bandwidth_GBps):
+// NCCL's all_gather stores the caller's part into the output in its first step's send, and its
+// reduce_scatter reads the input and writes the output in its loop, so the runtime's staging
+// copies around such a call (collectives.cpp) move the bytes without charging time.
+bool nccl_copies_in_loop(Comm& c);
 
 void nccl_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});
 void nccl_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params& = {});

@@ -1078,6 +1078,14 @@ void read_nccl(const Ctx& ctx, const json& doc, Topology& t) {
           po.fail("tree_bandwidth_factor", fmt::format("{} is not valid; give a factor in (0, 1]", short_dump(*v)));
         }
       }
+      // The physical figures (simulated time only; topologies/README.md).
+      if (const json* v = po.get("fixed_latency_ns")) f.fixed_latency = po.as_duration("fixed_latency_ns", *v), f.has_fixed_latency = true;
+      if (const json* v = po.get("send_latency_ns")) f.send_latency = po.as_duration("send_latency_ns", *v), f.has_send_latency = true;
+      if (const json* v = po.get("send_bandwidth_GBps")) f.send_GBps = po.as_bandwidth("send_bandwidth_GBps", *v).gbps();
+      if (const json* v = po.get("copy_bandwidth_GBps")) f.copy_GBps = po.as_bandwidth("copy_bandwidth_GBps", *v).gbps();
+      if (const json* v = po.get("chunk_slices")) {
+        f.chunk_slices = static_cast<int>(po.as_positive_int("chunk_slices", *v, "slices per chunk", 64));
+      }
       po.finish();
     }
     ps.finish();

@@ -188,6 +188,16 @@ struct NcclProtocolSpec {
   std::uint64_t slice_bytes = 1 << 20;           // pipelining slice of a channel's piece
   double max_bus_GBps = 0;                       // the model's cap on the bus bandwidth (0: none)
   double tree_bandwidth_factor = 1;              // the model's factor on the tree's bus bandwidth
+  // What a call of this protocol does on the hardware (simulated time only; NCCL's choice never
+  // reads them). Each is optional: absent, the simulation runs with the tuning figures above
+  // (fixed: base_latency, send latency: hop_latency, send bandwidth: NcclSpec::channel_bandwidth_GBps,
+  // no receive copy, one slice per chunk), as before these fields existed.
+  bool has_fixed_latency = false, has_send_latency = false;
+  Duration fixed_latency = 0;   // once per call, after the launch (both algorithms)
+  Duration send_latency = 0;    // before every send: the step's handshake (both algorithms)
+  double send_GBps = 0;         // one channel's send loop, wire bytes per second (0: channel_bandwidth)
+  double copy_GBps = 0;         // one channel's local copy of a received slice into the output (0: free)
+  int chunk_slices = 1;         // slices a ring channel moves per step before the next step (NCCL's chunk)
 };
 
 struct NcclSpec {

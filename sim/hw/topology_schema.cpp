@@ -158,7 +158,12 @@ SchemaNode nccl_section() {
          per_algo("base_latency_ns", "fixed cost per call"), per_algo("hop_latency_ns", "latency per step (per send)"),
          leaf("slice_bytes", "pipelining slice of a channel's piece, bytes"),
          leaf("max_bus_bandwidth_GBps", "the model's cap on the bus bandwidth, GB/s (selection only)"),
-         leaf("tree_bandwidth_factor", "the model's factor on the tree's bus bandwidth (selection only)")}));
+         leaf("tree_bandwidth_factor", "the model's factor on the tree's bus bandwidth (selection only)"),
+         leaf("fixed_latency_ns", "simulated: fixed cost per call after the launch, ns (default base_latency_ns)"),
+         leaf("send_latency_ns", "simulated: latency before every send, ns (default hop_latency_ns)"),
+         leaf("send_bandwidth_GBps", "simulated: one channel's send rate in wire bytes, GB/s (default channel_bandwidth_GBps)"),
+         leaf("copy_bandwidth_GBps", "simulated: one channel's copy of a received slice into the output, GB/s (default: free)"),
+         leaf("chunk_slices", "simulated: slices a ring channel moves per step before its next step, 1..64 (default 1)")}));
   }
   return object("nccl", "figures of the nccl collective family (runtime/algorithms/nccl.h)",
                 {leaf("launch_latency_ns", "kernel launch, once per call, ns"),

@@ -2,6 +2,7 @@
 the overlay it writes, and the errors a user can cause (a wrong file, another GPU's overlay)."""
 import json
 import math
+import os
 
 import pytest
 
@@ -107,7 +108,14 @@ def test_an_overlay_for_another_gpu_is_refused_naming_both(tmp_path):
 
 
 def test_cli_fits_writes_a_loadable_overlay_and_checks_it(tmp_path, capsys):
-    truth = with_values("h200x8", {"nccl.launch_latency_ns": 3000})
+    # The truth in the fit's own terms (its fixed figures, its parameters where they start), with
+    # another launch latency: the fit must find it.
+    figures = dict(cal.coll_constants()[0])
+    for p in cal.coll_group().params:
+        for path in (p.path,) + tuple(p.also):
+            figures[path] = p.start
+    figures["nccl.launch_latency_ns"] = 3000
+    truth = with_values("h200x8", figures)
     coll = [{"op": "all_reduce", "ranks": 2, "bytes": 1 << k} for k in (16, 18, 20, 21)]
     for r in coll:
         r["time"] = cal.sim_collective(truth, "all_reduce", 2, r["bytes"])
@@ -155,3 +163,59 @@ def test_unaligned_operands_load_at_the_unaligned_rate():
     doc = cs.load_topology_json("h200x8")
     with pytest.raises(cs.TopologyError, match=r"pe\.gemm\.mma\.unaligned_bytes_per_cycle: -1 is not valid; give"):
         cs.topology_from_json(cs.apply_override(doc, "cube.pe.gemm.mma.unaligned_bytes_per_cycle", -1), "t")
+
+
+CALIBRATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "calibration")
+
+
+@pytest.mark.parametrize("name", ["h200_2gpu_2026-11-22.json", "h200_2gpu_2026-11-22_check.json",
+                                  "h200_4gpu_2026-11-22.json"])
+def test_the_simulated_nccl_chooses_as_the_real_one_logged(name):
+    # NCCL_DEBUG=INFO recorded, per collective and size, the algorithm and protocol NCCL ran; the
+    # shipped overlay's nccl section must choose the same for every one of them.
+    m = cal.load_measurements(f"{CALIBRATION}/{name}")
+    choices = cal.nccl_choices(m)
+    assert len(choices) > 50
+    topo = cs.load_topology("h200x8_calibrated")
+    wrong = []
+    for op, ranks, nbytes, algo, proto in choices:
+        plan = cs.nccl_plan(op, ranks, nbytes, topo)
+        if (plan["algorithm"], plan["protocol"]) != (algo, proto):
+            wrong.append(f"{op} {ranks} ranks {nbytes} B: NCCL {algo}/{proto}, simulated {plan['plan']}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nccl_tuning_is_read_off_nccls_table(tmp_path):
+    # A table written from known figures (2 ranks: all_reduce 2 steps, all_gather 1).
+    base = {"LL": 5.0, "LL128": 12.0, "Simple": 9.0}
+    hop = {"LL": 0.5, "LL128": 2.0, "Simple": 3.0}
+    bus = {"LL": 120.0, "LL128": 300.0, "Simple": 400.0}
+    tuning = []
+    for proto in base:
+        tuning.append({"op": "AllReduce", "algo": "Ring", "proto": proto, "latency_us": base[proto] + 2 * hop[proto],
+                       "bandwidth_GBps": bus[proto]})
+        tuning.append({"op": "AllGather", "algo": "Ring", "proto": proto, "latency_us": base[proto] + hop[proto],
+                       "bandwidth_GBps": 2 * bus[proto]})
+    m = measurements(tmp_path, nccl_log={"choices": [], "channels": 20, "tuning": tuning})
+    vals, src = cal.nccl_tuning(m)
+    for proto in base:
+        assert vals[f"nccl.protocols.{proto}.base_latency_ns.ring"] == pytest.approx(base[proto] * 1000)
+        assert vals[f"nccl.protocols.{proto}.hop_latency_ns.ring"] == pytest.approx(hop[proto] * 1000)
+    assert vals["nccl.channel_bandwidth_GBps"] == pytest.approx(400.0 / 20)
+    assert vals["nccl.protocols.LL.max_bus_bandwidth_GBps"] == pytest.approx(120.0)
+    assert vals["nccl.protocols.LL128.max_bus_bandwidth_GBps"] == pytest.approx(300.0)
+    assert all("NCCL's" in s for s in src)
+
+
+def test_several_measurement_files_fit_each_at_its_own_gpu_count(tmp_path):
+    coll = [{"op": "all_gather", "ranks": r, "bytes": 1 << k, "time": 1} for r in (2, 4) for k in (16, 17, 30)]
+    two = tmp_path / "two.json"
+    four = tmp_path / "four.json"
+    for path, gpus, recs in ((two, 2, [r for r in coll if r["ranks"] == 2]), (four, 4, coll)):
+        path.write_text(json.dumps({"schema": cal.MEASURE_SCHEMA, "env": dict(ENV, gpus=gpus), "coll": recs}))
+    m = cal.load_measurements(f"{two},{four}")
+    assert len(m["coll"]) == 9 and cal.files_of(m) == "two.json, four.json"
+    fit, held = cal.split(m, "coll")
+    # 2 ranks from the 2-GPU file, 4 ranks from the 4-GPU file: even sizes up to 256 MiB only.
+    assert sorted((r["ranks"], r["_gpus"], r["bytes"]) for r in fit) == [(2, 2, 1 << 16), (4, 4, 1 << 16)]
+    assert sum(1 for r in held if r["ranks"] == 2 and r["_gpus"] == 4) == 3

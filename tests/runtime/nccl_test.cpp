@@ -187,6 +187,76 @@ TEST(NcclTiming, ChannelsShareTheLink) {
   EXPECT_NEAR(static_cast<double>(four), static_cast<double>(one), 0.001 * static_cast<double>(one));
 }
 
+// The physical figures (fixed_latency_ns, send_latency_ns, copy_bandwidth_GBps) replace the tuning
+// figures in the simulated time and leave NCCL's choice alone.
+TEST(NcclTiming, PhysicalFiguresAsHandComputed) {
+  const std::int64_t n = 1 << 18;  // 1 MiB of f32 per rank: one step, one slice
+  const double payload = static_cast<double>(n) * 4;
+  json d = tiny_doc();
+  d["nccl"]["protocols"]["LL"]["enabled"] = false;
+  d["nccl"]["protocols"]["LL128"]["enabled"] = false;
+  json& s = d["nccl"]["protocols"]["Simple"];
+  s["fixed_latency_ns"] = 3000;      // instead of base 5 us
+  s["send_latency_ns"] = 500;        // instead of hop 2 us
+  s["copy_bandwidth_GBps"] = 50;     // the received slice is copied into the output after it lands
+  s["send_bandwidth_GBps"] = 1000;   // one send: spaces nothing
+  // launch 1 us + fixed 3 us + send latency 0.5 us + link latency 1 us + payload at 100 GB/s, then
+  // the copy of the payload at 50 GB/s.
+  const double expected_ps = (1000 + 3000 + 500 + 1000) * 1e3 + payload / 100e9 * 1e12 + payload / 50e9 * 1e12;
+  EXPECT_NEAR(static_cast<double>(all_gather_time(d, n)), expected_ps, 5e3);
+  // NCCL's choice reads the tuning figures only.
+  const hw::Topology with = hw::topology_from_json(d, "t");
+  json plain = tiny_doc();
+  plain["nccl"]["protocols"]["LL"]["enabled"] = false;
+  plain["nccl"]["protocols"]["LL128"]["enabled"] = false;
+  const hw::Topology without = hw::topology_from_json(plain, "t");
+  EXPECT_EQ(algo::nccl_predicted_us(Collective::all_gather, 2, 1 << 20, NcclAlgo::ring, NcclProtocol::simple, with.nccl),
+            algo::nccl_predicted_us(Collective::all_gather, 2, 1 << 20, NcclAlgo::ring, NcclProtocol::simple, without.nccl));
+}
+
+// chunk_slices: a channel sends all slices of a chunk before it waits for a receive, so the
+// second slice's latency hides behind the first's (NCCL's chunk of slices); with one slice per
+// chunk the slices wait for each other.
+TEST(NcclTiming, ChunkSlicesPipelineTheSteps) {
+  const std::int64_t n = 1 << 18;  // 1 MiB per rank, in two slices of 512 KiB
+  const double payload = static_cast<double>(n) * 4;
+  json d = tiny_doc();
+  d["nccl"]["protocols"]["LL"]["enabled"] = false;
+  d["nccl"]["protocols"]["LL128"]["enabled"] = false;
+  json& s = d["nccl"]["protocols"]["Simple"];
+  s["slice_bytes"] = 1 << 19;
+  s["send_bandwidth_GBps"] = 1e6;
+  const double fixed = (1000 + 5000) * 1e3, hop = 2000e3, link = 1000e3, half = payload / 2 / 100e9 * 1e12;
+  // One slice per chunk: each slice pays hop + link latency + its bytes, one after the other.
+  EXPECT_NEAR(static_cast<double>(all_gather_time(d, n)), fixed + 2 * (hop + link + half), 5e3);
+  // Two: both sends start after one hop and share the link.
+  s["chunk_slices"] = 2;
+  EXPECT_NEAR(static_cast<double>(all_gather_time(d, n)), fixed + hop + link + 2 * half, 5e3);
+}
+
+// The physical figures move no bits: the ring's order whatever the chunking and copies.
+TEST(NcclValues, PhysicalFiguresKeepTheBits) {
+  const hw::Topology topo = hw::load_topology(
+      "h200x4", {{"nccl.rings", json::array()},
+                 {"nccl.protocols.Simple.chunk_slices", 3},
+                 {"nccl.protocols.Simple.slice_bytes", 4096},
+                 {"nccl.protocols.Simple.copy_bandwidth_GBps", 40},
+                 {"nccl.protocols.LL.copy_bandwidth_GBps", 20},
+                 {"nccl.protocols.Simple.send_latency_ns", 700},
+                 {"nccl.protocols.Simple.fixed_latency_ns", 9000}});
+  for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather"}) {
+    for (std::int64_t n : {std::int64_t{1001}, std::int64_t{300001}}) {
+      CollCase c{coll, Algorithm::nccl, DType::bf16, 3, n};
+      c.seed = static_cast<std::uint64_t>(n) + 7;
+      const CollResult sr = run_collective(sim_with(topo), c);
+      CollCase ring = c;
+      ring.algo = Algorithm::ring;
+      const CollResult h = run_collective(host_context, ring);
+      for (int k = 0; k < 3; ++k) ASSERT_EQ(sr.out_bytes[k], h.out_bytes[k]) << c.name() << " rank " << k;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- values and plans
 
 TEST(NcclValues, BitwiseTheRingOrTreeItRuns) {
@@ -321,6 +391,10 @@ TEST(NcclErrors, TheSectionsErrorsNameThePathAndTheValidChoices) {
   expect_error_contains(with("nccl.channels", 0), {"nccl.channels", "integer from 1 to 64"});
   expect_error_contains(with("nccl.rings", json::array({"0 1 2 3", "0 1 1 3"})),
                         {"nccl.rings.1", "\"0 1 1 3\" is not valid", "permutation of 0..p-1"});
+  expect_error_contains(with("nccl.protocols.Simple.chunk_slices", 0),
+                        {"nccl.protocols.Simple.chunk_slices", "integer from 1 to 64"});
+  expect_error_contains(with("nccl.protocols.LL.copy_bandwidth_GBps", -3), {"nccl.protocols.LL.copy_bandwidth_GBps", "-3"});
+  expect_error_contains(with("nccl.protocols.LL128.send_latency_ns", "soon"), {"nccl.protocols.LL128.send_latency_ns"});
   json off = hw::load_topology_json("h200x4");
   for (const char* p : {"LL", "LL128", "Simple"}) off["nccl"]["protocols"][p]["enabled"] = false;
   expect_error_contains([&] { hw::topology_from_json(off, "t"); }, {"nccl.protocols", "enable at least one"});
