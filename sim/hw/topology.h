@@ -38,6 +38,20 @@ struct HbmSpec {
   Duration latency = 0;                // paid by reads
   std::uint32_t channels = 1;          // independent servers of bandwidth / channels each
   std::uint64_t interleave_bytes = 0;  // consecutive blocks of this size go to consecutive channels
+  // What the runtime's elementwise/reduction kernels see (SimBackend::cost_time; optional, 0: absent).
+  // Without any of them such an op moves bytes_read + bytes_written at `bandwidth`. With them: the
+  // bytes an op both reads and writes in equal measure move at `copy` (reads and writes share the bus
+  // and it turns around between them; bytes moved, read + write), the surplus of either direction at
+  // `read` or `write`; a missing one of the three is `bandwidth`.
+  Bandwidth read, write, copy;
+  bool rw_model() const { return read.bytes_per_s || write.bytes_per_s || copy.bytes_per_s; }
+};
+
+// A cube's kernel figures ("kernel", optional): paid by each op of the runtime that runs as a kernel
+// of its own (OpCost::kernel), never by the steps inside a collective.
+struct KernelSpec {
+  Duration launch_gap = 0;  // between one kernel in a stream and the next
+  Duration reduction = 0;   // a device-wide reduction's final pass over its partial sums (OpCost reduce)
 };
 
 // A cube's L2 cache (optional; `present` false: accesses go straight to the HBM, as without one).
@@ -116,6 +130,7 @@ struct CubeSpec {
   int pes = 0;
   HbmSpec hbm;
   L2Spec l2;  // absent unless the document has cube.l2 (or cubes.<i>.l2)
+  KernelSpec kernel;  // zeros unless the document has cube.kernel
   PeSpec pe;
   double clock_scale = 1.0;  // already applied to pe.clock_hz, pe.mac and pe.vector clocks
 };
