@@ -105,12 +105,13 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
   if (c.kind == OpCost::Kind::gemm || !spec.hbm.rw_model()) {
     mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
   } else {
-    // Bytes read and written alike share the bus at the mixed rate; the surplus of one direction
-    // streams at that direction's rate (hw::HbmSpec).
+    // Reads at the read rate, writes at the write rate, one after the other on the bus; with a copy
+    // rate, the bytes read and written alike move at it (the bus turning around between them) and
+    // only the surplus of one direction at that direction's rate (hw::HbmSpec).
     const hw::HbmSpec& h = spec.hbm;
     auto rate = [&](sim::Bandwidth b) { return b.bytes_per_s ? b : h.bandwidth; };
-    const std::uint64_t both = std::min(c.bytes_read, c.bytes_written);
-    mem = sim::transfer_time(2 * both, rate(h.copy)) + sim::transfer_time(c.bytes_read - both, rate(h.read)) +
+    const std::uint64_t both = h.copy.bytes_per_s ? std::min(c.bytes_read, c.bytes_written) : 0;
+    mem = (both ? sim::transfer_time(2 * both, h.copy) : 0) + sim::transfer_time(c.bytes_read - both, rate(h.read)) +
           sim::transfer_time(c.bytes_written - both, rate(h.write));
   }
   sim::Duration work = 0;

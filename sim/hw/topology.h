@@ -39,10 +39,11 @@ struct HbmSpec {
   std::uint32_t channels = 1;          // independent servers of bandwidth / channels each
   std::uint64_t interleave_bytes = 0;  // consecutive blocks of this size go to consecutive channels
   // What the runtime's elementwise/reduction kernels see (SimBackend::cost_time; optional, 0: absent).
-  // Without any of them such an op moves bytes_read + bytes_written at `bandwidth`. With them: the
-  // bytes an op both reads and writes in equal measure move at `copy` (reads and writes share the bus
-  // and it turns around between them; bytes moved, read + write), the surplus of either direction at
-  // `read` or `write`; a missing one of the three is `bandwidth`.
+  // Without any of them such an op moves bytes_read + bytes_written at `bandwidth`. With them: reads
+  // at `read`, writes at `write` (a missing one: `bandwidth`), one after the other; with `copy` (bytes
+  // moved, read + write, per second when an op reads and writes alike), the bytes an op both reads
+  // and writes move at `copy` (the bus turning around between them), the surplus of one direction at
+  // that direction's rate.
   Bandwidth read, write, copy;
   bool rw_model() const { return read.bytes_per_s || write.bytes_per_s || copy.bytes_per_s; }
 };

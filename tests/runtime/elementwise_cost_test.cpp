@@ -79,16 +79,18 @@ TEST(ElementwiseCost, ReadWriteCopyRatesGapAndReductionPassByHand) {
   }
 }
 
-TEST(ElementwiseCost, OneRateAloneLeavesTheOthersAtTheHbmBandwidth) {
-  // Only write_GBps: the paired bytes move at bandwidth_GBps (1024), the surplus read too.
+TEST(ElementwiseCost, WithoutACopyRateReadsAndWritesTakeTurns) {
+  // Only write_GBps: reads at bandwidth_GBps (1024), writes at 64 GB/s, no turnaround.
   const auto t = op_times(hw::load_topology("single_cube", {{"cube.hbm.write_GBps", 64}}), true);
   constexpr std::uint64_t MiB = 1 << 20;
   auto ps = [](std::uint64_t bytes, std::uint64_t gbps) { return (bytes * 1000 + gbps - 1) / gbps; };
-  const std::uint64_t vector_gelu = 40'960'000;  // 20 x 2^20 ops / (4 PEs x 128 x 1 GHz)
-  EXPECT_EQ(t[0], std::max(ps(4 * MiB, 1024), vector_gelu));
-  EXPECT_EQ(t[3], ps(4096, 1024) + ps(2 * MiB - 2048, 1024));  // no kernel section: no gap, no final pass
-  // The write rate only shows where an op writes more than it reads: none of these; the time of a pure
-  // write goes through cost_time.
+  EXPECT_EQ(t[4], ps(2 * MiB, 1024) + ps(2 * MiB, 64));  // copy: 2.048 + 32.768 us
+  EXPECT_EQ(t[4], 34'816'000u);
+  EXPECT_EQ(t[0], 40'960'000u);  // gelu: its vector work (20 x 2^20 ops / (4 PEs x 128 x 1 GHz)) is longer
+  // bias_grad: 2 MiB read at 1024 GB/s and 2 KiB written at 64 GB/s (2.080 us) over 2.048 us of vector
+  // work; no kernel section: no gap, no final pass.
+  EXPECT_EQ(t[3], ps(2 * MiB, 1024) + ps(2048, 64));
+  // A pure write (no op of the runtime writes without reading; cost_time prices any OpCost).
   auto ctx = make_sim_context({}, hw::load_topology("single_cube", {{"cube.hbm.write_GBps", 64}}), {.timing_only = true});
   ctx->spawn(1, [](int) {});
   auto& be = static_cast<SimBackend&>(ctx->backend());
@@ -118,6 +120,10 @@ TEST(ElementwiseCost, StepsInsideACollectiveNeverPayTheKernelFigures) {
   EXPECT_EQ(be.cost_time(0, step), bytes_only);
   step.kernel = true;  // the same bytes as an op of its own: the gap and the final pass on top
   EXPECT_EQ(be.cost_time(0, step), bytes_only + 1'000'000 + 300'000);
+  // More written than read: the surplus writes at the write rate (50 GB/s); an elementwise op pays
+  // the gap but no final pass.
+  OpCost wide{OpCost::Kind::elementwise, "widen", 0, 0, 0, DType::bf16, 1 << 20, 3 << 20, 0, true};
+  EXPECT_EQ(be.cost_time(0, wide), (2ull << 20) * 1000 / 40 + (2ull << 20) * 1000 / 50 + 1'000'000);
 }
 
 }  // namespace
