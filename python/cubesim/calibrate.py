@@ -330,18 +330,18 @@ def closed_form(m):
         vals["cube.hbm.bandwidth_GBps"] = vals["cube.hbm.read_GBps"] = round(bw, 1)
         src.append(f"cube.hbm.bandwidth_GBps and read_GBps {bw:.0f}: measured read bandwidth of a {big['bytes'] >> 20} MiB buffer "
                    f"(a device reduction over it, gpu_measure.py hbm 'read')")
-    # The runtime's elementwise/reduction ops (hw::HbmSpec, hw::KernelSpec): write and copy rates of
-    # the largest buffers; a reduction's extra cost over a plain pass (read = a sum, write = a fill of
-    # the same smallest, L2-resident buffer); the stream's gap per kernel (the MLP step's intervals that
-    # run no kernel: tp 1 has no all-reduce).
-    for op, key, what in (("write", "write_GBps", "write (a fill)"), ("copy", "copy_GBps", "copy (read + write)")):
-        recs = [r for r in m.get("hbm", []) if r["op"] == op]
-        if recs:
-            big = max(recs, key=lambda r: r["bytes"])
-            bw = big["moved"] / big["time"] / 1e9
-            vals[f"cube.hbm.{key}"] = round(bw, 1)
-            src.append(f"cube.hbm.{key} {bw:.0f}: measured {what} bandwidth of a {big['bytes'] >> 20} MiB buffer, "
-                       "bytes moved per second (gpu_measure.py hbm)")
+    # The runtime's elementwise/reduction ops (hw::HbmSpec, hw::KernelSpec): the write rate of the
+    # largest buffer (no copy_GBps: on the H200 GELU's reads and writes take R/read + W/write, where the
+    # 4 GiB copy's rate would make them 17-32% slow); a reduction's extra cost over a plain pass (read =
+    # a sum, write = a fill of the same smallest, L2-resident buffer); the stream's gap per kernel (the
+    # MLP step's intervals that run no kernel: tp 1 has no all-reduce).
+    writes = [r for r in m.get("hbm", []) if r["op"] == "write"]
+    if writes:
+        big = max(writes, key=lambda r: r["bytes"])
+        bw = big["moved"] / big["time"] / 1e9
+        vals["cube.hbm.write_GBps"] = round(bw, 1)
+        src.append(f"cube.hbm.write_GBps {bw:.0f}: measured write bandwidth of a {big['bytes'] >> 20} MiB buffer (a fill, "
+                   "gpu_measure.py hbm 'write')")
     small = {op: min((r for r in m.get("hbm", []) if r["op"] == op), key=lambda r: r["bytes"], default=None)
              for op in ("read", "write")}
     if small["read"] and small["write"] and small["read"]["bytes"] == small["write"]["bytes"]:

@@ -113,7 +113,7 @@ TEST(Topology, HbmReadWriteCopyRatesAndKernelFiguresAreOptional) {
   EXPECT_TRUE(h200.cubes[7].hbm.rw_model());
   EXPECT_EQ(h200.cubes[7].hbm.read, sim::Bandwidth::GBps(4383.1));
   EXPECT_EQ(h200.cubes[7].hbm.write, sim::Bandwidth::GBps(3393.7));
-  EXPECT_EQ(h200.cubes[7].hbm.copy, sim::Bandwidth::GBps(2771.9));
+  EXPECT_EQ(h200.cubes[7].hbm.copy.bytes_per_s, 0u);  // no turnaround: reads and writes take turns
   EXPECT_EQ(h200.cubes[7].hbm.bandwidth, sim::Bandwidth::GBps(4800));  // the DMA path's figure is unchanged
   EXPECT_EQ(h200.cubes[7].kernel.launch_gap, sim::ns(2960));
   EXPECT_EQ(h200.cubes[7].kernel.reduction, sim::ns(6848));
