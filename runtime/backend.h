@@ -44,6 +44,7 @@ struct OpCost {
   std::uint64_t bytes_read = 0;
   std::uint64_t bytes_written = 0;
   double flops = 0;                  // elementwise/reduce arithmetic, for vector-unit time
+  bool kernel = false;               // a kernel of its own (the runtime's ops), not a step inside a collective
 };
 
 // One collective as the runtime hands it to a backend that runs whole collectives (cuda + NCCL).

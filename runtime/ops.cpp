@@ -148,7 +148,7 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
     db.copy_from_host_bytes(out.data(), out.size());
   }
   OpCost cost{OpCost::Kind::reduce, "bias_grad", 0, 0, 0, dy.dtype(), dy.nbytes(), db.nbytes(),
-              static_cast<double>(dy.numel())};
+              static_cast<double>(dy.numel()), true};
   account(db, cost);
 }
 
@@ -183,7 +183,8 @@ void elementwise(ElementwiseRequest req, const std::vector<const Tensor*>& in, c
   }
   std::uint64_t rd = 0;
   for (const Tensor* t : in) rd += t->nbytes();
-  OpCost cost{OpCost::Kind::elementwise, name, 0, 0, 0, out.dtype(), rd, out.nbytes(), flops_per * static_cast<double>(out.numel())};
+  OpCost cost{OpCost::Kind::elementwise, name, 0, 0, 0, out.dtype(), rd, out.nbytes(), flops_per * static_cast<double>(out.numel()),
+              true};
   account(out, cost);
 }
 using EK = ElementwiseRequest::Kind;
@@ -227,7 +228,7 @@ void copy(const Tensor& src, const Tensor& dst) {
     const auto bytes = src.to_host_bytes();
     dst.copy_from_host_bytes(bytes.data(), bytes.size());
   }
-  OpCost cost{OpCost::Kind::copy, "copy", 0, 0, 0, src.dtype(), src.nbytes(), dst.nbytes(), 0};
+  OpCost cost{OpCost::Kind::copy, "copy", 0, 0, 0, src.dtype(), src.nbytes(), dst.nbytes(), 0, true};
   account(dst, cost);
 }
 

@@ -100,7 +100,20 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
   hw::Cube& cube = sys.cube(device_of(rank));
   const int pes = cube.num_pes();
   const DType d = c.dtype;
-  const sim::Duration mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
+  const hw::CubeSpec& spec = cube.spec();
+  sim::Duration mem;
+  if (c.kind == OpCost::Kind::gemm || !spec.hbm.rw_model()) {
+    mem = sim::transfer_time(c.bytes_read + c.bytes_written, cube.hbm().bandwidth());
+  } else {
+    // Reads at the read rate, writes at the write rate, one after the other on the bus; with a copy
+    // rate, the bytes read and written alike move at it (the bus turning around between them) and
+    // only the surplus of one direction at that direction's rate (hw::HbmSpec).
+    const hw::HbmSpec& h = spec.hbm;
+    auto rate = [&](sim::Bandwidth b) { return b.bytes_per_s ? b : h.bandwidth; };
+    const std::uint64_t both = h.copy.bytes_per_s ? std::min(c.bytes_read, c.bytes_written) : 0;
+    mem = (both ? sim::transfer_time(2 * both, h.copy) : 0) + sim::transfer_time(c.bytes_read - both, rate(h.read)) +
+          sim::transfer_time(c.bytes_written - both, rate(h.write));
+  }
   sim::Duration work = 0;
   if (pes > 0) {
     hw::Pe& pe = cube.pe(0);
@@ -111,7 +124,12 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
       work = pe.vector().time((static_cast<std::uint64_t>(c.flops) + pes - 1) / pes, d);
     }
   }
-  return std::max(mem, work);
+  sim::Duration t = std::max(mem, work);
+  if (c.kernel) {  // hw::KernelSpec: zeros without a "kernel" section
+    t += spec.kernel.launch_gap;
+    if (c.kind == OpCost::Kind::reduce) t += spec.kernel.reduction;
+  }
+  return t;
 }
 
 void SimBackend::charge(int rank, const OpCost& c, sim::Duration overlapped_with) {

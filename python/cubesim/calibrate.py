@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 from typing import Callable
 
 import cubesim as cs
@@ -364,9 +365,35 @@ def closed_form(m):
     if reads:
         big = max(reads, key=lambda r: r["bytes"])
         bw = big["moved"] / big["time"] / 1e9
-        vals["cube.hbm.bandwidth_GBps"] = round(bw, 1)
-        src.append(f"cube.hbm.bandwidth_GBps {bw:.0f}: measured read bandwidth of a {big['bytes'] >> 20} MiB buffer "
+        vals["cube.hbm.bandwidth_GBps"] = vals["cube.hbm.read_GBps"] = round(bw, 1)
+        src.append(f"cube.hbm.bandwidth_GBps and read_GBps {bw:.0f}: measured read bandwidth of a {big['bytes'] >> 20} MiB buffer "
                    f"(a device reduction over it, gpu_measure.py hbm 'read')")
+    # The runtime's elementwise/reduction ops (hw::HbmSpec, hw::KernelSpec): the write rate of the
+    # largest buffer (no copy_GBps: on the H200 GELU's reads and writes take R/read + W/write, where the
+    # 4 GiB copy's rate would make them 17-32% slow); a reduction's extra cost over a plain pass (read =
+    # a sum, write = a fill of the same smallest, L2-resident buffer); the stream's gap per kernel (the
+    # MLP step's intervals that run no kernel: tp 1 has no all-reduce).
+    writes = [r for r in m.get("hbm", []) if r["op"] == "write"]
+    if writes:
+        big = max(writes, key=lambda r: r["bytes"])
+        bw = big["moved"] / big["time"] / 1e9
+        vals["cube.hbm.write_GBps"] = round(bw, 1)
+        src.append(f"cube.hbm.write_GBps {bw:.0f}: measured write bandwidth of a {big['bytes'] >> 20} MiB buffer (a fill, "
+                   "gpu_measure.py hbm 'write')")
+    small = {op: min((r for r in m.get("hbm", []) if r["op"] == op), key=lambda r: r["bytes"], default=None)
+             for op in ("read", "write")}
+    if small["read"] and small["write"] and small["read"]["bytes"] == small["write"]["bytes"]:
+        red = max(0.0, small["read"]["time"] - small["write"]["time"]) * 1e9
+        vals["cube.kernel.reduction_ns"] = round(red, 1)
+        src.append(f"cube.kernel.reduction_ns {red:.0f}: a device reduction's time over a fill's on the same "
+                   f"{small['read']['bytes'] >> 20} MiB buffer (gpu_measure.py hbm 'read' minus 'write')")
+    gaps = [o["time"] for r in m.get("mlp", []) if r.get("tp") == 1 for o in r["ops"]
+            if o["name"] in ("fc2.all_reduce", "fc1.all_reduce_wait")]
+    if gaps:
+        gap = statistics.median(gaps) * 1e9
+        vals["cube.kernel.launch_gap_ns"] = round(gap, 1)
+        src.append(f"cube.kernel.launch_gap_ns {gap:.0f}: the stream's gap per operation, the median of {len(gaps)} "
+                   "intervals of the PyTorch MLP step at tp 1 that run no kernel (gpu_measure.py mlp)")
     l2 = env.get("l2_bytes")
     if l2:
         vals["cube.l2.capacity_MiB"] = round(l2 / (1 << 20), 3)

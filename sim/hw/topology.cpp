@@ -602,7 +602,16 @@ CubeSpec read_cube(Obj o, bool allow_id) {
                                           short_dump(*v)));
       }
     }
+    if (const json* v = h.get("read_GBps")) c.hbm.read = h.as_bandwidth("read_GBps", *v);
+    if (const json* v = h.get("write_GBps")) c.hbm.write = h.as_bandwidth("write_GBps", *v);
+    if (const json* v = h.get("copy_GBps")) c.hbm.copy = h.as_bandwidth("copy_GBps", *v);
     h.finish();
+  }
+  if (const json* k = o.get("kernel")) {
+    Obj x = o.object_at("kernel", *k);
+    if (const json* v = x.get("launch_gap_ns")) c.kernel.launch_gap = x.as_duration("launch_gap_ns", *v);
+    if (const json* v = x.get("reduction_ns")) c.kernel.reduction = x.as_duration("reduction_ns", *v);
+    x.finish();
   }
   if (const json* l = o.get("l2")) c.l2 = read_l2(o.object_at("l2", *l), c.hbm.capacity_bytes);
   c.pe = read_pe(o.object("pe", "the description shared by the cube's PEs"));

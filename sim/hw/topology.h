@@ -42,6 +42,21 @@ struct HbmSpec {
   // stripe of `channels` blocks is rotated by a hash of its index, as GPUs hash addresses over their
   // DRAM channels; memory.h).
   bool channel_hash = false;
+  // What the runtime's elementwise/reduction kernels see (SimBackend::cost_time; optional, 0: absent).
+  // Without any of them such an op moves bytes_read + bytes_written at `bandwidth`. With them: reads
+  // at `read`, writes at `write` (a missing one: `bandwidth`), one after the other; with `copy` (bytes
+  // moved, read + write, per second when an op reads and writes alike), the bytes an op both reads
+  // and writes move at `copy` (the bus turning around between them), the surplus of one direction at
+  // that direction's rate.
+  Bandwidth read, write, copy;
+  bool rw_model() const { return read.bytes_per_s || write.bytes_per_s || copy.bytes_per_s; }
+};
+
+// A cube's kernel figures ("kernel", optional): paid by each op of the runtime that runs as a kernel
+// of its own (OpCost::kernel), never by the steps inside a collective.
+struct KernelSpec {
+  Duration launch_gap = 0;  // between one kernel in a stream and the next
+  Duration reduction = 0;   // a device-wide reduction's final pass over its partial sums (OpCost reduce)
 };
 
 // A cube's L2 cache (optional; `present` false: accesses go straight to the HBM, as without one).
@@ -139,6 +154,7 @@ struct CubeSpec {
   int pes = 0;
   HbmSpec hbm;
   L2Spec l2;  // absent unless the document has cube.l2 (or cubes.<i>.l2)
+  KernelSpec kernel;  // zeros unless the document has cube.kernel
   PeSpec pe;
   double clock_scale = 1.0;  // already applied to pe.clock_hz, pe.mac and pe.vector clocks
 };

@@ -116,7 +116,15 @@ Fields cube_fields() {
                                       leaf("channels", "independent HBM channels"),
                                       leaf("interleave_bytes", "bytes per channel before the next"),
                                       leaf("channel_map", "\"interleave\" (default: block b on channel b mod channels) "
-                                                          "or \"hash\" (stripes rotated by an address hash, as GPUs)")})),
+                                                          "or \"hash\" (stripes rotated by an address hash, as GPUs)"),
+                                      leaf("read_GBps", "read bandwidth of the runtime's elementwise/reduction ops, "
+                                                        "GB/s (default bandwidth_GBps)"),
+                                      leaf("write_GBps", "their write bandwidth, GB/s (default bandwidth_GBps)"),
+                                      leaf("copy_GBps", "bytes moved (read + write) per second when an op reads and "
+                                                        "writes alike, GB/s (default bandwidth_GBps)")})),
+      object("kernel", "figures of the runtime's elementwise/reduction kernels (optional, default 0)",
+             {leaf("launch_gap_ns", "gap between one kernel in a stream and the next, ns"),
+              leaf("reduction_ns", "a device-wide reduction's final pass over its partial sums, ns")}),
       object("l2", "the cube's L2 cache, in front of its HBM (optional: without it, accesses go straight to the HBM)",
              concat(capacity("L2"), {leaf("line_bytes", "cache line size in bytes (a power of two)"),
                                      leaf("sector_bytes", "sector size in bytes: a power of two dividing line_bytes, "

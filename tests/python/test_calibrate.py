@@ -87,6 +87,44 @@ def test_closed_form_figures_come_from_the_measurements(tmp_path):
     assert any("cube.hbm.bandwidth_GBps" in s for s in src)
 
 
+def test_closed_form_hbm_directions_and_kernel_figures(tmp_path):
+    # Sizes out of order and a noisy small record: the largest buffer sets each rate; a reduction's
+    # extra cost is read minus write on the smallest buffer; the launch gap is the median of tp 1's
+    # intervals that run no kernel (tp 2's all-reduce, a real one, is not among them).
+    hbm = [{"op": op, "bytes": b, "moved": (2 if op == "copy" else 1) * b,
+            "time": extra + (2 if op == "copy" else 1) * b / rate}
+           for op, rate, extra in (("read", 4.0e12, 8e-6), ("write", 3.0e12, 1e-6), ("copy", 2.5e12, 1e-6))
+           for b in (1 << 32, 1 << 20, 1 << 30)]
+    ops = lambda ar, wait: [{"name": "gelu.fwd", "kind": "other", "time": 80e-6},
+                            {"name": "fc2.all_reduce", "kind": "collective", "time": ar},
+                            {"name": "fc1.all_reduce_wait", "kind": "collective", "time": wait}]
+    mlp = [{"tp": 1, "tokens": 4096, "hidden": 4096, "ffn": 14336, "step": 1e-3, "ops": ops(2.9e-6, 3.1e-6)},
+           {"tp": 1, "tokens": 2048, "hidden": 5120, "ffn": 13824, "step": 1e-3, "ops": ops(2.8e-6, 3.3e-6)},
+           {"tp": 2, "tokens": 4096, "hidden": 4096, "ffn": 14336, "step": 1e-3, "ops": ops(139e-6, 2.9e-6)}]
+    vals, src = cal.closed_form(measurements(tmp_path, hbm=hbm, mlp=mlp))
+    big = 1 << 32
+    assert vals["cube.hbm.read_GBps"] == vals["cube.hbm.bandwidth_GBps"]
+    assert vals["cube.hbm.read_GBps"] == pytest.approx(big / (8e-6 + big / 4.0e12) / 1e9, abs=0.1)
+    assert vals["cube.hbm.write_GBps"] == pytest.approx(big / (1e-6 + big / 3.0e12) / 1e9, abs=0.1)
+    assert "cube.hbm.copy_GBps" not in vals  # a copy's rate is measured but not a figure (calibrate.py)
+    small = 1 << 20
+    assert vals["cube.kernel.reduction_ns"] == pytest.approx((8e-6 + small / 4.0e12 - 1e-6 - small / 3.0e12) * 1e9, abs=0.1)
+    assert vals["cube.kernel.launch_gap_ns"] == pytest.approx(3000, abs=0.1)  # median of 2.8, 2.9, 3.1, 3.3 us
+    for key in ("write_GBps", "reduction_ns", "launch_gap_ns"):
+        assert any(key in s for s in src)
+    # Without such records: none of these figures.
+    vals, _ = cal.closed_form(measurements(tmp_path))
+    assert not any(k.startswith(("cube.hbm", "cube.kernel")) for k in vals)
+    # The figures are schema paths of the base they are written for, and load there.
+    vals, _ = cal.closed_form(measurements(tmp_path, hbm=hbm, mlp=mlp))
+    doc = cs.load_topology_json("h200x8")
+    for k, v in vals.items():
+        doc = cs.apply_override(doc, k, v)
+    assert doc["cube"]["hbm"]["write_GBps"] == vals["cube.hbm.write_GBps"]
+    assert doc["cube"]["kernel"]["launch_gap_ns"] == vals["cube.kernel.launch_gap_ns"]
+    assert len(cs.topology_from_json(doc, "fitted").cubes) == 8
+
+
 def test_bad_measurement_files_are_refused(tmp_path):
     with pytest.raises(cal.CalibrationError, match="nosuch.json: cannot read"):
         cal.load_measurements(str(tmp_path / "nosuch.json"))

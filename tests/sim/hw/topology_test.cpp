@@ -104,6 +104,29 @@ TEST(Topology, ShippedFiguresMatchTheirDescriptions) {
             sim::Bandwidth::GBps(450));
 }
 
+TEST(Topology, HbmReadWriteCopyRatesAndKernelFiguresAreOptional) {
+  const Topology plain = load_topology("single_cube");  // neither: today's single HBM rate, no kernel costs
+  EXPECT_FALSE(plain.cubes[0].hbm.rw_model());
+  EXPECT_EQ(plain.cubes[0].kernel.launch_gap, 0u);
+  EXPECT_EQ(plain.cubes[0].kernel.reduction, 0u);
+  const Topology h200 = load_topology("h200x8");
+  EXPECT_TRUE(h200.cubes[7].hbm.rw_model());
+  EXPECT_EQ(h200.cubes[7].hbm.read, sim::Bandwidth::GBps(4383.1));
+  EXPECT_EQ(h200.cubes[7].hbm.write, sim::Bandwidth::GBps(3393.7));
+  EXPECT_EQ(h200.cubes[7].hbm.copy.bytes_per_s, 0u);  // no turnaround: reads and writes take turns
+  EXPECT_EQ(h200.cubes[7].hbm.bandwidth, sim::Bandwidth::GBps(4800));  // the DMA path's figure is unchanged
+  EXPECT_EQ(h200.cubes[7].kernel.launch_gap, sim::ns(2960));
+  EXPECT_EQ(h200.cubes[7].kernel.reduction, sim::ns(6848));
+  const Topology h100 = load_topology("h100x8");  // its own figures, not h200x8's
+  EXPECT_EQ(h100.cubes[0].hbm.write, sim::Bandwidth::GBps(3281.0));
+  EXPECT_EQ(h100.cubes[0].kernel.launch_gap, sim::ns(1264));
+  // One of the three alone turns the model on; the others stay 0 (cost_time uses bandwidth for them).
+  const Topology one = load_topology("single_cube", {{"cube.hbm.write_GBps", 512}});
+  EXPECT_TRUE(one.cubes[0].hbm.rw_model());
+  EXPECT_EQ(one.cubes[0].hbm.read.bytes_per_s, 0u);
+  EXPECT_EQ(one.cubes[0].hbm.write, sim::Bandwidth::GBps(512));
+}
+
 TEST(Topology, DottedOverridesAreTheSweepMechanism) {
   json doc = load_topology_json("mesh4x4");
   apply_override(doc, "cube.hbm.bandwidth_GBps", 4096);
@@ -189,6 +212,20 @@ TEST(Topology, EveryValidatorErrorNamesPathAndRemedy) {
        {"cube.pe.dma.read_GBps: -5 is not valid", "> 0"}},
       {"negative latency", [](json& j) { j["cube"]["hbm"]["latency_ns"] = -1; },
        {"cube.hbm.latency_ns: -1 is not valid; give a time >= 0 in ns"}},
+      {"zero HBM write rate", [](json& j) { j["cube"]["hbm"]["write_GBps"] = 0; },
+       {"cube.hbm.write_GBps: 0 is not valid; give a bandwidth > 0 in GB/s"}},
+      {"negative HBM copy rate", [](json& j) { j["cube"]["hbm"]["copy_GBps"] = -2771.9; },
+       {"cube.hbm.copy_GBps: -2771.9 is not valid; give a bandwidth > 0 in GB/s"}},
+      {"HBM read rate not a number", [](json& j) { j["cube"]["hbm"]["read_GBps"] = "4.4 TB/s"; },
+       {"cube.hbm.read_GBps: expected a number, got a string (\"4.4 TB/s\")"}},
+      {"negative launch gap", [](json& j) { j["cube"]["kernel"] = {{"launch_gap_ns", -1}}; },
+       {"cube.kernel.launch_gap_ns: -1 is not valid; give a time >= 0 in ns"}},
+      {"reduction pass not a number", [](json& j) { j["cube"]["kernel"] = {{"reduction_ns", "7 us"}}; },
+       {"cube.kernel.reduction_ns: expected a number, got a string (\"7 us\")"}},
+      {"unknown kernel key (typo)", [](json& j) { j["cube"]["kernel"] = {{"launch_ns", 1000}}; },
+       {"cube.kernel: unknown key 'launch_ns'", "launch_gap_ns", "reduction_ns"}},
+      {"per-cube HBM write rate", [](json& j) { j["cubes"] = json::array({{{"id", 0}}, {{"id", 1}, {"hbm", {{"write_GBps", 0}}}}}); },
+       {"cubes.1.hbm.write_GBps: 0 is not valid"}},
       {"wrong type", [](json& j) { j["cube"]["hbm"]["bandwidth_GBps"] = "fast"; },
        {"cube.hbm.bandwidth_GBps: expected a number, got a string (\"fast\")"}},
       {"unknown key (typo)", [](json& j) { j["network"]["link"]["bandwdith_GBps"] = 1; },
@@ -419,6 +456,10 @@ std::vector<json> documents_with_every_schema_key() {
               "unaligned_bytes_per_cycle": 64}})");
   full["calibration"] = json::parse(R"({"gpu": "NVIDIA H200", "gpus": 2, "driver": "580.159.04", "cuda": "13.0",
                                         "nccl": "2.28.9", "date": "2026-11-22", "measurements": "m.json"})");
+  full["cube"]["hbm"]["read_GBps"] = 900;
+  full["cube"]["hbm"]["write_GBps"] = 700;
+  full["cube"]["hbm"]["copy_GBps"] = 600;
+  full["cube"]["kernel"] = json::parse(R"({"launch_gap_ns": 2000, "reduction_ns": 5000})");
   full["cube"]["l2"] = json::parse(R"({"capacity_KiB": 64, "line_bytes": 128, "sector_bytes": 32, "ways": 4,
                                        "bandwidth_GBps": 2000, "latency_ns": 20})");
   full["host"] = json::parse(R"({"memory": {"capacity_GiB": 1, "bandwidth_GBps": 10, "latency_ns": 100},
@@ -488,14 +529,16 @@ TEST(TopologySchema, UnknownKeysListTheSchemaNodesKeys) {
   doc["cubes"] = json::array({{{"id", 0}, {"pess", 3}}, {{"id", 1}}, {{"id", 2}}, {{"id", 3}}});
   // A per-cube entry has the cube's fields and its id; the template has no id.
   expect_error_contains([&] { topology_from_json(doc, "t"); },
-                        {"cubes.0: unknown key 'pess' (did you mean 'pes'?); valid keys here: clock_scale, hbm, id, l2, pe, pes"});
+                        {"cubes.0: unknown key 'pess' (did you mean 'pes'?); valid keys here: clock_scale, hbm, id, kernel, l2, pe, "
+                         "pes"});
   json tmpl = small_doc();
   tmpl["cube"]["id"] = 0;
   expect_error_contains([&] { topology_from_json(tmpl, "t"); },
-                        {"cube: unknown key 'id'", "valid keys here: clock_scale, hbm, l2, pe, pes"});
-  EXPECT_EQ(topology_schema().field("cube")->keys(), (std::vector<std::string>{"clock_scale", "hbm", "l2", "pe", "pes"}));
+                        {"cube: unknown key 'id'", "valid keys here: clock_scale, hbm, kernel, l2, pe, pes"});
+  EXPECT_EQ(topology_schema().field("cube")->keys(),
+            (std::vector<std::string>{"clock_scale", "hbm", "kernel", "l2", "pe", "pes"}));
   EXPECT_EQ(topology_schema().field("cubes")->item()->keys(),
-            (std::vector<std::string>{"clock_scale", "hbm", "id", "l2", "pe", "pes"}));
+            (std::vector<std::string>{"clock_scale", "hbm", "id", "kernel", "l2", "pe", "pes"}));
 }
 
 TEST(Topology, LoadWithOverridesIsLoadThenApplyThenValidate) {
