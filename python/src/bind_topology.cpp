@@ -70,7 +70,15 @@ py::dict cube_dict(const hw::CubeSpec& c) {
     py::dict gd;
     gd["tile"] = tile_dict(g.tile);
     gd["tiles"] = tiles;
-    gd["stages"] = g.stages;
+    py::dict choices;
+    for (DType d : kAllDTypes) {
+      py::list l;
+      for (const hw::TileSpec& t : g.tiles_for(d)) l.append(tile_dict(t));
+      choices[py::str(std::string(dtype_name(d)))] = l;
+    }
+    gd["choices"] = choices;  // per dtype: the tiles a GEMM chooses from (one: no choice)
+    gd["stages"] = g.auto_stages ? py::object(py::str("auto")) : py::object(py::int_(g.stages));
+    gd["launch_ns"] = ns_of(g.launch);
     gd["raster"] = std::string(hw::gemm_raster_name(g.raster));
     gd["swizzle"] = g.swizzle;
     gd["cluster"] = py::make_tuple(g.cluster_m, g.cluster_n);

@@ -68,7 +68,7 @@ def test_the_split_keeps_the_targets_out_of_the_fit(tmp_path):
     coll = [{"op": "all_reduce", "ranks": r, "bytes": 1 << k, "time": 1} for r in (2, 4) for k in (16, 17, 28, 30)]
     m = measurements(tmp_path, gemm=gemm, coll=coll)
     fit, held = cal.split(m, "gemm")
-    assert [(r["name"], r["m"]) for r in fit] == [("square", 4096), ("m-sweep", 1024), ("m-sweep", 2048)]
+    assert [(r["name"], r["m"]) for r in fit] == [("square", 4096), ("m-sweep", 1), ("m-sweep", 1024), ("m-sweep", 2048)]
     assert all(r in held for r in m["gemm"] if r["name"].startswith("fc"))
     fit, held = cal.split(m, "coll")
     assert sorted((r["ranks"], r["bytes"]) for r in fit) == [(2, 1 << 16), (2, 1 << 28)]

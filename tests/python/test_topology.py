@@ -38,7 +38,10 @@ def test_gemm_pipeline_section_is_exposed():
     assert g["tile"] == {"m": 128, "n": 256, "k": 64}
     assert g["tiles"]["f32"] == {"m": 128, "n": 128, "k": 32}
     assert g["tiles"]["bf16"] == g["tile"]
-    assert (g["stages"], g["raster"], g["swizzle"], g["cluster"]) == (3, "m", 4, (2, 1))
+    assert (g["stages"], g["raster"], g["swizzle"], g["cluster"]) == ("auto", "m", 4, (2, 1))
+    assert g["choices"]["bf16"][0] == g["tile"] and {"m": 64, "n": 64, "k": 64} in g["choices"]["bf16"]
+    assert g["choices"]["f32"] == [g["tiles"]["f32"]]
+    assert g["launch_ns"] > 0
     assert set(g["mma"]) == {"issue_cycles_per_k_block", "prologue_cycles", "epilogue_cycles"}
     with pytest.raises(cs.TopologyError, match=r"cube\.pe\.gemm\.cluster: a cluster of 4 x 1 = 4 PEs is larger"):
         cs.load_topology("single_cube", {"cube.pe.gemm": {"cluster": [4, 1]}, "cube.pes": 2})
