@@ -228,13 +228,25 @@ struct Pipe {
   bool functional;
   std::uint64_t dma_bytes = 0, multicast_bytes = 0;
   bool unaligned = false;  // an operand or C breaks TMA's 16-byte alignment (the header's [unaligned])
+  std::uint64_t align = 16;  // the least alignment of A, B and C (alignment())
 };
 
-// TMA copies need 16-byte aligned global addresses and strides.
-bool tma_aligned(const HbmMatrix& x) {
+// The largest power of two up to 16 that divides x's address and row pitch in bytes. TMA copies
+// need 16: 16-byte aligned global addresses and strides.
+std::uint64_t alignment(const HbmMatrix& x) {
   const std::uint64_t pitch = static_cast<std::uint64_t>(x.col_stride == 1 ? x.row_stride : x.col_stride) * dtype_size(x.dtype);
   const bool one_row = x.col_stride == 1 ? x.rows <= 1 : x.cols <= 1;
-  return x.addr % 16 == 0 && (one_row || pitch % 16 == 0);
+  std::uint64_t a = 16;
+  while (a > 1 && (x.addr % a != 0 || (!one_row && pitch % a != 0))) a /= 2;
+  return a;
+}
+
+// A k-block's cycles on the load path of an unaligned GEMM (the header's [unaligned]): the fallback
+// kernel's MMA rate, and its loads at unaligned_bytes_per_cycle x (alignment / 2).
+double unaligned_cycles(const hw::GemmPipelineSpec& g, double macs, double bytes, std::uint64_t align) {
+  double c = std::ceil(bytes / (g.unaligned_bytes_per_cycle * static_cast<double>(std::max<std::uint64_t>(align, 2)) / 2.0));
+  if (g.unaligned_macs_per_cycle > 0) c = std::max(c, std::ceil(macs / g.unaligned_macs_per_cycle));
+  return c;
 }
 
 // One cluster's process: its blocks g, g + G, ... (G clusters), every member in lockstep over the
@@ -376,7 +388,7 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
                                        P.g->issue_cycles_per_k_block);
           if (P.unaligned) {
             const double b = static_cast<double>(static_cast<std::uint64_t>(mt * kt) * ea + static_cast<std::uint64_t>(kt * nt) * eb);
-            cyc = std::max(cyc, static_cast<std::uint64_t>(std::ceil(b / P.g->unaligned_bytes_per_cycle)));
+            cyc = std::max(cyc, static_cast<std::uint64_t>(unaligned_cycles(*P.g, static_cast<double>(P.tm * P.tn * kt), b, P.align)));
           }
           const auto [b0, e0] = mac.book_cycles(std::max(sim.now(), x.ready), macs, A.dtype, cyc,
                                                 tr.enabled() ? &tr : nullptr, "gemm");
@@ -446,7 +458,7 @@ struct Kernel {
 // Picks the kernel as a GPU library's heuristic does: the one whose estimated time (the header's
 // "Kernel choice") is least; ties go to the earlier tile, the cluster before none.
 Kernel choose_kernel(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias, const HbmMatrix& C,
-                     const std::vector<int>& cubes, const std::vector<hw::Pe*>& pes, bool unaligned) {
+                     const std::vector<int>& cubes, const std::vector<hw::Pe*>& pes, bool unaligned, std::uint64_t align) {
   const hw::PeSpec& pe = pes[0]->spec();
   const hw::GemmPipelineSpec& g = pe.gemm;
   const std::int64_t M = A.rows, N = B.cols, K = A.cols;
@@ -478,7 +490,7 @@ Kernel choose_kernel(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, co
     const double ek = static_cast<double>(std::min<std::int64_t>(t.k, K));
     const double a_box = em * ek * ea, b_box = ek * en * eb;
     double mma = std::max(std::ceil(static_cast<double>(t.m) * t.n * ek / macs), static_cast<double>(g.issue_cycles_per_k_block));
-    if (unaligned) mma = std::max(mma, std::ceil((a_box + b_box) / g.unaligned_bytes_per_cycle));
+    if (unaligned) mma = std::max(mma, unaligned_cycles(g, static_cast<double>(t.m) * t.n * ek, a_box + b_box, align));
     for (const auto& [cm, cn] : clusters) {
       const std::int64_t G = per_cube / (cm * cn) * static_cast<std::int64_t>(cubes.size());
       if (G == 0) continue;
@@ -508,8 +520,9 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
                            const HbmMatrix& C, const SimGemmOptions& opts, const std::vector<int>& cubes,
                            const std::vector<hw::Pe*>& pes) {
   const hw::GemmPipelineSpec& g = pes[0]->spec().gemm;
-  const bool unaligned = g.unaligned_bytes_per_cycle > 0 && !(tma_aligned(A) && tma_aligned(B) && tma_aligned(C));
-  const Kernel kernel = choose_kernel(sys, A, B, bias, C, cubes, pes, unaligned);
+  const std::uint64_t align = std::min({alignment(A), alignment(B), alignment(C)});
+  const bool unaligned = g.unaligned_bytes_per_cycle > 0 && align < 16;
+  const Kernel kernel = choose_kernel(sys, A, B, bias, C, cubes, pes, unaligned, align);
   const hw::TileSpec& tile = kernel.tile;
   Pipe P{&A, &B, &C, bias, &g, tile.m, tile.n, tile.k, 0, 0, 0, kernel.cm, kernel.cn, 0, 0, 0,
          static_cast<std::size_t>(kernel.stages), sys.options().functional};
@@ -517,6 +530,7 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
   P.ntiles = (B.cols + P.tn - 1) / P.tn;
   P.nk = std::max<std::int64_t>((A.cols + P.tk - 1) / P.tk, 1);
   P.unaligned = unaligned;
+  P.align = align;
   P.mblocks = (P.mtiles + P.cm - 1) / P.cm;
   P.nblocks = (P.ntiles + P.cn - 1) / P.cn;
   const std::uint64_t need =

@@ -57,8 +57,12 @@
 //     [unaligned]: when A's, B's or C's base address or row pitch (the stride of its major
 //     dimension) in bytes is not a multiple of 16, a GPU cannot use TMA (the tensor copy engine
 //     needs 16-byte aligned global addresses and strides) and its kernels load operands through
-//     the SM's load path instead; mma.unaligned_bytes_per_cycle is that path's rate per SM (absent
-//     or 0: no such limit).
+//     the SM's load path instead (a fallback kernel, for all of its operands): with a the largest
+//     power of two dividing every one of those addresses and pitches (1..8 bytes), a k-block takes
+//     at least max((A + B k-block bytes) / (unaligned_bytes_per_cycle x max(a, 2) / 2),
+//     tm·tn·k / unaligned_macs_per_cycle) cycles: loads as wide as the alignment allows, and the
+//     fallback's MMA rate (mma.sync rather than wgmma; absent or 0: no such limit). Without
+//     unaligned_bytes_per_cycle there is no fallback at all.
 //       tile     = prologue_cycles / f  +  sum of its k-blocks (plus any wait on loads)
 //                  + bias+round on the vector unit (m·n / ops_per_cycle)  +  epilogue_cycles / f,
 //       then the C tile goes to HBM by one DMA write from one TCM buffer (the next tile's epilogue

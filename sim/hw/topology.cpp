@@ -435,6 +435,15 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
       }
       g.unaligned_bytes_per_cycle = u->get<double>();
     }
+    if (const json* u = x.get("unaligned_macs_per_cycle")) {
+      if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
+        x.fail("unaligned_macs_per_cycle",
+               fmt::format("{} is not valid; give the MACs per MAC-clock cycle of the kernel that runs unaligned "
+                           "operands (a number > 0), or leave it out for the MAC array's own rate",
+                           short_dump(*u)));
+      }
+      g.unaligned_macs_per_cycle = u->get<double>();
+    }
     x.finish();
   }
   o.finish();

@@ -114,7 +114,8 @@ struct GemmPipelineSpec {
   std::uint64_t issue_cycles_per_k_block = 0, prologue_cycles = 0, epilogue_cycles = 0;
   // Bytes per MAC-clock cycle a PE loads operands at when an operand is not 16-byte aligned (no
   // TMA; sim_pe_gemm.h); 0: no such limit.
-  double unaligned_bytes_per_cycle = 0;
+  double unaligned_bytes_per_cycle = 0;  // at 2-byte alignment; a-byte aligned operands load a/2 times as fast
+  double unaligned_macs_per_cycle = 0;   // the fallback kernel's MMA rate (0: the MAC array's)
   // "choices": per input dtype, the tiles a kernel library has for it; each GEMM runs the one that
   // sim_pe_gemm's estimate says is fastest for its shape (kernels/sim_pe_gemm.h). Empty: tile_for().
   std::array<std::vector<TileSpec>, kNumDTypes> choices{};

@@ -103,7 +103,9 @@ SchemaNode gemm_pipeline() {
                leaf("epilogue_cycles", "per tile, after its last MMA, besides the vector unit's bias+round (default 0)"),
                leaf("unaligned_bytes_per_cycle",
                     "operand bytes per cycle a PE loads when an operand is not 16-byte aligned (no TMA); "
-                    "default: no limit")})});
+                    "default: no limit"),
+               leaf("unaligned_macs_per_cycle",
+                    "MACs per cycle of the kernel that runs unaligned operands (no wgmma); default: the MAC array's")})});
 }
 
 Fields cube_fields() {

@@ -272,6 +272,42 @@ TEST(SimPeGemmPipeline, AnEdgeTilePaysTheWholeTilesMmas) {
   EXPECT_NEAR(static_cast<double>(edge.time), static_cast<double>(full.time), static_cast<double>(sim::ns(150)));
 }
 
+// Unaligned operands (no TMA): a k-block's loads run at unaligned_bytes_per_cycle x alignment / 2,
+// and no faster than the fallback's MMA rate. One PE at 1 GHz, 64x64x64 tiles: a k-block's A and B
+// are 16 KiB; 4 k-blocks.
+TEST(SimPeGemmPipeline, UnalignedLoadsRunAsWideAsTheAlignmentAllows) {
+  auto run_pitch = [](json g, std::int64_t pitch) {
+    sim::Simulator s;
+    hw::SystemOptions so;
+    so.functional = false;
+    hw::System sys(s, topo(1, std::move(g)), so);
+    hw::Memory& hbm = sys.hbm(0);
+    const std::int64_t M = 64, N = 64, K = 256;
+    HbmMatrix a{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * pitch) * 2, 256), DType::bf16, M, K, pitch, 1};
+    HbmMatrix b{&hbm, hbm.allocate(static_cast<std::uint64_t>(K * N) * 2, 256), DType::bf16, K, N, N, 1};
+    HbmMatrix c{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * N) * 2, 256), DType::bf16, M, N, N, 1};
+    SimGemmReport r;
+    s.spawn("gemm", [&] { r = sim_pe_gemm(sys, a, b, nullptr, c); });
+    s.run();
+    return r.time;
+  };
+  json g = {{"tile", {{"m", 64}, {"n", 64}, {"k", 64}}}, {"mma", {{"unaligned_bytes_per_cycle", 8}}}};
+  const sim::Duration kb2 = sim::ns(2048), kb4 = sim::ns(1024), kb8 = sim::ns(512), slack = sim::ns(400);
+  const sim::Duration t2 = run_pitch(g, 257), t4 = run_pitch(g, 258), t8 = run_pitch(g, 260), t16 = run_pitch(g, 264);
+  EXPECT_GE(t2, 4 * kb2);  // pitch 514 bytes: 2-byte loads
+  EXPECT_LE(t2, 4 * kb2 + slack);
+  EXPECT_GE(t4, 4 * kb4);  // 516: 4-byte loads
+  EXPECT_LE(t4, 4 * kb4 + slack);
+  EXPECT_GE(t8, 4 * kb8);  // 520: 8-byte loads
+  EXPECT_LE(t8, 4 * kb8 + slack);
+  EXPECT_LE(t16, 4 * sim::ns(256) + slack);  // 528: TMA, MAC-bound (256 cycles a k-block)
+  g["mma"]["unaligned_macs_per_cycle"] = 128;  // 64·64·64 / 128 = 2048 cycles a k-block
+  const sim::Duration m8 = run_pitch(g, 260), m16 = run_pitch(g, 264);
+  EXPECT_GE(m8, 4 * sim::ns(2048));
+  EXPECT_LE(m8, 4 * sim::ns(2048) + slack);
+  EXPECT_EQ(m16, t16);  // aligned: the fallback's rate does not apply
+}
+
 // pe.gemm.launch_ns comes once per GEMM, before any tile.
 TEST(SimPeGemmPipeline, LaunchTimeComesOncePerGemm) {
   json g = {{"tile", {{"m", 64}, {"n", 64}, {"k", 64}}}};
@@ -312,6 +348,8 @@ TEST(SimPeGemmPipeline, BadSectionsAreClearTopologyErrors) {
   expect_topology_error({{"choices", {{"bf16", {{{"m", 64}, {"n", 64}}}}}}}, 4, "cube.pe.gemm.choices.bf16.0",
                         "missing required field 'k'");
   expect_topology_error({{"launch_ns", -5}}, 4, "cube.pe.gemm.launch_ns", "time >= 0");
+  expect_topology_error({{"mma", {{"unaligned_macs_per_cycle", 0}}}}, 4, "cube.pe.gemm.mma.unaligned_macs_per_cycle",
+                        "a number > 0");
   // A cluster that fits the topology but not the PEs a run may use: the kernel runs unclustered.
   sim::Simulator s;
   hw::SystemOptions so;

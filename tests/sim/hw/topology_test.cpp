@@ -453,7 +453,7 @@ std::vector<json> documents_with_every_schema_key() {
                   "f16": [{"m": 32, "n": 32, "k": 16}]},
       "stages": 3, "launch_ns": 1000, "raster": "m", "swizzle": 2, "cluster": [2, 1],
       "mma": {"issue_cycles_per_k_block": 8, "prologue_cycles": 100, "epilogue_cycles": 50,
-              "unaligned_bytes_per_cycle": 64}})");
+              "unaligned_bytes_per_cycle": 64, "unaligned_macs_per_cycle": 256}})");
   full["calibration"] = json::parse(R"({"gpu": "NVIDIA H200", "gpus": 2, "driver": "580.159.04", "cuda": "13.0",
                                         "nccl": "2.28.9", "date": "2026-11-22", "measurements": "m.json"})");
   full["cube"]["hbm"]["read_GBps"] = 900;
