@@ -333,6 +333,21 @@ def summarise(rows):
     return out
 
 
+def coll_targets(rows):
+    """Issue 12's collective figures over the held-out rows, per rank count: the geomean |error| of the
+    sizes from 1 MiB to 1 GiB and the max |error| from 64 KiB on."""
+    out = {}
+    for ranks in sorted({r["record"]["ranks"] for r in rows if r["kind"] == "coll"}):
+        held = [r for r in rows if r["kind"] == "coll" and not r["in_fit"] and r["record"]["ranks"] == ranks]
+        mid = [abs(r["error"]) for r in held if (1 << 20) <= r["record"]["bytes"] <= (1 << 30)]
+        big = [abs(r["error"]) for r in held if r["record"]["bytes"] >= (64 << 10)]
+        if not mid or not big:
+            continue
+        out[ranks] = {"n": len(big), "geomean_1MiB_1GiB": math.exp(sum(math.log(max(e, 1e-6)) for e in mid) / len(mid)),
+                      "max_from_64KiB": max(big)}
+    return out
+
+
 def gpu_of(m):
     return (m.get("env") or {}).get("gpu")
 

@@ -733,9 +733,16 @@ def cmd_calibrate(args):
     out.say(format_table(["kind", "n", "median", "geomean", "max"],
                          [[k, v["n"], f"{100 * v['median']:.1f}%", f"{100 * v['geomean']:.1f}%",
                            f"{100 * v['max']:.1f}%"] for k, v in summary.items()]))
+    targets = cal.coll_targets(rows)
+    if targets:
+        out.say("\nheld-out collectives (issue 12's figures: geomean 1 MiB-1 GiB, max from 64 KiB):")
+        out.say(format_table(["ranks", "n", "geomean 1M-1G", "max from 64K"],
+                             [[k, v["n"], f"{100 * v['geomean_1MiB_1GiB']:.1f}%", f"{100 * v['max_from_64KiB']:.1f}%"]
+                              for k, v in targets.items()]))
     for r in rows:
         r.pop("record", None)
     report["summary"] = summary
+    report["coll_targets"] = targets
     out.json(report)
     return EXIT_OK
 
