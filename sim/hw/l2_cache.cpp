@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -43,8 +44,10 @@ L2Cache::L2Cache(int cube, const L2Spec& spec, Memory& hbm)
       sectors_(spec.line_bytes / spec.sector_bytes),
       line_shift_(log2_of(spec.line_bytes)),
       sector_shift_(log2_of(spec.sector_bytes)),
-      // tags, masks, ages: 7 bytes a way, rounded up to whole 64-byte host cache lines.
-      block_words_((std::uint64_t{spec.ways} * 7 + 63) / 64 * 8) {
+      // The largest tag is (HBM lines - 1) / sets + 1.
+      narrow_((hbm.capacity() >> line_shift_) / sets_ < 0xffffu),
+      // `ways` entries, rounded up to whole 64-byte host cache lines.
+      block_words_((std::uint64_t{spec.ways} * (narrow_ ? 4 : 8) + 63) / 64 * 8) {
   server_.bandwidth = spec.bandwidth;
   // floor(2^64 / sets) (one set: locate() needs none).
   sets_inverse_ = sets_ == 1 ? 0 : static_cast<std::uint64_t>((static_cast<unsigned __int128>(1) << 64) / sets_);
@@ -107,18 +110,9 @@ bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
     const std::uint64_t lo = std::max(addr, base) - base, hi = std::min(end, base + spec_.line_bytes) - base;
     const std::uint32_t s0 = static_cast<std::uint32_t>(lo >> sector_shift_);
     const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
-    const std::uint32_t mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
-    const Probe where = locate(line);
-    const std::uint64_t s = where.set;
-    const std::uint32_t* tags = tags_of(s);
-    bool found = false;
-    for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-      if (tags[w] == where.tag) {
-        found = (masks_of(s)[w] & mask) == mask;
-        break;
-      }
-    }
-    if (!found) return false;
+    Probe where = locate(line);
+    where.mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
+    if (!(narrow_ ? holds_line<std::uint32_t>(where) : holds_line<std::uint64_t>(where))) return false;
   }
   return true;
 }
@@ -156,86 +150,116 @@ constexpr std::array<std::uint8_t, 256> kBits = [] {
 }();
 std::uint64_t bits(std::uint32_t mask) { return kBits[mask & 0xffu]; }
 
-// LRU: the ways younger than `age` age by one (`age` above every rank: all of them).
-void age_below(std::uint8_t* ages, std::uint32_t ways, std::uint32_t age) {
-  std::uint32_t i = 0;
+// A set entry of type E: the tag in the low T bits, the valid sectors in the next 8, the dirty ones in
+// the 8 above.
+template <class E>
+struct EntryBits {
+  static constexpr std::uint32_t kTag = sizeof(E) == 4 ? 16 : 32;
+  static constexpr E kTagMask = (E{1} << kTag) - 1;
+  static std::uint32_t tag(E e) { return static_cast<std::uint32_t>(e & kTagMask); }
+  static std::uint32_t valid(E e) { return static_cast<std::uint32_t>(e >> kTag) & 0xffu; }
+  static std::uint32_t dirty(E e) { return static_cast<std::uint32_t>(e >> (kTag + 8)) & 0xffu; }
+  static E make(std::uint32_t tag, std::uint32_t valid, std::uint32_t dirty) {
+    return static_cast<E>(E{tag} | (E{valid} << kTag) | (E{dirty} << (kTag + 8)));
+  }
+};
+
+// The first entry of e[0, ways) whose tag is `tag` (tags are never 0) and the first empty one (0),
+// each `ways` when there is none.
+template <class E>
+std::pair<std::uint32_t, std::uint32_t> find_way(const E* e, std::uint32_t ways, std::uint32_t tag) {
+  using B = EntryBits<E>;
+  std::uint32_t w = 0;
 #ifdef __SSE2__
-  if (age < 256) {
-    // a < age, unsigned, as a signed compare of both sides shifted by 128.
-    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
-    const __m128i limit = _mm_xor_si128(_mm_set1_epi8(static_cast<char>(age)), bias);
-    for (; i + 16 <= ways; i += 16) {
-      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
-      const __m128i a = _mm_loadu_si128(p);
-      const __m128i younger = _mm_cmplt_epi8(_mm_xor_si128(a, bias), limit);  // 0xff where younger
-      _mm_storeu_si128(p, _mm_sub_epi8(a, younger));
+  // 16 bytes at a time: a bit per entry where the tag matches, and where the entry is empty.
+  constexpr std::uint32_t kPer = 16 / sizeof(E);
+  const __m128i zero = _mm_setzero_si128();
+  if constexpr (sizeof(E) == 4) {
+    const __m128i want = _mm_set1_epi32(static_cast<int>(tag));
+    const __m128i tag_mask = _mm_set1_epi32(static_cast<int>(B::kTagMask));
+    for (; w + kPer <= ways; w += kPer) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + w));
+      const int hit = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(x, tag_mask), want)));
+      const int empty = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, zero)));
+      if (hit) return {w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(hit))), ways};
+      // Empty entries come last: past the first one no tag can match.
+      if (empty) return {ways, w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(empty)))};
     }
   } else {
-    for (; i + 16 <= ways; i += 16) {
-      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
-      _mm_storeu_si128(p, _mm_add_epi8(_mm_loadu_si128(p), _mm_set1_epi8(1)));
+    // The tag is the low 32 bits of each 8-byte entry: compare 32-bit lanes, keep the even ones.
+    const __m128i want = _mm_set_epi32(0, static_cast<int>(tag), 0, static_cast<int>(tag));
+    const __m128i tag_mask = _mm_set_epi32(0, -1, 0, -1);
+    for (; w + kPer <= ways; w += kPer) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + w));
+      const int hit = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(x, tag_mask), want))) & 0x5;
+      const int empty = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, zero)));
+      if (hit) return {w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(hit))) / 2, ways};
+      // An entry is empty when both of its halves are zero.
+      const int both = empty & (empty >> 1) & 0x5;
+      if (both) return {ways, w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(both))) / 2};
     }
   }
 #endif
-  for (; i < ways; ++i) ages[i] = static_cast<std::uint8_t>(ages[i] + (ages[i] < age ? 1 : 0));
+  for (; w < ways; ++w) {
+    if (B::tag(e[w]) == tag) return {w, ways};
+    if (e[w] == 0) return {ways, w};
+  }
+  return {ways, ways};
 }
 
 }  // namespace
 
+template <class E>
+bool L2Cache::holds_line(const Probe& p) const {
+  const E* e = entries_of<E>(p.set);
+  const std::uint32_t w = find_way(e, spec_.ways, p.tag).first;
+  return w < spec_.ways && (EntryBits<E>::valid(e[w]) & p.mask) == p.mask;
+}
+
+template <class E>
 void L2Cache::lookup(const Probe& p, bool write) {
+  using B = EntryBits<E>;
   ++line_lookups_;
   const std::uint32_t ways = spec_.ways;
-  std::uint32_t* tags = tags_of(p.set);
-  std::uint16_t* masks = masks_of(p.set);
-  std::uint8_t* ages = ages_of(p.set);
-  const std::uint32_t tag = p.tag;
+  E* e = entries_of<E>(p.set);
   const std::uint32_t mask = p.mask;
-  // One pass over the tags: the line's way, else the first empty one.
-  std::uint32_t hit = ways, empty = ways;
-  for (std::uint32_t w = 0; w < ways; ++w) {
-    if (tags[w] == tag) {
-      hit = w;
-      break;
-    }
-    if (tags[w] == 0 && empty == ways) empty = w;
-  }
+  const auto [hit, empty] = find_way(e, ways, p.tag);
+  E now;
+  std::uint32_t moved;  // the entries before the line's, which age by one (move back one place)
   if (hit < ways) {
-    age_below(ages, ways, ages[hit]);
-    ages[hit] = 0;
-    const std::uint32_t valid = masks[hit] & 0xffu;
+    const E x = e[hit];
+    const std::uint32_t valid = B::valid(x), dirty = B::dirty(x);
     if (write) {
-      masks[hit] = static_cast<std::uint16_t>(masks[hit] | mask | (mask << 8));
-      return;
+      now = B::make(p.tag, valid | mask, dirty | mask);
+    } else {
+      const std::uint32_t missed = mask & ~valid;
+      chunk_hits_ += bits(mask & valid);
+      if (missed) {
+        chunk_misses_ += bits(missed);
+        add_sectors(misses_run_, p.line, missed);
+      }
+      now = B::make(p.tag, valid | missed, dirty);
     }
-    const std::uint32_t missed = mask & ~valid;
-    chunk_hits_ += bits(mask & valid);
-    if (missed) {
-      chunk_misses_ += bits(missed);
-      add_sectors(misses_run_, p.line, missed);
-      masks[hit] = static_cast<std::uint16_t>(masks[hit] | missed);
-    }
-    return;
-  }
-  // A miss: the empty way (every line ages), else the oldest line, written back if dirty.
-  std::uint32_t victim = empty;
-  if (victim == ways) {
-    victim = 0;
-    for (std::uint32_t w = 1; w < ways; ++w) {
-      if (ages[w] > ages[victim]) victim = w;
-    }
-    const std::uint32_t dirty = masks[victim] >> 8;
-    if (dirty) add_sectors(writeback_run_, line_of(p.set, tags[victim]), dirty);
-    age_below(ages, ways, ages[victim]);
+    moved = hit;
   } else {
-    age_below(ages, ways, 256);
+    // A miss: the first empty way (every line ages), else the oldest line (the last), written back
+    // if dirty.
+    if (empty == ways) {
+      const E victim = e[ways - 1];
+      if (const std::uint32_t dirty = B::dirty(victim)) add_sectors(writeback_run_, line_of(p.set, B::tag(victim)), dirty);
+      moved = ways - 1;
+    } else {
+      moved = empty;
+    }
+    now = write ? B::make(p.tag, mask, mask) : B::make(p.tag, mask, 0);
+    if (!write) {
+      chunk_misses_ += bits(mask);
+      add_sectors(misses_run_, p.line, mask);
+    }
   }
-  ages[victim] = 0;
-  tags[victim] = tag;
-  masks[victim] = static_cast<std::uint16_t>(write ? mask | (mask << 8) : mask);
-  if (!write) {
-    chunk_misses_ += bits(mask);
-    add_sectors(misses_run_, p.line, mask);
-  }
+  // The line becomes the most recent: the ones before it move back a place.
+  std::memmove(e + 1, e, std::size_t{moved} * sizeof(E));
+  e[0] = now;
 }
 
 void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
@@ -271,6 +295,7 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   }
 }
 
+template <class E>
 void L2Cache::look_up_probes(bool write) {
   // Prefetches are written out in this loop, not in a helper: GCC deems a function that only
   // prefetches free of effects and deletes the call.
@@ -279,10 +304,10 @@ void L2Cache::look_up_probes(bool write) {
   const std::uint64_t block_bytes = block_words_ * 8;
   for (std::size_t i = 0; i < n + kAhead; ++i) {
     if (i < n) {
-      const char* b = reinterpret_cast<const char*>(tags_of(probes_[i].set));
+      const char* b = reinterpret_cast<const char*>(entries_of<E>(probes_[i].set));
       for (std::uint64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(b + off);
     }
-    if (i >= kAhead) lookup(probes_[i - kAhead], write);
+    if (i >= kAhead) lookup<E>(probes_[i - kAhead], write);
   }
 }
 
@@ -307,7 +332,11 @@ Passage L2Cache::serve(const ChunkVisit& v) {
       ++row;
     }
   }
-  look_up_probes(write);
+  if (narrow_) {
+    look_up_probes<std::uint32_t>(write);
+  } else {
+    look_up_probes<std::uint64_t>(write);
+  }
   hits_ += chunk_hits_;
   misses_ += chunk_misses_;
 
