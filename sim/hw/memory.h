@@ -148,7 +148,7 @@ class Memory final : public PathUnit {
   SparseStore store_;
   Allocator allocator_;
   // Transfers reading from / writing to this memory right now (for the hazard checker).
-  std::vector<InFlight> in_flight_;
+  InFlightSet in_flight_;
 };
 
 }  // namespace cubesim::hw

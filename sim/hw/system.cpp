@@ -488,8 +488,8 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   }
   r->first_inject = first;
   if (tracking) {
-    src.in_flight_.push_back({r, sr, false});
-    dst.in_flight_.push_back({r, dr, true});
+    src.in_flight_.add(r, sr, false);
+    dst.in_flight_.add(r, dr, true);
   }
   ++started_;
   sim_->at(first + p.d_pre, ChunkInject{r, 0});
@@ -566,9 +566,9 @@ void System::land(TransferRecord* r) {
       if ((doff += n) == d.row_bytes) doff = 0, ++drow;
     }
   }
-  for (Memory* m : {r->src, r->dst}) {
-    auto& v = m->in_flight_;
-    v.erase(std::remove_if(v.begin(), v.end(), [r](const InFlight& f) { return f.transfer == r; }), v.end());
+  if (hazard_tracker_.enabled()) {
+    r->src->in_flight_.remove(r);
+    if (r->dst != r->src) r->dst->in_flight_.remove(r);
   }
   ++completed_;
   bytes_moved_ += r->bytes;
