@@ -31,14 +31,14 @@ std::string HazardTracker::actor() const {
   return "a callback";
 }
 
-void InFlightSet::List::remove(const TransferInfo* t) {
-  // Ids only grow along the list; landed entries keep theirs.
-  auto it = std::lower_bound(v.begin(), v.end(), t->id, [](const InFlight& f, std::uint64_t id) { return f.id < id; });
-  if (it == v.end() || it->id != t->id || it->transfer != t) return;
-  it->transfer = nullptr;
+void InFlightSet::List::remove(const TransferInfo* t, bool write) {
+  const std::uint32_t i = t->in_flight_slot[write ? 1 : 0];
+  if (i >= v.size() || v[i].transfer != t) return;  // not in this list
+  v[i].transfer = nullptr;
   if (++dead * 2 > v.size()) {
     v.erase(std::remove_if(v.begin(), v.end(), [](const InFlight& f) { return f.transfer == nullptr; }), v.end());
     dead = 0;
+    for (std::size_t j = 0; j < v.size(); ++j) v[j].transfer->in_flight_slot[write ? 1 : 0] = static_cast<std::uint32_t>(j);
   }
 }
 

@@ -66,6 +66,9 @@ struct TransferInfo {
   Region src_region, dst_region;
   std::uint64_t nchunks = 0, landed = 0;  // the landing time is known once every chunk has landed
   sim::Time landing = 0;
+  // Where InFlightSet keeps it: its entry in the source memory's reads ([0]) and in the
+  // destination memory's writes ([1]).
+  mutable std::uint32_t in_flight_slot[2] = {0, 0};
 };
 
 // A transfer reading from (write = false) or writing to a memory right now.
@@ -77,21 +80,20 @@ struct InFlight {
 };
 
 // The transfers reading from and writing to one memory, each list in the order they were issued.
-// A read is checked against the writes alone, and a transfer landing is found by bisection and
-// marked (the lists are compacted once half their entries have landed), so a memory with hundreds
-// of transfers in flight (an HBM feeding every PE) costs little per transfer.
+// A read is checked against the writes alone, and a transfer landing marks its entries (found
+// through TransferInfo::in_flight_slot; the lists are compacted once half their entries have
+// landed), so a memory with hundreds of transfers in flight (an HBM feeding every PE) costs little
+// per transfer.
 class InFlightSet {
  public:
   // `t` (issued after every transfer added so far) reads or writes `r`.
   void add(const TransferInfo* t, const Region& r, bool write) {
     List& l = write ? writes_ : reads_;
+    t->in_flight_slot[write ? 1 : 0] = static_cast<std::uint32_t>(l.v.size());
     l.v.push_back(InFlight{.transfer = t, .id = t->id, .region = r, .write = write});
   }
-  // Drops the entries of transfer t.
-  void remove(const TransferInfo* t) {
-    reads_.remove(t);
-    writes_.remove(t);
-  }
+  // Drops transfer t's read (write = false) or write entry, added before.
+  void remove(const TransferInfo* t, bool write) { (write ? writes_ : reads_).remove(t, write); }
   std::span<const InFlight> reads() const { return reads_.v; }
   std::span<const InFlight> writes() const { return writes_.v; }
 
@@ -99,7 +101,7 @@ class InFlightSet {
   struct List {
     std::vector<InFlight> v;
     std::size_t dead = 0;
-    void remove(const TransferInfo* t);
+    void remove(const TransferInfo* t, bool write);
   };
   List reads_, writes_;
 };

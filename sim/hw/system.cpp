@@ -567,8 +567,8 @@ void System::land(TransferRecord* r) {
     }
   }
   if (hazard_tracker_.enabled()) {
-    r->src->in_flight_.remove(r);
-    if (r->dst != r->src) r->dst->in_flight_.remove(r);
+    r->src->in_flight_.remove(r, false);
+    r->dst->in_flight_.remove(r, true);
   }
   ++completed_;
   bytes_moved_ += r->bytes;
