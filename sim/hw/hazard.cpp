@@ -27,8 +27,20 @@ HazardMode parse_hazard_mode(std::string_view s) {
 }
 
 std::string HazardTracker::actor() const {
-  if (const sim::Process* p = sim_->current()) return fmt::format("'{}'", p->name());
-  return "a callback";
+  std::string s;
+  actor_into(s);
+  return s;
+}
+
+void HazardTracker::actor_into(std::string& out) const {
+  out.clear();
+  if (const sim::Process* p = sim_->current()) {
+    out += '\'';
+    out += p->name();
+    out += '\'';
+  } else {
+    out += "a callback";
+  }
 }
 
 void InFlightSet::List::remove(const TransferInfo* t, bool write) {

@@ -114,6 +114,8 @@ class HazardTracker {
 
   // Who is acting now, for reports: "'rank3'" in a process, "a callback" otherwise.
   std::string actor() const;
+  // The same, written over `out` (reusing its buffer: a transfer record's issuer, per transfer).
+  void actor_into(std::string& out) const;
   // Checks an access of `region` in `memory` against the transfers in flight there (write: also
   // against their reads), in the order they were issued. `self` is the transfer making the access,
   // or null for a process's read or write.
