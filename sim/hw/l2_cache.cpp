@@ -75,10 +75,11 @@ std::uint64_t L2Cache::hash_of_quotient(std::uint64_t q) const {
   return static_cast<std::uint64_t>((static_cast<unsigned __int128>(mix(q)) * sets_) >> 64);
 }
 
-L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
+void L2Cache::split(std::uint64_t line, std::uint64_t& q, std::uint64_t& r) const {
   // line / sets by a multiplication (a division costs tens of cycles, once per row of a tile):
   // floor(line * floor(2^64 / sets) / 2^64) is the quotient or one less.
-  std::uint64_t q = line, r = 0;
+  q = line;
+  r = 0;
   if (sets_ > 1) {
     q = static_cast<std::uint64_t>((static_cast<unsigned __int128>(line) * sets_inverse_) >> 64);
     r = line - q * sets_;
@@ -87,6 +88,9 @@ L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
       ++q;
     }
   }
+}
+
+L2Cache::Probe L2Cache::at(std::uint64_t line, std::uint64_t q, std::uint64_t r) const {
   if (q != last_q_) {
     last_q_ = q;
     last_hash_ = hash_of_quotient(q);
@@ -94,6 +98,12 @@ L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
   std::uint64_t set = r + last_hash_;
   if (set >= sets_) set -= sets_;
   return Probe{.line = line, .set = set, .tag = static_cast<std::uint32_t>(q + 1), .mask = 0};
+}
+
+L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
+  std::uint64_t q, r;
+  split(line, q, r);
+  return at(line, q, r);
 }
 
 std::uint64_t L2Cache::line_of(std::uint64_t set, std::uint32_t tag) const {
@@ -263,6 +273,12 @@ void L2Cache::lookup(const Probe& p, bool write) {
 }
 
 void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
+  std::uint64_t q, r;
+  split(addr >> line_shift_, q, r);
+  probe(addr, len, q, r);
+}
+
+void L2Cache::probe(std::uint64_t addr, std::uint64_t len, std::uint64_t q0, std::uint64_t r0) {
   const std::uint64_t end = addr + len;
   const std::uint64_t line_bytes = spec_.line_bytes;
   const std::uint32_t full = (1u << sectors_) - 1u;  // at most 8 sectors
@@ -270,10 +286,10 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   std::uint64_t base = line << line_shift_;
   // Scalars, not a Probe updated field by field: the compiler would assemble it on the stack and
   // stall reloading it whole.
-  const Probe first = locate(line);
+  const Probe first = at(line, q0, r0);
   std::uint64_t set = first.set;
   std::uint32_t tag = first.tag;
-  std::uint64_t r = line - (tag - std::uint64_t{1}) * sets_;  // line % sets
+  std::uint64_t r = r0;  // line % sets
   for (; base < end; ++line, base += line_bytes) {
     std::uint32_t mask = full;
     if (addr > base || end < base + line_bytes) {
@@ -324,9 +340,29 @@ Passage L2Cache::serve(const ChunkVisit& v) {
     probe(r.addr + v.offset, v.bytes);
   } else {
     std::uint64_t row = v.offset / r.row_bytes, in = v.offset % r.row_bytes, left = v.bytes;
+    // Rows a whole number of lines apart: a row's first line is the previous row's plus `lines`,
+    // so its quotient and residue by sets step along instead of being divided out afresh.
+    const bool stepping = (r.pitch & (spec_.line_bytes - 1)) == 0;
+    const std::uint64_t lines = r.pitch >> line_shift_;
+    const std::uint64_t step_q = stepping ? lines / sets_ : 0, step_r = stepping ? lines % sets_ : 0;
+    bool known = false;
+    std::uint64_t q = 0, rs = 0;  // of the next row's first line, once known
     while (left > 0) {
       const std::uint64_t n = std::min(r.row_bytes - in, left);
-      probe(r.row_addr(row) + in, n);
+      const std::uint64_t a = r.row_addr(row) + in;
+      if (stepping && in == 0) {
+        if (!known) split(a >> line_shift_, q, rs);
+        known = true;
+        probe(a, n, q, rs);
+        q += step_q;
+        rs += step_r;
+        if (rs >= sets_) {
+          rs -= sets_;
+          ++q;
+        }
+      } else {
+        probe(a, n);
+      }
       left -= n;
       in = 0;
       ++row;

@@ -123,10 +123,13 @@ class L2Cache final : public PathUnit {
   // q, tag q + 1. A set's lines differ in q, so the tag tells them apart, and the line comes back
   // from (set, tag) for a write-back.
   Probe locate(std::uint64_t line) const;
+  void split(std::uint64_t line, std::uint64_t& q, std::uint64_t& r) const;  // q = line / sets, r = line % sets
+  Probe at(std::uint64_t line, std::uint64_t q, std::uint64_t r) const;      // locate() with q and r known
   std::uint64_t hash_of_quotient(std::uint64_t q) const;
   std::uint64_t line_of(std::uint64_t set, std::uint32_t tag) const;
   // Lists the lines of [addr, addr + len) (one row segment) and the sectors touched in each.
   void probe(std::uint64_t addr, std::uint64_t len);
+  void probe(std::uint64_t addr, std::uint64_t len, std::uint64_t q, std::uint64_t r);  // q, r: of addr's line
   // Looks up the listed lines in order (prefetching the sets of those a few ahead: the table is
   // megabytes, and the rows of a strided region land in scattered sets), collecting missed sectors
   // (reads) and evicted dirty sectors into the runs. E: the set entry (narrow_: uint32_t).

@@ -427,7 +427,10 @@ TEST(L2, AgreesWithAPerSectorReferenceOnRandomStreams) {
     run_process(sim, [&] {
       for (int i = 0; i < 400; ++i) {
         const std::uint64_t rows = uniform(1, 8), row_bytes = uniform(1, 3000);
-        const std::uint64_t pitch = rows == 1 ? row_bytes : row_bytes + uniform(0, 1) * uniform(0, 5000);
+        // Pitches of any size, of whole lines (rows step through the sets), some past `sets` lines.
+        std::uint64_t pitch = row_bytes + uniform(0, 1) * uniform(0, 5000);
+        if (uniform(0, 1)) pitch = (row_bytes + 127) / 128 * 128 + 128 * uniform(0, 1) * uniform(0, 300);
+        if (rows == 1) pitch = row_bytes;
         const Region r{windows[uniform(0, 1)] + uniform(0, 512u << 10), rows, row_bytes, pitch};
         const bool write = uniform(0, 2) == 0;
         const Region t = Region::contiguous(0, r.bytes());
