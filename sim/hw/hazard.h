@@ -66,13 +66,44 @@ struct TransferInfo {
   Region src_region, dst_region;
   std::uint64_t nchunks = 0, landed = 0;  // the landing time is known once every chunk has landed
   sim::Time landing = 0;
+  // Where InFlightSet keeps it: its entry in the source memory's reads ([0]) and in the
+  // destination memory's writes ([1]).
+  mutable std::uint32_t in_flight_slot[2] = {0, 0};
 };
 
 // A transfer reading from (write = false) or writing to a memory right now.
 struct InFlight {
-  const TransferInfo* transfer = nullptr;
+  const TransferInfo* transfer = nullptr;  // null: it has landed (InFlightSet drops it later)
+  std::uint64_t id = 0;                    // transfer->id
   Region region;
   bool write = false;
+};
+
+// The transfers reading from and writing to one memory, each list in the order they were issued.
+// A read is checked against the writes alone, and a transfer landing marks its entries (found
+// through TransferInfo::in_flight_slot; the lists are compacted once half their entries have
+// landed), so a memory with hundreds of transfers in flight (an HBM feeding every PE) costs little
+// per transfer.
+class InFlightSet {
+ public:
+  // `t` (issued after every transfer added so far) reads or writes `r`.
+  void add(const TransferInfo* t, const Region& r, bool write) {
+    List& l = write ? writes_ : reads_;
+    t->in_flight_slot[write ? 1 : 0] = static_cast<std::uint32_t>(l.v.size());
+    l.v.push_back(InFlight{.transfer = t, .id = t->id, .region = r, .write = write});
+  }
+  // Drops transfer t's read (write = false) or write entry, added before.
+  void remove(const TransferInfo* t, bool write) { (write ? writes_ : reads_).remove(t, write); }
+  std::span<const InFlight> reads() const { return reads_.v; }
+  std::span<const InFlight> writes() const { return writes_.v; }
+
+ private:
+  struct List {
+    std::vector<InFlight> v;
+    std::size_t dead = 0;
+    void remove(const TransferInfo* t, bool write);
+  };
+  List reads_, writes_;
 };
 
 class HazardTracker {
@@ -83,10 +114,12 @@ class HazardTracker {
 
   // Who is acting now, for reports: "'rank3'" in a process, "a callback" otherwise.
   std::string actor() const;
+  // The same, written over `out` (reusing its buffer: a transfer record's issuer, per transfer).
+  void actor_into(std::string& out) const;
   // Checks an access of `region` in `memory` against the transfers in flight there (write: also
-  // against their reads). `self` is the transfer making the access, or null for a process's
-  // read or write.
-  void check(const std::string& memory, std::span<const InFlight> in_flight, const Region& region, bool write,
+  // against their reads), in the order they were issued. `self` is the transfer making the access,
+  // or null for a process's read or write.
+  void check(const std::string& memory, const InFlightSet& in_flight, const Region& region, bool write,
              const TransferInfo* self);
 
   // Reports recorded under HazardMode::kRecord, in the order they happened.
@@ -97,6 +130,7 @@ class HazardTracker {
   sim::Simulator* sim_;
   HazardMode mode_;
   std::vector<HazardReport> reports_;
+  void report(const std::string& memory, const InFlight& f, const Region& region, bool write, const TransferInfo* self);
 };
 
 }  // namespace cubesim::hw

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -43,8 +44,10 @@ L2Cache::L2Cache(int cube, const L2Spec& spec, Memory& hbm)
       sectors_(spec.line_bytes / spec.sector_bytes),
       line_shift_(log2_of(spec.line_bytes)),
       sector_shift_(log2_of(spec.sector_bytes)),
-      // tags, masks, ages: 7 bytes a way, rounded up to whole 64-byte host cache lines.
-      block_words_((std::uint64_t{spec.ways} * 7 + 63) / 64 * 8) {
+      // The largest tag is (HBM lines - 1) / sets + 1.
+      narrow_((hbm.capacity() >> line_shift_) / sets_ < 0xffffu),
+      // `ways` entries, rounded up to whole 64-byte host cache lines.
+      block_words_((std::uint64_t{spec.ways} * (narrow_ ? 4 : 8) + 63) / 64 * 8) {
   server_.bandwidth = spec.bandwidth;
   // floor(2^64 / sets) (one set: locate() needs none).
   sets_inverse_ = sets_ == 1 ? 0 : static_cast<std::uint64_t>((static_cast<unsigned __int128>(1) << 64) / sets_);
@@ -72,10 +75,11 @@ std::uint64_t L2Cache::hash_of_quotient(std::uint64_t q) const {
   return static_cast<std::uint64_t>((static_cast<unsigned __int128>(mix(q)) * sets_) >> 64);
 }
 
-L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
+void L2Cache::split(std::uint64_t line, std::uint64_t& q, std::uint64_t& r) const {
   // line / sets by a multiplication (a division costs tens of cycles, once per row of a tile):
   // floor(line * floor(2^64 / sets) / 2^64) is the quotient or one less.
-  std::uint64_t q = line, r = 0;
+  q = line;
+  r = 0;
   if (sets_ > 1) {
     q = static_cast<std::uint64_t>((static_cast<unsigned __int128>(line) * sets_inverse_) >> 64);
     r = line - q * sets_;
@@ -84,6 +88,9 @@ L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
       ++q;
     }
   }
+}
+
+L2Cache::Probe L2Cache::at(std::uint64_t line, std::uint64_t q, std::uint64_t r) const {
   if (q != last_q_) {
     last_q_ = q;
     last_hash_ = hash_of_quotient(q);
@@ -91,6 +98,12 @@ L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
   std::uint64_t set = r + last_hash_;
   if (set >= sets_) set -= sets_;
   return Probe{.line = line, .set = set, .tag = static_cast<std::uint32_t>(q + 1), .mask = 0};
+}
+
+L2Cache::Probe L2Cache::locate(std::uint64_t line) const {
+  std::uint64_t q, r;
+  split(line, q, r);
+  return at(line, q, r);
 }
 
 std::uint64_t L2Cache::line_of(std::uint64_t set, std::uint32_t tag) const {
@@ -107,18 +120,9 @@ bool L2Cache::holds(std::uint64_t addr, std::uint64_t len) const {
     const std::uint64_t lo = std::max(addr, base) - base, hi = std::min(end, base + spec_.line_bytes) - base;
     const std::uint32_t s0 = static_cast<std::uint32_t>(lo >> sector_shift_);
     const std::uint32_t s1 = static_cast<std::uint32_t>((hi - 1) >> sector_shift_);
-    const std::uint32_t mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
-    const Probe where = locate(line);
-    const std::uint64_t s = where.set;
-    const std::uint32_t* tags = tags_of(s);
-    bool found = false;
-    for (std::uint32_t w = 0; w < spec_.ways; ++w) {
-      if (tags[w] == where.tag) {
-        found = (masks_of(s)[w] & mask) == mask;
-        break;
-      }
-    }
-    if (!found) return false;
+    Probe where = locate(line);
+    where.mask = ((2u << s1) - 1) & ~((1u << s0) - 1);
+    if (!(narrow_ ? holds_line<std::uint32_t>(where) : holds_line<std::uint64_t>(where))) return false;
   }
   return true;
 }
@@ -156,89 +160,125 @@ constexpr std::array<std::uint8_t, 256> kBits = [] {
 }();
 std::uint64_t bits(std::uint32_t mask) { return kBits[mask & 0xffu]; }
 
-// LRU: the ways younger than `age` age by one (`age` above every rank: all of them).
-void age_below(std::uint8_t* ages, std::uint32_t ways, std::uint32_t age) {
-  std::uint32_t i = 0;
+// A set entry of type E: the tag in the low T bits, the valid sectors in the next 8, the dirty ones in
+// the 8 above.
+template <class E>
+struct EntryBits {
+  static constexpr std::uint32_t kTag = sizeof(E) == 4 ? 16 : 32;
+  static constexpr E kTagMask = (E{1} << kTag) - 1;
+  static std::uint32_t tag(E e) { return static_cast<std::uint32_t>(e & kTagMask); }
+  static std::uint32_t valid(E e) { return static_cast<std::uint32_t>(e >> kTag) & 0xffu; }
+  static std::uint32_t dirty(E e) { return static_cast<std::uint32_t>(e >> (kTag + 8)) & 0xffu; }
+  static E make(std::uint32_t tag, std::uint32_t valid, std::uint32_t dirty) {
+    return static_cast<E>(E{tag} | (E{valid} << kTag) | (E{dirty} << (kTag + 8)));
+  }
+};
+
+// The first entry of e[0, ways) whose tag is `tag` (tags are never 0) and the first empty one (0),
+// each `ways` when there is none.
+template <class E>
+std::pair<std::uint32_t, std::uint32_t> find_way(const E* e, std::uint32_t ways, std::uint32_t tag) {
+  using B = EntryBits<E>;
+  std::uint32_t w = 0;
 #ifdef __SSE2__
-  if (age < 256) {
-    // a < age, unsigned, as a signed compare of both sides shifted by 128.
-    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
-    const __m128i limit = _mm_xor_si128(_mm_set1_epi8(static_cast<char>(age)), bias);
-    for (; i + 16 <= ways; i += 16) {
-      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
-      const __m128i a = _mm_loadu_si128(p);
-      const __m128i younger = _mm_cmplt_epi8(_mm_xor_si128(a, bias), limit);  // 0xff where younger
-      _mm_storeu_si128(p, _mm_sub_epi8(a, younger));
+  // 16 bytes at a time: a bit per entry where the tag matches, and where the entry is empty.
+  constexpr std::uint32_t kPer = 16 / sizeof(E);
+  const __m128i zero = _mm_setzero_si128();
+  if constexpr (sizeof(E) == 4) {
+    const __m128i want = _mm_set1_epi32(static_cast<int>(tag));
+    const __m128i tag_mask = _mm_set1_epi32(static_cast<int>(B::kTagMask));
+    for (; w + kPer <= ways; w += kPer) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + w));
+      const int hit = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(x, tag_mask), want)));
+      const int empty = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, zero)));
+      if (hit) return {w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(hit))), ways};
+      // Empty entries come last: past the first one no tag can match.
+      if (empty) return {ways, w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(empty)))};
     }
   } else {
-    for (; i + 16 <= ways; i += 16) {
-      __m128i* p = reinterpret_cast<__m128i*>(ages + i);
-      _mm_storeu_si128(p, _mm_add_epi8(_mm_loadu_si128(p), _mm_set1_epi8(1)));
+    // The tag is the low 32 bits of each 8-byte entry: compare 32-bit lanes, keep the even ones.
+    const __m128i want = _mm_set_epi32(0, static_cast<int>(tag), 0, static_cast<int>(tag));
+    const __m128i tag_mask = _mm_set_epi32(0, -1, 0, -1);
+    for (; w + kPer <= ways; w += kPer) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + w));
+      const int hit = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(x, tag_mask), want))) & 0x5;
+      const int empty = _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(x, zero)));
+      if (hit) return {w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(hit))) / 2, ways};
+      // An entry is empty when both of its halves are zero.
+      const int both = empty & (empty >> 1) & 0x5;
+      if (both) return {ways, w + static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(both))) / 2};
     }
   }
 #endif
-  for (; i < ways; ++i) ages[i] = static_cast<std::uint8_t>(ages[i] + (ages[i] < age ? 1 : 0));
+  for (; w < ways; ++w) {
+    if (B::tag(e[w]) == tag) return {w, ways};
+    if (e[w] == 0) return {ways, w};
+  }
+  return {ways, ways};
 }
 
 }  // namespace
 
+template <class E>
+bool L2Cache::holds_line(const Probe& p) const {
+  const E* e = entries_of<E>(p.set);
+  const std::uint32_t w = find_way(e, spec_.ways, p.tag).first;
+  return w < spec_.ways && (EntryBits<E>::valid(e[w]) & p.mask) == p.mask;
+}
+
+template <class E>
 void L2Cache::lookup(const Probe& p, bool write) {
+  using B = EntryBits<E>;
   ++line_lookups_;
   const std::uint32_t ways = spec_.ways;
-  std::uint32_t* tags = tags_of(p.set);
-  std::uint16_t* masks = masks_of(p.set);
-  std::uint8_t* ages = ages_of(p.set);
-  const std::uint32_t tag = p.tag;
+  E* e = entries_of<E>(p.set);
   const std::uint32_t mask = p.mask;
-  // One pass over the tags: the line's way, else the first empty one.
-  std::uint32_t hit = ways, empty = ways;
-  for (std::uint32_t w = 0; w < ways; ++w) {
-    if (tags[w] == tag) {
-      hit = w;
-      break;
-    }
-    if (tags[w] == 0 && empty == ways) empty = w;
-  }
+  const auto [hit, empty] = find_way(e, ways, p.tag);
+  E now;
+  std::uint32_t moved;  // the entries before the line's, which age by one (move back one place)
   if (hit < ways) {
-    age_below(ages, ways, ages[hit]);
-    ages[hit] = 0;
-    const std::uint32_t valid = masks[hit] & 0xffu;
+    const E x = e[hit];
+    const std::uint32_t valid = B::valid(x), dirty = B::dirty(x);
     if (write) {
-      masks[hit] = static_cast<std::uint16_t>(masks[hit] | mask | (mask << 8));
-      return;
+      now = B::make(p.tag, valid | mask, dirty | mask);
+    } else {
+      const std::uint32_t missed = mask & ~valid;
+      chunk_hits_ += bits(mask & valid);
+      if (missed) {
+        chunk_misses_ += bits(missed);
+        add_sectors(misses_run_, p.line, missed);
+      }
+      now = B::make(p.tag, valid | missed, dirty);
     }
-    const std::uint32_t missed = mask & ~valid;
-    chunk_hits_ += bits(mask & valid);
-    if (missed) {
-      chunk_misses_ += bits(missed);
-      add_sectors(misses_run_, p.line, missed);
-      masks[hit] = static_cast<std::uint16_t>(masks[hit] | missed);
-    }
-    return;
-  }
-  // A miss: the empty way (every line ages), else the oldest line, written back if dirty.
-  std::uint32_t victim = empty;
-  if (victim == ways) {
-    victim = 0;
-    for (std::uint32_t w = 1; w < ways; ++w) {
-      if (ages[w] > ages[victim]) victim = w;
-    }
-    const std::uint32_t dirty = masks[victim] >> 8;
-    if (dirty) add_sectors(writeback_run_, line_of(p.set, tags[victim]), dirty);
-    age_below(ages, ways, ages[victim]);
+    moved = hit;
   } else {
-    age_below(ages, ways, 256);
+    // A miss: the first empty way (every line ages), else the oldest line (the last), written back
+    // if dirty.
+    if (empty == ways) {
+      const E victim = e[ways - 1];
+      if (const std::uint32_t dirty = B::dirty(victim)) add_sectors(writeback_run_, line_of(p.set, B::tag(victim)), dirty);
+      moved = ways - 1;
+    } else {
+      moved = empty;
+    }
+    now = write ? B::make(p.tag, mask, mask) : B::make(p.tag, mask, 0);
+    if (!write) {
+      chunk_misses_ += bits(mask);
+      add_sectors(misses_run_, p.line, mask);
+    }
   }
-  ages[victim] = 0;
-  tags[victim] = tag;
-  masks[victim] = static_cast<std::uint16_t>(write ? mask | (mask << 8) : mask);
-  if (!write) {
-    chunk_misses_ += bits(mask);
-    add_sectors(misses_run_, p.line, mask);
-  }
+  // The line becomes the most recent: the ones before it move back a place.
+  std::memmove(e + 1, e, std::size_t{moved} * sizeof(E));
+  e[0] = now;
 }
 
 void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
+  std::uint64_t q, r;
+  split(addr >> line_shift_, q, r);
+  probe(addr, len, q, r);
+}
+
+void L2Cache::probe(std::uint64_t addr, std::uint64_t len, std::uint64_t q0, std::uint64_t r0) {
   const std::uint64_t end = addr + len;
   const std::uint64_t line_bytes = spec_.line_bytes;
   const std::uint32_t full = (1u << sectors_) - 1u;  // at most 8 sectors
@@ -246,10 +286,10 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   std::uint64_t base = line << line_shift_;
   // Scalars, not a Probe updated field by field: the compiler would assemble it on the stack and
   // stall reloading it whole.
-  const Probe first = locate(line);
+  const Probe first = at(line, q0, r0);
   std::uint64_t set = first.set;
   std::uint32_t tag = first.tag;
-  std::uint64_t r = line - (tag - std::uint64_t{1}) * sets_;  // line % sets
+  std::uint64_t r = r0;  // line % sets
   for (; base < end; ++line, base += line_bytes) {
     std::uint32_t mask = full;
     if (addr > base || end < base + line_bytes) {
@@ -271,6 +311,7 @@ void L2Cache::probe(std::uint64_t addr, std::uint64_t len) {
   }
 }
 
+template <class E>
 void L2Cache::look_up_probes(bool write) {
   // Prefetches are written out in this loop, not in a helper: GCC deems a function that only
   // prefetches free of effects and deletes the call.
@@ -279,10 +320,10 @@ void L2Cache::look_up_probes(bool write) {
   const std::uint64_t block_bytes = block_words_ * 8;
   for (std::size_t i = 0; i < n + kAhead; ++i) {
     if (i < n) {
-      const char* b = reinterpret_cast<const char*>(tags_of(probes_[i].set));
+      const char* b = reinterpret_cast<const char*>(entries_of<E>(probes_[i].set));
       for (std::uint64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(b + off);
     }
-    if (i >= kAhead) lookup(probes_[i - kAhead], write);
+    if (i >= kAhead) lookup<E>(probes_[i - kAhead], write);
   }
 }
 
@@ -299,15 +340,39 @@ Passage L2Cache::serve(const ChunkVisit& v) {
     probe(r.addr + v.offset, v.bytes);
   } else {
     std::uint64_t row = v.offset / r.row_bytes, in = v.offset % r.row_bytes, left = v.bytes;
+    // Rows a whole number of lines apart: a row's first line is the previous row's plus `lines`,
+    // so its quotient and residue by sets step along instead of being divided out afresh.
+    const bool stepping = (r.pitch & (spec_.line_bytes - 1)) == 0;
+    const std::uint64_t lines = r.pitch >> line_shift_;
+    const std::uint64_t step_q = stepping ? lines / sets_ : 0, step_r = stepping ? lines % sets_ : 0;
+    bool known = false;
+    std::uint64_t q = 0, rs = 0;  // of the next row's first line, once known
     while (left > 0) {
       const std::uint64_t n = std::min(r.row_bytes - in, left);
-      probe(r.row_addr(row) + in, n);
+      const std::uint64_t a = r.row_addr(row) + in;
+      if (stepping && in == 0) {
+        if (!known) split(a >> line_shift_, q, rs);
+        known = true;
+        probe(a, n, q, rs);
+        q += step_q;
+        rs += step_r;
+        if (rs >= sets_) {
+          rs -= sets_;
+          ++q;
+        }
+      } else {
+        probe(a, n);
+      }
       left -= n;
       in = 0;
       ++row;
     }
   }
-  look_up_probes(write);
+  if (narrow_) {
+    look_up_probes<std::uint32_t>(write);
+  } else {
+    look_up_probes<std::uint64_t>(write);
+  }
   hits_ += chunk_hits_;
   misses_ += chunk_misses_;
 

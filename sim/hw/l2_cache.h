@@ -17,9 +17,9 @@
 //     floor(mix(q) * sets / 2^64) and mix the 64-bit finalizer of MurmurHash3: consecutive lines
 //     fill consecutive sets, and rows of a matrix whose pitch is a multiple of sets lines (a
 //     power-of-two pitch with power-of-two sets) still spread, as real GPUs hash their L2 set index.
-//     The sets need not be a power of two. A way's tag is q + 1 (32 bits: the topology loader
+//     The sets need not be a power of two. A line's tag is q + 1 (32 bits: the topology loader
 //     checks that the HBM's lines / sets fit). Replacement: true LRU within a set (an empty way
-//     first), kept as each way's age rank (0: most recent).
+//     first).
 //   Lookups use the real addresses of each chunk (a strided region: per row segment), also in
 //     timing-only mode. Every sector the chunk touches is looked up; a sector partly touched counts
 //     whole.
@@ -47,12 +47,15 @@
 // written to it. The HBM unit's own counters include both. Trace: one track "l2" in the cube's
 // group, a span per chunk with its hit and missed sectors as args.
 //
-// Cost: one flat, zeroed array of sets allocated on the first access (huge pages where offered),
-// each set a 64-byte aligned block of its ways' tags (4 bytes each), valid|dirty sector masks (2
-// bytes) and LRU age ranks (1 byte): 128 bytes, two host cache lines, for 16 ways. A lookup is a
-// scan of one set's tags (the set found by a multiplication and, once per quotient, a hash); the
-// sets of the next lines a chunk touches are prefetched (the rows of a strided region land in
-// scattered sets of a table of megabytes). No allocation per chunk.
+// Cost: one flat, zeroed array of sets allocated on the first access (huge pages where offered).
+// A set is a block of `ways` entries kept in recency order (most recent first, empty ones last), so
+// the LRU line is the last and no ages are kept; an entry packs the tag, the valid and the dirty
+// sector masks into 4 bytes when every tag fits 16 bits (the HBM's lines / sets < 65535: a
+// 16-way set is one 64-byte host cache line, 1.9 MiB for a 60 MiB L2), else into 8 bytes. A
+// lookup compares the set's tags with SSE2 (the set found by a multiplication and, once per
+// quotient, a hash) and moves the line to the front; the sets of the next lines a chunk touches
+// are prefetched (the rows of a strided region land in scattered sets of a table of megabytes).
+// No allocation per chunk.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +86,8 @@ class L2Cache final : public PathUnit {
   std::uint64_t set_of(std::uint64_t addr) const { return locate(addr >> line_shift_).set; }
   // Whether every sector of [addr, addr + len) is in the cache now (no effect on LRU or counters).
   bool holds(std::uint64_t addr, std::uint64_t len) const;
+  // Bits of a tag in a set entry: 16 (4-byte entries) when every tag of the HBM fits, else 32.
+  std::uint32_t tag_bits() const { return narrow_ ? 16 : 32; }
   // Line lookups so far (reads and writes; a line is looked up once per row segment that touches
   // it): what a micro-benchmark of lookups per second counts.
   std::uint64_t lines_looked_up() const { return line_lookups_; }
@@ -118,20 +123,28 @@ class L2Cache final : public PathUnit {
   // q, tag q + 1. A set's lines differ in q, so the tag tells them apart, and the line comes back
   // from (set, tag) for a write-back.
   Probe locate(std::uint64_t line) const;
+  void split(std::uint64_t line, std::uint64_t& q, std::uint64_t& r) const;  // q = line / sets, r = line % sets
+  Probe at(std::uint64_t line, std::uint64_t q, std::uint64_t r) const;      // locate() with q and r known
   std::uint64_t hash_of_quotient(std::uint64_t q) const;
   std::uint64_t line_of(std::uint64_t set, std::uint32_t tag) const;
   // Lists the lines of [addr, addr + len) (one row segment) and the sectors touched in each.
   void probe(std::uint64_t addr, std::uint64_t len);
+  void probe(std::uint64_t addr, std::uint64_t len, std::uint64_t q, std::uint64_t r);  // q, r: of addr's line
   // Looks up the listed lines in order (prefetching the sets of those a few ahead: the table is
   // megabytes, and the rows of a strided region land in scattered sets), collecting missed sectors
-  // (reads) and evicted dirty sectors into the runs.
+  // (reads) and evicted dirty sectors into the runs. E: the set entry (narrow_: uint32_t).
+  template <class E>
   void look_up_probes(bool write);
+  template <class E>
   void lookup(const Probe& p, bool write);
-  // Set s's block: tags[ways] (see locate(); 0: empty way), then masks[ways] (valid sectors in the
-  // low byte, dirty ones in the high byte), then ages[ways] (LRU rank among the set's lines).
-  std::uint32_t* tags_of(std::uint64_t s) const { return reinterpret_cast<std::uint32_t*>(sets_mem_ + s * block_words_); }
-  std::uint16_t* masks_of(std::uint64_t s) const { return reinterpret_cast<std::uint16_t*>(tags_of(s) + spec_.ways); }
-  std::uint8_t* ages_of(std::uint64_t s) const { return reinterpret_cast<std::uint8_t*>(masks_of(s) + spec_.ways); }
+  template <class E>
+  bool holds_line(const Probe& p) const;
+  // Set s's block: ways entries of type E (tag | valid << T | dirty << (T + 8), T the tag bits; 0:
+  // empty), most recently used first, the empty ones last.
+  template <class E>
+  E* entries_of(std::uint64_t s) const {
+    return reinterpret_cast<E*>(sets_mem_ + s * block_words_);
+  }
   void allocate_sets();
   struct Free {
     void operator()(std::uint64_t* p) const;
@@ -146,6 +159,7 @@ class L2Cache final : public PathUnit {
   std::uint32_t line_shift_, sector_shift_;
   std::uint64_t sets_inverse_ = 0;             // floor(2^64 / sets): locate() divides by multiplying
   mutable std::uint64_t last_q_ = 0, last_hash_ = 0;  // the last quotient located and its hash
+  bool narrow_;                                // 4-byte entries with 16-bit tags (else 8 bytes, 32 bits)
   std::uint64_t block_words_;                  // a set's block, in 8-byte words (a multiple of 8)
   std::unique_ptr<std::uint64_t[], Free> sets_storage_;  // null until the first access
   std::uint64_t* sets_mem_ = nullptr;

@@ -35,6 +35,7 @@
 namespace cubesim::hw {
 
 class Memory;
+struct Path;  // system.cpp: a transfer path (Memory keeps the last one into it)
 
 enum class MemoryKind : std::uint8_t { kHbm, kTcm, kHost };
 
@@ -154,7 +155,10 @@ class Memory final : public PathUnit {
   SparseStore store_;
   Allocator allocator_;
   // Transfers reading from / writing to this memory right now (for the hazard checker).
-  std::vector<InFlight> in_flight_;
+  InFlightSet in_flight_;
+  // The System's path from path_src_ to this memory, the last one asked for (System::path).
+  const Memory* path_src_ = nullptr;
+  Path* path_ = nullptr;
 };
 
 }  // namespace cubesim::hw

@@ -283,6 +283,15 @@ void System::declare_tracks(std::span<const int> cubes) {
 // ---------------------------------------------------------------- paths
 
 const Path& System::path(Memory& src, Memory& dst) {
+  // The path last used into dst, else the map: a PE's tile loads come from one HBM.
+  if (dst.path_src_ == &src) return *dst.path_;
+  Path& p = path_of(src, dst);
+  dst.path_src_ = &src;
+  dst.path_ = &p;
+  return p;
+}
+
+Path& System::path_of(Memory& src, Memory& dst) {
   const std::uint64_t key = (static_cast<std::uint64_t>(src.id().value) << 32) | dst.id().value;
   auto it = paths_.find(key);
   if (it != paths_.end()) return *it->second;
@@ -455,7 +464,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   r->dst_region = dr;
   r->issued = sim_->now();
   const bool tracking = hazard_tracker_.enabled();
-  if (tracking || (opts_.functional && opts_.check_uninitialized)) r->issuer = hazard_tracker_.actor();
+  if (tracking || (opts_.functional && opts_.check_uninitialized)) hazard_tracker_.actor_into(r->issuer);
   if (tracking) {
     hazard_tracker_.check(src.name(), src.in_flight_, sr, false, r);
     hazard_tracker_.check(dst.name(), dst.in_flight_, dr, true, r);
@@ -496,8 +505,8 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   }
   r->first_inject = first;
   if (tracking) {
-    src.in_flight_.push_back({r, sr, false});
-    dst.in_flight_.push_back({r, dr, true});
+    src.in_flight_.add(r, sr, false);
+    dst.in_flight_.add(r, dr, true);
   }
   ++started_;
   sim_->at(first + p.d_pre, ChunkInject{r, 0});
@@ -574,9 +583,9 @@ void System::land(TransferRecord* r) {
       if ((doff += n) == d.row_bytes) doff = 0, ++drow;
     }
   }
-  for (Memory* m : {r->src, r->dst}) {
-    auto& v = m->in_flight_;
-    v.erase(std::remove_if(v.begin(), v.end(), [r](const InFlight& f) { return f.transfer == r; }), v.end());
+  if (hazard_tracker_.enabled()) {
+    r->src->in_flight_.remove(r, false);
+    r->dst->in_flight_.remove(r, true);
   }
   ++completed_;
   bytes_moved_ += r->bytes;

@@ -144,6 +144,7 @@ class System {
   friend struct TransferLanded;
 
   const Path& path(Memory& src, Memory& dst);
+  Path& path_of(Memory& src, Memory& dst);  // from paths_, built on first use
   std::unique_ptr<Path> build_path(Memory& src, Memory& dst);
   TransferRecord* alloc_record();
   void advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, sim::Time head, sim::Time tail);

@@ -71,6 +71,67 @@ TEST(Hazard, RecordModeCollectsEveryKind) {
   EXPECT_EQ(sys.hazards()[1].other_transfer, 1u);
 }
 
+// A write is checked against every read and write in flight in the order they were issued (a
+// transfer within one memory: its read, then its write), and transfers that landed, in any order,
+// are forgotten: many transfers in flight on one HBM, landing out of order.
+TEST(Hazard, ReportsComeInIssueOrderAndLandedTransfersAreForgotten) {
+  sim::Simulator sim;
+  SystemOptions o;
+  o.hazards = HazardMode::kRecord;
+  o.functional = false;
+  System sys(sim, small_topology(), o);
+  Memory& hbm = sys.hbm(0);
+  std::vector<std::uint64_t> ids;
+  testing::run_process(sim, [&] {
+    // Transfer i + 1 reads from i * 64 KiB in cube 0's HBM: even i 200000 bytes over the link to
+    // cube 1 (2 us each, one after the other), odd i 1 KiB into PE 0's TCM (landing within 1 us).
+    std::vector<TransferHandle> reads;
+    for (std::uint64_t i = 0; i < 40; ++i) {
+      reads.push_back(i % 2 ? sys.start_transfer(hbm.at(i << 16), sys.tcm(0, 0).at(i << 10), 1024)
+                            : sys.start_transfer(hbm.at(i << 16), sys.hbm(1).at(i << 18), 200000));
+    }
+    ASSERT_TRUE(sys.hazards().empty());
+    // Transfer 41: within cube 0's HBM, reading [3 MiB, +4 KiB) and writing [4 MiB, +4 KiB).
+    sys.start_transfer(hbm.at(3 << 20), hbm.at(4 << 20), 4096);
+    // Transfer 42: writes [3 MiB + 8 KiB, +4 KiB) from cube 1.
+    sys.start_transfer(sys.hbm(1).at(20 << 20), hbm.at((3 << 20) + 8192), 4096);
+    // A write across all of them reports each in issue order: 40 reads, 41's read, 41's write, 42.
+    hbm.fill(0, 5 << 20, std::byte{0});
+    ASSERT_EQ(sys.hazards().size(), 43u);
+    for (std::size_t i = 0; i < 40; ++i) {
+      EXPECT_EQ(sys.hazards()[i].other_transfer, i + 1) << i;
+      EXPECT_EQ(sys.hazards()[i].kind, HazardKind::kWriteDuringRead) << i;
+    }
+    EXPECT_EQ(sys.hazards()[40].other_transfer, 41u);
+    EXPECT_EQ(sys.hazards()[40].kind, HazardKind::kWriteDuringRead);
+    EXPECT_EQ(sys.hazards()[41].other_transfer, 41u);
+    EXPECT_EQ(sys.hazards()[41].kind, HazardKind::kWriteDuringWrite);
+    EXPECT_EQ(sys.hazards()[42].other_transfer, 42u);
+    // A read races with the writes alone.
+    sys.clear_hazards();
+    hbm.read_as<std::uint8_t>(0, 5 << 20);
+    ASSERT_EQ(sys.hazards().size(), 2u);
+    EXPECT_EQ(sys.hazards()[0].other_transfer, 41u);
+    EXPECT_EQ(sys.hazards()[1].other_transfer, 42u);
+    // The short reads land first; then only the long ones are still in flight there.
+    sys.clear_hazards();
+    for (std::size_t i = 1; i < 40; i += 2) reads[i].wait();
+    for (std::size_t i = 0; i < 40; ++i) {
+      ASSERT_EQ(reads[i].done(), i % 2 == 1) << i;
+    }
+    hbm.fill(0, 40 << 16, std::byte{0});
+    for (const HazardReport& h : sys.hazards()) ids.push_back(h.other_transfer);
+    sys.clear_hazards();
+    wait_all(reads);
+    sim::this_process::sleep(sim::us(100));
+    hbm.fill(0, 5 << 20, std::byte{0});
+    EXPECT_TRUE(sys.hazards().empty()) << sys.hazards().size() << " reports after everything landed";
+  });
+  std::vector<std::uint64_t> want;
+  for (std::uint64_t i = 0; i < 40; i += 2) want.push_back(i + 1);
+  EXPECT_EQ(ids, want);
+}
+
 // A PE streams K tiles through two TCM buffers: load tile k+1 while computing on tile k, and write
 // results back through a third buffer. `wait_before_use` false plants the classic race.
 std::vector<HazardReport> double_buffered(bool wait_before_use) {
