@@ -1,5 +1,7 @@
 #include "sim/hw/l2_cache.h"
 
+#include "sim/hw/address_hash.h"
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -21,16 +23,6 @@
 namespace cubesim::hw {
 
 namespace {
-
-// MurmurHash3's 64-bit finalizer: every input bit affects every output bit.
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
 
 std::uint32_t log2_of(std::uint64_t pow2) { return static_cast<std::uint32_t>(std::countr_zero(pow2)); }
 
@@ -72,7 +64,7 @@ void L2Cache::allocate_sets() {
 }
 
 std::uint64_t L2Cache::hash_of_quotient(std::uint64_t q) const {
-  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(mix(q)) * sets_) >> 64);
+  return spread(q, sets_);
 }
 
 void L2Cache::split(std::uint64_t line, std::uint64_t& q, std::uint64_t& r) const {
