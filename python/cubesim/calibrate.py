@@ -204,9 +204,41 @@ class Group:
 HUBER = 0.15  # residuals (log error) beyond this count linearly, not squared: one odd shape cannot pull the fit
 
 
-def fit_group(base, fixed, group, records, log=print, iterations=6):
+_JOB = None  # the function parallel_map's forked workers run (set before the pool forks)
+
+
+def _run_job(arg):
+    return _JOB(arg)
+
+
+def default_jobs():
+    """Worker processes for the fit: CUBESIM_CALIBRATE_JOBS, else one per CPU."""
+    try:
+        return max(1, int(os.environ.get("CUBESIM_CALIBRATE_JOBS", "") or os.cpu_count() or 1))
+    except ValueError:
+        raise CalibrationError(f"CUBESIM_CALIBRATE_JOBS={os.environ['CUBESIM_CALIBRATE_JOBS']!r}: give a number of "
+                               "processes >= 1") from None
+
+
+def parallel_map(fn, args, jobs):
+    """[fn(a) for a in args], in up to `jobs` forked processes (each simulation is independent and
+    deterministic, so the results are the same as in one process)."""
+    global _JOB
+    if jobs <= 1 or len(args) <= 1:
+        return [fn(a) for a in args]
+    import multiprocessing
+    _JOB = fn
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(args))) as pool:
+            return pool.map(_run_job, args)
+    finally:
+        _JOB = None
+
+
+def fit_group(base, fixed, group, records, log=print, iterations=6, jobs=1):
     """Levenberg–Marquardt on log(simulated / measured) over `records`, parameters in log space, with
-    Huber weights (iteratively reweighted: a residual r beyond HUBER weighs HUBER / |r|)."""
+    Huber weights (iteratively reweighted: a residual r beyond HUBER weighs HUBER / |r|). The
+    Jacobian's columns are simulated in up to `jobs` processes."""
     names = [p.path for p in group.params]
     x = [math.log(p.start) for p in group.params]
     lo = [math.log(p.lo) for p in group.params]
@@ -225,7 +257,7 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
     lam = 1e-2
     for it in range(iterations):
         h = 0.03
-        J = []
+        points, steps = [], []
         for j in range(len(x)):
             xp = list(x)
             xp[j] = min(hi[j], x[j] + h)
@@ -233,8 +265,10 @@ def fit_group(base, fixed, group, records, log=print, iterations=6):
             if step == 0:
                 xp[j] = x[j] - h
                 step = -h
-            rp = residuals(xp)
-            J.append([(a - b) / step for a, b in zip(rp, res)])
+            points.append(xp)
+            steps.append(step)
+        J = [[(a - b) / step for a, b in zip(rp, res)]
+             for rp, step in zip(parallel_map(residuals, points, jobs), steps)]
         # Normal equations (J^T W J + lam diag) dx = -J^T W r, with J stored column-wise.
         n = len(x)
         w = [1.0 if abs(e) <= HUBER else HUBER / abs(e) for e in res]
@@ -554,7 +588,7 @@ def coll_constants():
     return vals, src
 
 
-def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
+def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None, jobs=None):
     """Fits `base` to measurements `m`: closed-form figures first, then each group by the simulator.
     Returns {"values", "overlay" (the document to write), "document" (resolved), "residuals"}."""
     values, sources = closed_form(m)
@@ -572,7 +606,7 @@ def fit(m, base="h200x8", log=print, kinds=("gemm", "coll", "peer"), name=None):
             log(f"{g.name}: no measurements to fit; its figures keep the base's values")
             continue
         log(f"fitting {g.name} on {len(recs)} measurements: {', '.join(p.path for p in g.params)}")
-        vals, res = fit_group(base, values, g, recs, log=log)
+        vals, res = fit_group(base, values, g, recs, log=log, jobs=jobs or default_jobs())
         values.update(vals)
         rms = math.sqrt(sum(e * e for e in res) / len(res))
         for p in g.params:

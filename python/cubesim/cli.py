@@ -714,8 +714,10 @@ def cmd_calibrate(args):
             report = {"topology": args.check, "gpu": cal.gpu_of(m), "rows": rows}
         else:
             path = args.out or f"{Path(args.base).stem}_calibrated.json"
+            if args.jobs is not None and args.jobs < 1:
+                raise UsageError(f"calibrate: --jobs {args.jobs}: give a number of processes >= 1")
             result = cal.fit(m, base=args.base, log=lambda t: out.say(t), kinds=args.kinds.split(","),
-                             name=Path(path).stem)
+                             name=Path(path).stem, jobs=args.jobs)
             cal.write_overlay(result["overlay"], path)
             out.say(f"wrote {path}")
             topo = cs.topology_from_json(result["document"], path)
@@ -892,6 +894,8 @@ def build_parser():
     ca.add_argument("--out", metavar="FILE", help="the overlay to write (default BASE_calibrated.json)")
     ca.add_argument("--check", metavar="OVERLAY", help="print the error table of this overlay; no fit")
     ca.add_argument("--kinds", default="gemm,coll,peer", help="measurement kinds to fit and check (default all)")
+    ca.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="processes simulating the fit's points at once (default: CUBESIM_CALIBRATE_JOBS or one per CPU)")
     json_opt(ca)
     ca.set_defaults(fn=cmd_calibrate)
 

@@ -39,10 +39,16 @@ def test_fit_recovers_nccl_figures_it_generated(tmp_path):
     group = cal.Group(name="coll", kind="coll", predict=lambda t, r: cal.sim_collective(t, r["op"], 2, r["bytes"]),
                       params=[cal.Param("nccl.launch_latency_ns", 1500, 10, 50000, "launch", True),
                               cal.Param("nccl.channel_bandwidth_GBps", 20, 1, 100, "channel bandwidth")])
-    got, res = cal.fit_group("h200x8", {}, group, recs, log=lambda s: None, iterations=8)
+    got, res = cal.fit_group("h200x8", {}, group, recs, log=lambda s: None, iterations=8, jobs=2)
     assert max(abs(e) for e in res) < 0.01
     assert got["nccl.launch_latency_ns"] == pytest.approx(4000, rel=0.03)
     assert got["nccl.channel_bandwidth_GBps"] == pytest.approx(9.0, rel=0.03)
+
+
+def test_parallel_map_gives_the_serial_results_in_order():
+    fn = lambda n: [cal.sim_gemm(cs.load_topology("h200x8"), 64 * n, 512, 256)]  # noqa: E731 (forked, not pickled)
+    args = [1, 2, 3, 5, 8]
+    assert cal.parallel_map(fn, args, 3) == [fn(a) for a in args]
 
 
 def test_fit_recovers_the_mma_clock_it_generated():
