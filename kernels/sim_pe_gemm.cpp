@@ -495,12 +495,14 @@ Kernel choose_kernel(hw::System& sys, const HbmMatrix& A, const HbmMatrix& B, co
       const std::int64_t G = per_cube / (cm * cn) * static_cast<std::int64_t>(cubes.size());
       if (G == 0) continue;
       const std::int64_t blocks = (mt + cm - 1) / cm * ((nt + cn - 1) / cn);
-      const double waves = static_cast<double>((blocks + G - 1) / G);
+      const std::int64_t full = blocks / G, rem = blocks % G;  // full waves, blocks of the last partial one
       const double issued = static_cast<double>(cm) * a_box + static_cast<double>(cn) * b_box;  // per block, k-block
       const double step = std::max({mma / f, issued / static_cast<double>(cm * cn) / dma,
                                     (latency + (a_box + b_box) / dma) / static_cast<double>(S)});
       const double tile = static_cast<double>(g.prologue_cycles + g.epilogue_cycles) / f + static_cast<double>(nk) * step;
-      const double est = launch + std::max({waves * tile, static_cast<double>(blocks * nk) * issued / l2_bw, unique / hbm_bw});
+      // A wave takes its tiles' time or its blocks' loads through the L2, whichever is longer.
+      auto wave = [&](std::int64_t n) { return std::max(tile, static_cast<double>(n * nk) * issued / l2_bw); };
+      const double est = launch + std::max(static_cast<double>(full) * wave(G) + (rem ? wave(rem) : 0.0), unique / hbm_bw);
     
       if (!found || est < best.estimate) best = Kernel{t, cm, cn, S, est};
       found = true;

@@ -31,7 +31,8 @@
 //       step = max(MMA cycles of a whole tile's k-block / f, (cm·a + cn·b) / (cm·cn) / DMA read rate,
 //                  (HBM latency + L2 latency + (a + b) / DMA read rate) / S)
 //       tile = (prologue + epilogue) / f + nk · step
-//       estimate = launch + max(ceil(blocks / G) · tile,  blocks · nk · (cm·a + cn·b) / L2 bandwidth,
+//       wave(n)  = max(tile, n · nk · (cm·a + cn·b) / L2 bandwidth)     (n blocks at once)
+//       estimate = launch + max(floor(blocks / G) · wave(G) + wave(blocks mod G),
 //                               (A + B + C bytes) / HBM bandwidth)
 //     An estimate, not the simulation: it only picks the kernel; the time is what the run takes.
 //   - Launch: pe.gemm.launch_ns passes before the first tile starts (a GPU kernel's launch).
