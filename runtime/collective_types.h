@@ -27,8 +27,8 @@ std::string_view algorithm_name(Algorithm a);
 Algorithm parse_algorithm(std::string_view s);  // throws RuntimeError listing the valid names
 
 struct CollectiveOptions {
-  std::optional<Algorithm> algorithm;      // default: the group's, else the context's
-  std::optional<bool> accumulate_f32;      // carry bf16/f16 partial sums in f32 (one rounding at the end)
+  std::optional<Algorithm> algorithm = {}; // default: the group's, else the context's
+  std::optional<bool> accumulate_f32 = {}; // carry bf16/f16 partial sums in f32 (one rounding at the end)
   int hierarchy = 0;                       // hierarchical: ranks per inner group (0: context default)
   bool async_op = false;                   // return at once; Work::wait() blocks until done
 };
