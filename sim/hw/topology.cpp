@@ -426,24 +426,21 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
     cycles("issue_cycles_per_k_block", g.issue_cycles_per_k_block);
     cycles("prologue_cycles", g.prologue_cycles);
     cycles("epilogue_cycles", g.epilogue_cycles);
-    if (const json* u = x.get("unaligned_bytes_per_cycle")) {
-      if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
-        x.fail("unaligned_bytes_per_cycle",
-               fmt::format("{} is not valid; give the bytes per MAC-clock cycle a PE loads unaligned operands at "
-                           "(a number > 0), or leave it out for no such limit",
-                           short_dump(*u)));
+    // An optional rate per MAC-clock cycle (> 0); `what` says what it is and what leaving it out means.
+    auto per_cycle = [&](std::string_view key, double& out, std::string_view what) {
+      if (const json* u = x.get(key)) {
+        if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
+          x.fail(key, fmt::format("{} is not valid; give {}", short_dump(*u), what));
+        }
+        out = u->get<double>();
       }
-      g.unaligned_bytes_per_cycle = u->get<double>();
-    }
-    if (const json* u = x.get("unaligned_macs_per_cycle")) {
-      if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
-        x.fail("unaligned_macs_per_cycle",
-               fmt::format("{} is not valid; give the MACs per MAC-clock cycle of the kernel that runs unaligned "
-                           "operands (a number > 0), or leave it out for the MAC array's own rate",
-                           short_dump(*u)));
-      }
-      g.unaligned_macs_per_cycle = u->get<double>();
-    }
+    };
+    per_cycle("unaligned_bytes_per_cycle", g.unaligned_bytes_per_cycle,
+              "the bytes per MAC-clock cycle a PE loads unaligned operands at (a number > 0), or leave it out for no "
+              "such limit");
+    per_cycle("unaligned_macs_per_cycle", g.unaligned_macs_per_cycle,
+              "the MACs per MAC-clock cycle of the kernel that runs unaligned operands (a number > 0), or leave it out "
+              "for the MAC array's own rate");
     x.finish();
   }
   o.finish();

@@ -56,6 +56,25 @@ std::vector<float> run(const hw::Topology& t, const Case& c, const std::vector<s
   return out;
 }
 
+// Random bf16 A, B and f32 bias for a case, and det_gemm's C on the host (the reference).
+struct Operands {
+  std::vector<std::uint16_t> a, b;
+  std::vector<float> bias, want;
+  Operands(const Case& c, std::mt19937& rng)
+      : a(static_cast<std::size_t>(c.M * c.K)), b(static_cast<std::size_t>(c.K * c.N)), bias(static_cast<std::size_t>(c.N)),
+        want(static_cast<std::size_t>(c.M * c.N)) {
+    std::normal_distribution<float> nrm;
+    for (auto& x : a) x = f32_to_bf16(nrm(rng));
+    for (auto& x : b) x = f32_to_bf16(nrm(rng));
+    for (auto& x : bias) x = nrm(rng);
+    const MatrixView bv = c.b_colmajor ? MatrixView::col_major(b.data(), DType::bf16, c.K, c.N)
+                                       : MatrixView::row_major(b.data(), DType::bf16, c.K, c.N);
+    const VectorView biasv = VectorView::contiguous(bias.data(), DType::f32, c.N);
+    det_gemm(MatrixView::row_major(a.data(), DType::bf16, c.M, c.K), bv, c.bias ? &biasv : nullptr,
+             MutableMatrixView::row_major(want.data(), DType::f32, c.M, c.N));
+  }
+};
+
 TEST(SimPeGemmPipeline, BitsEqualDetGemmForEveryOption) {
   const std::vector<Case> cases = {{200, 300, 150, true, true}, {64, 96, 32, false, false}, {33, 17, 70, true, false},
                                    {1, 130, 48, false, true}};
@@ -69,23 +88,13 @@ TEST(SimPeGemmPipeline, BitsEqualDetGemmForEveryOption) {
       {{"tile", {{"m", 16}, {"n", 16}, {"k", 8}}}, {"stages", 3}, {"cluster", {3, 1}}},
   };
   std::mt19937 rng(5);
-  std::normal_distribution<float> nrm;
   for (const Case& c : cases) {
-    std::vector<std::uint16_t> a(static_cast<std::size_t>(c.M * c.K)), b(static_cast<std::size_t>(c.K * c.N));
-    std::vector<float> bias(static_cast<std::size_t>(c.N));
-    for (auto& x : a) x = f32_to_bf16(nrm(rng));
-    for (auto& x : b) x = f32_to_bf16(nrm(rng));
-    for (auto& x : bias) x = nrm(rng);
-    std::vector<float> want(static_cast<std::size_t>(c.M * c.N));
-    const MatrixView bv = c.b_colmajor ? MatrixView::col_major(b.data(), DType::bf16, c.K, c.N)
-                                       : MatrixView::row_major(b.data(), DType::bf16, c.K, c.N);
-    const VectorView biasv = VectorView::contiguous(bias.data(), DType::f32, c.N);
-    det_gemm(MatrixView::row_major(a.data(), DType::bf16, c.M, c.K), bv, c.bias ? &biasv : nullptr,
-             MutableMatrixView::row_major(want.data(), DType::f32, c.M, c.N));
+    const Operands x(c, rng);
+    const std::vector<float>& want = x.want;
     for (const json& o : options) {
       for (int pes : {4, 7, 9}) {
         SimGemmReport r;
-        const std::vector<float> got = run(topo(pes, o), c, a, b, bias, &r);
+        const std::vector<float> got = run(topo(pes, o), c, x.a, x.b, x.bias, &r);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
             << c.M << "x" << c.N << "x" << c.K << " on " << pes << " PEs, pe.gemm " << o.dump();
         EXPECT_EQ(r.tiles, ((c.M + r.tile_m - 1) / r.tile_m) * ((c.N + r.tile_n - 1) / r.tile_n));
@@ -231,7 +240,6 @@ TEST(SimPeGemmPipeline, KernelChoicePicksTheTileByShapeAndKeepsTheBits) {
                   {"stages", "auto"},
                   {"mma", {{"prologue_cycles", 200}, {"epilogue_cycles", 100}}}};
   std::mt19937 rng(17);
-  std::normal_distribution<float> nrm;
   // single_cube's TCM is 512 KiB. With bias (f32) and an f32 C: C 64x64x4 = 16 KiB, a stage 64x32x2
   // + 32x64x2 + 64x4 = 8448 bytes: (524288 - 16384) / 8448 = 60 stages; the 16x16 tile: C 1 KiB, a
   // stage 16x32x2 x 2 + 16x4 = 2112 bytes: (524288 - 1024) / 2112 = 247 stages.
@@ -241,20 +249,10 @@ TEST(SimPeGemmPipeline, KernelChoicePicksTheTileByShapeAndKeepsTheBits) {
     int stages;
   } cases[] = {{{16, 64, 256, true, false}, 16, 247}, {{256, 256, 128, true, true}, 64, 60}};
   for (const auto& [c, tile, stages] : cases) {
-    std::vector<std::uint16_t> a(static_cast<std::size_t>(c.M * c.K)), b(static_cast<std::size_t>(c.K * c.N));
-    std::vector<float> bias(static_cast<std::size_t>(c.N));
-    for (auto& x : a) x = f32_to_bf16(nrm(rng));
-    for (auto& x : b) x = f32_to_bf16(nrm(rng));
-    for (auto& x : bias) x = nrm(rng);
-    std::vector<float> want(static_cast<std::size_t>(c.M * c.N));
-    const MatrixView bv = c.b_colmajor ? MatrixView::col_major(b.data(), DType::bf16, c.K, c.N)
-                                       : MatrixView::row_major(b.data(), DType::bf16, c.K, c.N);
-    const VectorView biasv = VectorView::contiguous(bias.data(), DType::f32, c.N);
-    det_gemm(MatrixView::row_major(a.data(), DType::bf16, c.M, c.K), bv, &biasv,
-             MutableMatrixView::row_major(want.data(), DType::f32, c.M, c.N));
+    const Operands x(c, rng);
     SimGemmReport r;
-    const std::vector<float> got = run(topo(8, g), c, a, b, bias, &r);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << c.M << "x" << c.N << "x" << c.K;
+    const std::vector<float> got = run(topo(8, g), c, x.a, x.b, x.bias, &r);
+    EXPECT_EQ(std::memcmp(got.data(), x.want.data(), got.size() * 4), 0) << c.M << "x" << c.N << "x" << c.K;
     EXPECT_EQ(r.tile_m, tile) << c.M << "x" << c.N << "x" << c.K;
     EXPECT_EQ(r.tile_n, tile);
     EXPECT_EQ(r.stages, stages);
