@@ -104,20 +104,22 @@ TEST(SimPeGemmPipeline, BitsEqualDetGemmForEveryOption) {
   }
 }
 
-SimGemmReport timed(const hw::Topology& t, std::int64_t M, std::int64_t N, std::int64_t K, hw::System** keep = nullptr,
-                    std::uint64_t* hbm_bytes = nullptr) {
+// A timing-only C[M,N] = A·B in bf16; A's rows `a_pitch` elements apart (0: K); the HBM's bytes into
+// *hbm_bytes when given.
+SimGemmReport timed(const hw::Topology& t, std::int64_t M, std::int64_t N, std::int64_t K,
+                    std::uint64_t* hbm_bytes = nullptr, std::int64_t a_pitch = 0) {
+  if (a_pitch == 0) a_pitch = K;
   sim::Simulator s;
   hw::SystemOptions so;
   so.functional = false;
   hw::System sys(s, t, so);
   hw::Memory& hbm = sys.hbm(0);
-  HbmMatrix a{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * K) * 2, 256), DType::bf16, M, K, K, 1};
+  HbmMatrix a{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * a_pitch) * 2, 256), DType::bf16, M, K, a_pitch, 1};
   HbmMatrix b{&hbm, hbm.allocate(static_cast<std::uint64_t>(K * N) * 2, 256), DType::bf16, K, N, N, 1};
   HbmMatrix c{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * N) * 2, 256), DType::bf16, M, N, N, 1};
   SimGemmReport r;
   s.spawn("gemm", [&] { r = sim_pe_gemm(sys, a, b, nullptr, c); });
   s.run();
-  (void)keep;
   if (hbm_bytes) *hbm_bytes = hbm.counters().bytes;
   return r;
 }
@@ -183,8 +185,8 @@ TEST(SimPeGemmPipeline, MulticastHalvesTheSharedOperandsReads) {
   const std::int64_t M = 256, N = 128, K = 512;  // 4 x 2 tiles
   const std::uint64_t a_bytes = M * K * 2, b_bytes = K * N * 2, c_bytes = M * N * 2;
   std::uint64_t hbm_solo = 0, hbm_pair = 0;
-  const SimGemmReport r1 = timed(topo(4, solo), M, N, K, nullptr, &hbm_solo);
-  const SimGemmReport r2 = timed(topo(4, pair), M, N, K, nullptr, &hbm_pair);
+  const SimGemmReport r1 = timed(topo(4, solo), M, N, K, &hbm_solo);
+  const SimGemmReport r2 = timed(topo(4, pair), M, N, K, &hbm_pair);
   // A is read once per tile column (2), B once per tile row (4), or per pair of rows (2) multicast.
   EXPECT_EQ(r1.dma_bytes, 2 * a_bytes + 4 * b_bytes + c_bytes);
   EXPECT_EQ(r2.dma_bytes, 2 * a_bytes + 2 * b_bytes + c_bytes);
@@ -274,21 +276,7 @@ TEST(SimPeGemmPipeline, AnEdgeTilePaysTheWholeTilesMmas) {
 // and no faster than the fallback's MMA rate. One PE at 1 GHz, 64x64x64 tiles: a k-block's A and B
 // are 16 KiB; 4 k-blocks.
 TEST(SimPeGemmPipeline, UnalignedLoadsRunAsWideAsTheAlignmentAllows) {
-  auto run_pitch = [](json g, std::int64_t pitch) {
-    sim::Simulator s;
-    hw::SystemOptions so;
-    so.functional = false;
-    hw::System sys(s, topo(1, std::move(g)), so);
-    hw::Memory& hbm = sys.hbm(0);
-    const std::int64_t M = 64, N = 64, K = 256;
-    HbmMatrix a{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * pitch) * 2, 256), DType::bf16, M, K, pitch, 1};
-    HbmMatrix b{&hbm, hbm.allocate(static_cast<std::uint64_t>(K * N) * 2, 256), DType::bf16, K, N, N, 1};
-    HbmMatrix c{&hbm, hbm.allocate(static_cast<std::uint64_t>(M * N) * 2, 256), DType::bf16, M, N, N, 1};
-    SimGemmReport r;
-    s.spawn("gemm", [&] { r = sim_pe_gemm(sys, a, b, nullptr, c); });
-    s.run();
-    return r.time;
-  };
+  auto run_pitch = [](const json& g, std::int64_t pitch) { return timed(topo(1, g), 64, 64, 256, nullptr, pitch).time; };
   json g = {{"tile", {{"m", 64}, {"n", 64}, {"k", 64}}}, {"mma", {{"unaligned_bytes_per_cycle", 8}}}};
   const sim::Duration kb2 = sim::ns(2048), kb4 = sim::ns(1024), kb8 = sim::ns(512), slack = sim::ns(400);
   const sim::Duration t2 = run_pitch(g, 257), t4 = run_pitch(g, 258), t8 = run_pitch(g, 260), t16 = run_pitch(g, 264);
