@@ -537,9 +537,9 @@ def nccl_tuning(m):
 
 
 def nccl_choices(m):
-    """NCCL's recorded choices: [(op, ranks, bytes as cubesim counts them, algorithm, protocol)]. The
-    log counts all_gather and reduce_scatter by one rank's part; cubesim (and NCCL's tuning model)
-    by the whole buffer."""
+    """NCCL's recorded choices: [(op, ranks, bytes as cubesim counts them, algorithm, protocol,
+    channels)]. The log counts all_gather and reduce_scatter by one rank's part; cubesim (and NCCL's
+    tuning model) by the whole buffer."""
     out = []
     for p, log in sorted(nccl_logs(m).items()):
         for c in log.get("choices", []):
@@ -547,7 +547,7 @@ def nccl_choices(m):
             if op is None:
                 continue
             nbytes = c["bytes"] * (p if op != "all_reduce" else 1)
-            out.append((op, p, nbytes, c["algo"].lower(), NCCL_PROTOS.get(c["proto"], c["proto"])))
+            out.append((op, p, nbytes, c["algo"].lower(), NCCL_PROTOS.get(c["proto"], c["proto"]), c.get("channels")))
     return out
 
 
@@ -563,7 +563,9 @@ def coll_group():
             Param("nccl.launch_latency_ns", 9600, 10, 50000,
                   "a collective's launch latency (with LL's fixed_latency_ns 0: all of LL's fixed cost)"),
             Param("nccl.protocols.LL.send_bandwidth_GBps", 8, 1, 100, "one channel's send loop under LL (wire bytes)"),
-            Param("nccl.protocols.LL.send_latency_ns", 50, 10, 20000, "LL's latency before every send"),
+            Param("network.link.latency_ns", 500, 10, 5000,
+                  "an NVLink's flight time (a send crosses two, cube to switch to cube; LL's per-step latency "
+                  "with its send_latency_ns 0)"),
             Param("nccl.protocols.Simple.fixed_latency_ns", 10000, 10, 50000,
                   "Simple's fixed cost per call beyond the launch", also=("nccl.protocols.LL128.fixed_latency_ns",)),
             Param("nccl.protocols.Simple.send_latency_ns", 2000, 10, 20000, "Simple's latency before every send",
@@ -580,11 +582,14 @@ def coll_group():
 def coll_constants():
     """Physical figures of the simulated NCCL that are not fitted: NCCL's own pipeline geometry
     ({path: value}, [source lines])."""
-    vals = {"nccl.protocols.Simple.chunk_slices": 2, "nccl.protocols.LL.fixed_latency_ns": 0}
+    vals = {"nccl.protocols.Simple.chunk_slices": 2, "nccl.protocols.LL.fixed_latency_ns": 0,
+            "nccl.protocols.LL.send_latency_ns": 0}
     src = ["nccl.protocols.Simple.chunk_slices 2: NCCL's ring chunk of ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS = "
            "(NCCL_STEPS/2) / (NCCL_STEPS/4) slices (src/include/collectives.h; all_gather and reduce_scatter the same); "
            "slice_bytes stays 1 MiB = 2 steps of the 4 MiB Simple buffer's 8 (NCCL_BUFFSIZE, NCCL_STEPS)",
-           "nccl.protocols.LL.fixed_latency_ns 0: LL's fixed cost is the fitted launch latency"]
+           "nccl.protocols.LL.fixed_latency_ns 0: LL's fixed cost is the fitted launch latency",
+           "nccl.protocols.LL.send_latency_ns 0: LL's step waits on no handshake beyond the links' flight time (its "
+           "flags travel with the data)"]
     return vals, src
 
 

@@ -106,8 +106,16 @@ NcclPlan nccl_plan(Collective k, int p, std::uint64_t bytes, const hw::NcclSpec&
         collective_kind_name(k), spec.ring ? "ring" : "", spec.tree ? (spec.ring ? ", tree" : "tree") : "",
         fmt::join(protos, ", ")));
   }
-  best.channels = spec.channels;
+  best.channels = nccl_channels(best.algo, best.protocol, p, bytes, spec);
   return best;
+}
+
+int nccl_channels(NcclAlgo a, hw::NcclProtocol proto, int p, std::uint64_t bytes, const hw::NcclSpec& spec) {
+  const hw::NcclProtocolSpec& f = spec.protocol(proto);
+  const std::uint64_t per_channel =
+      static_cast<std::uint64_t>(f.max_threads) * f.thread_threshold * (a == NcclAlgo::ring ? std::max(p, 1) : 1);
+  if (per_channel == 0) return spec.channels;
+  return static_cast<int>(std::clamp<std::uint64_t>(bytes / per_channel, 1, static_cast<std::uint64_t>(spec.channels)));
 }
 
 const hw::NcclSpec& nccl_spec_of(Comm& c) {

@@ -26,8 +26,12 @@
 //   time        latency + bytes / alg bw, bytes = the whole buffer (all_gather: the gathered one).
 //   The minimum wins; ties go to the earlier candidate in the order ring, tree x LL, LL128,
 //   Simple. Pure arithmetic on the figures: every rank computes the same plan.
+//   Channels (NCCL's reduction for small calls, after the choice): the largest nc <= channels with
+//   bytes >= nc x max_threads x thread_threshold_bytes (a ring's threshold x p), at least 1; NCCL's
+//   512 x 8 (LL), 640 x 8 (LL128), 512 x 64 (Simple) by default (nccl_channels()).
 //   NCCL's refinements not modelled: the tree correction factors per size, per-channel caps, the ring "plateau"
-//   factor (multi-node only), thread-count thresholds, channel reduction for small messages.
+//   factor (multi-node only), the thread count of a one-channel call, the grain that leaves NCCL 22 channels
+//   where the rule gives 24 at a few sizes (2 ranks 256 KiB).
 //
 // Data path (what runs, on every backend; the same per-rank code, so the host replays the bits):
 //   Ring (all_reduce, reduce_scatter, all_gather). The buffer's p chunks are exactly ring.h's
@@ -43,9 +47,9 @@
 //   Ring orders: channel c uses R = the (c mod k)-th of the section's k "rings" of length p
 //   (member indices; none: the group order 0, 1, ..., p-1). Ring position i is member R[i], sends
 //   to R[i+1] and owns chunk R[i] (so reduce_scatter's member k still ends with chunk k).
-//   Channels in use:
+//   Channels in use: of the plan's channels (above),
 //   min(channels, n / p) (at least 1), so that a channel has an element of every chunk; broadcast
-//   min(channels, n); a tree all_reduce max(1, channels / 2) per tree. The plan names the section's
+//   min(channels, n); a tree all_reduce max(1, channels / 2) per tree. The plan names the plan's
 //   channel count.
 //   Reduction order, element by element, of chunk c on channel ch (R[i] = c): ((x[R[i+1]] +
 //   x[R[i+2]]) + ...) + x[c] — whatever S or the protocol. With group-order rings that is ring.h's
@@ -116,6 +120,9 @@ struct NcclPlan {
 // (all_reduce, broadcast: the buffer; reduce_scatter, all_gather: the whole p-chunk buffer). Throws
 // RuntimeError when the figures allow no candidate for k, naming the section's fields.
 NcclPlan nccl_plan(Collective k, int p, std::uint64_t bytes, const hw::NcclSpec& spec);
+// NCCL's channel count for a call of `bytes` over p ranks on the chosen algorithm and protocol
+// (the reduction for small calls above).
+int nccl_channels(NcclAlgo a, hw::NcclProtocol proto, int p, std::uint64_t bytes, const hw::NcclSpec& spec);
 // The model's predicted time of one candidate (microseconds), or a negative value when the
 // candidate is not allowed for k.
 double nccl_predicted_us(Collective k, int p, std::uint64_t bytes, NcclAlgo a, hw::NcclProtocol proto,

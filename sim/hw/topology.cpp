@@ -986,17 +986,20 @@ const NcclSpec& NcclSpec::defaults() {
     ll.slice_bytes = 32768;  // one step of the 512 KiB LL buffer (8 steps), half of it flags
     ll.max_bus_GBps = 141.0;
     ll.tree_bandwidth_factor = 0.92 / 3.8;
+    ll.max_threads = 512, ll.thread_threshold = 8;  // NCCL_LL_MAX_NTHREADS, NCCL_LL_THREAD_THRESHOLD
     NcclProtocolSpec& l128 = s.protocols[static_cast<int>(NcclProtocol::ll128)];
     l128.data_bytes = 120, l128.wire_bytes = 128;
     l128.base_latency[0] = us(14.0), l128.base_latency[1] = us(14.0);
     l128.hop_latency[0] = us(1.9), l128.hop_latency[1] = us(1.25);
     l128.slice_bytes = 576000;
     l128.tree_bandwidth_factor = 0.92 * 7.0 / 9.0;  // one step of the LL128 buffer (120 x 640 x 8 steps x 8 B), 120/128 of it data
+    l128.max_threads = 640, l128.thread_threshold = 8;  // NCCL_LL128_MAX_NTHREADS, NCCL_LL128_THREAD_THRESHOLD
     NcclProtocolSpec& sp = s.protocols[static_cast<int>(NcclProtocol::simple)];
     sp.base_latency[0] = us(8.4), sp.base_latency[1] = us(8.4);
     sp.hop_latency[0] = us(3.4), sp.hop_latency[1] = us(4.0);
     sp.slice_bytes = 1 << 20;
     sp.tree_bandwidth_factor = 0.92;  // 2 steps (ALLREDUCE_SLICESTEPS) of the 4 MiB Simple buffer's 8
+    sp.max_threads = 512, sp.thread_threshold = 64;  // NCCL_SIMPLE_MAX_NTHREADS, NCCL_SIMPLE_THREAD_THRESHOLD
     return s;
   }();
   return d;
@@ -1100,6 +1103,12 @@ void read_nccl(const Ctx& ctx, const json& doc, Topology& t) {
       if (const json* v = po.get("copy_bandwidth_GBps")) f.copy_GBps = po.as_bandwidth("copy_bandwidth_GBps", *v).gbps();
       if (const json* v = po.get("chunk_slices")) {
         f.chunk_slices = static_cast<int>(po.as_positive_int("chunk_slices", *v, "slices per chunk", 64));
+      }
+      if (const json* v = po.get("max_threads")) {
+        f.max_threads = static_cast<int>(po.as_positive_int("max_threads", *v, "threads per channel", 1024));
+      }
+      if (const json* v = po.get("thread_threshold_bytes")) {
+        f.thread_threshold = po.as_positive_int("thread_threshold_bytes", *v, "bytes per thread", 1u << 20);
       }
       po.finish();
     }

@@ -215,6 +215,11 @@ struct NcclProtocolSpec {
   double send_GBps = 0;         // one channel's send loop, wire bytes per second (0: channel_bandwidth)
   double copy_GBps = 0;         // one channel's local copy of a received slice into the output (0: free)
   int chunk_slices = 1;         // slices a ring channel moves per step before the next step (NCCL's chunk)
+  // NCCL's channel reduction for small calls (enqueue.cc): a call uses the largest channel count
+  // nc <= channels with bytes >= nc x max_threads x thread_threshold (ring: x the rank count), at
+  // least 1. NCCL's maxThreads and threadThresholds; 0 threshold: always every channel.
+  int max_threads = 512;
+  std::uint64_t thread_threshold = 0;
 };
 
 struct NcclSpec {

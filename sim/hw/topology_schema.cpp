@@ -173,7 +173,10 @@ SchemaNode nccl_section() {
          leaf("send_latency_ns", "simulated: latency before every send, ns (default hop_latency_ns)"),
          leaf("send_bandwidth_GBps", "simulated: one channel's send rate in wire bytes, GB/s (default channel_bandwidth_GBps)"),
          leaf("copy_bandwidth_GBps", "simulated: one channel's copy of a received slice into the output, GB/s (default: free)"),
-         leaf("chunk_slices", "simulated: slices a ring channel moves per step before its next step, 1..64 (default 1)")}));
+         leaf("chunk_slices", "simulated: slices a ring channel moves per step before its next step, 1..64 (default 1)"),
+         leaf("max_threads", "NCCL's threads per channel (maxThreads), for the channel reduction of small calls"),
+         leaf("thread_threshold_bytes", "NCCL's bytes per thread (threadThresholds; a ring's are x the rank count) below "
+                                        "which a small call drops channels")}));
   }
   return object("nccl", "figures of the nccl collective family (runtime/algorithms/nccl.h)",
                 {leaf("launch_latency_ns", "kernel launch, once per call, ns"),

@@ -555,10 +555,12 @@ def test_ranks_on_errors_name_the_argument_and_the_cube_range():
 
 
 def test_nccl_plan_and_runs(rng):
-    # NCCL's choice by size (runtime/algorithms/nccl.h): LL for tiny messages, Simple for large ones.
+    # NCCL's choice by size (runtime/algorithms/nccl.h): LL for tiny messages, Simple for large ones;
+    # a small call on fewer channels (one below 16 KiB over 4 ranks, 4 at 64 KiB).
     small = cs.nccl_plan("all_reduce", 4, 1024, topology="h200x4")
     big = cs.nccl_plan("all_reduce", 4, 1 << 30, topology="h200x4")
-    assert (small["algorithm"], small["protocol"], small["channels"]) == ("ring", "LL", 16)
+    assert (small["algorithm"], small["protocol"], small["channels"]) == ("ring", "LL", 1)
+    assert cs.nccl_plan("all_reduce", 4, 64 << 10, topology="h200x4")["channels"] == 4
     assert big["protocol"] == "Simple" and big["plan"] == "ring/Simple x16"
     assert big["predicted_us"] > small["predicted_us"] > 0
     assert cs.nccl_plan("all_gather", 2, 1024) == cs.nccl_plan("all_gather", 2, 1024, topology="h200x4")

@@ -302,7 +302,9 @@ TEST(NcclValues, RingOrdersAsDocumented) {
       CollCase c{"all_reduce", Algorithm::nccl, d, p, n};
       c.seed = static_cast<std::uint64_t>(n) + 7;
       const CollResult s = run_collective(sim_with(topo), c);
-      const int C = static_cast<int>(std::clamp<std::int64_t>(n / p, 1, topo.nccl.channels));
+      const int planned =
+          algo::nccl_plan(Collective::all_reduce, p, static_cast<std::uint64_t>(n) * dtype_size(d), topo.nccl).channels;
+      const int C = static_cast<int>(std::clamp<std::int64_t>(n / p, 1, planned));
       std::vector<float> want(static_cast<std::size_t>(n));
       for (int ch = 0; ch < C; ++ch) {
         const std::vector<int>& R = topo.nccl.rings[static_cast<std::size_t>(ch % 6)];
@@ -358,7 +360,8 @@ TEST(NcclValues, AHostGivenTheSectionReplaysIt) {
 
 TEST(NcclValues, ThePlanShowsInOpRecords) {
   const hw::Topology topo = hw::load_topology("h200x4");
-  for (auto [n, plan] : {std::pair<std::int64_t, std::string>{256, "nccl ring/LL x16"},
+  // 512 bytes: one channel (NCCL's reduction for small calls); 128 MiB: all 16.
+  for (auto [n, plan] : {std::pair<std::int64_t, std::string>{256, "nccl ring/LL x1"},
                          std::pair<std::int64_t, std::string>{std::int64_t{1} << 26, "nccl ring/Simple x16"}}) {
     auto ctx = sim_with(topo)(4);
     ctx->spawn(4, [&](int r) {
@@ -370,6 +373,27 @@ TEST(NcclValues, ThePlanShowsInOpRecords) {
       EXPECT_NE(o.detail.find(plan), std::string::npos) << o.detail;
     }
   }
+}
+
+// NCCL's channel reduction for small calls (nccl.h): the largest nc with bytes >= nc x threads x
+// threshold (x p on a ring), checked against NCCL_DEBUG=INFO's counts on 4 H200s (LL all_reduce:
+// 16 KiB 1 channel, 32 KiB 2, 64 KiB 4, 128 KiB 8, 256 KiB 16, 512 KiB 24).
+TEST(NcclPlan, SmallCallsUseFewerChannels) {
+  hw::NcclSpec s = hw::NcclSpec::defaults();
+  s.channels = 24;
+  const std::pair<std::uint64_t, int> logged[] = {{16 << 10, 1}, {32 << 10, 2}, {64 << 10, 4},
+                                                  {128 << 10, 8}, {256 << 10, 16}, {512 << 10, 24}};
+  for (auto [bytes, nc] : logged) {
+    EXPECT_EQ(algo::nccl_channels(NcclAlgo::ring, NcclProtocol::ll, 4, bytes, s), nc) << bytes;
+  }
+  // Simple's threshold is 8x LL's; a tree's is not multiplied by the ranks; tiny calls keep one.
+  EXPECT_EQ(algo::nccl_channels(NcclAlgo::ring, NcclProtocol::simple, 4, 1 << 20, s), 8);
+  EXPECT_EQ(algo::nccl_channels(NcclAlgo::tree, NcclProtocol::simple, 4, 1 << 20, s), 24);
+  EXPECT_EQ(algo::nccl_channels(NcclAlgo::ring, NcclProtocol::ll, 4, 8, s), 1);
+  // The plan carries the count; a section whose thresholds are 0 keeps every channel.
+  EXPECT_EQ(algo::nccl_plan(Collective::all_reduce, 4, 64 << 10, s).channels, 4);
+  for (hw::NcclProtocolSpec& f : s.protocols) f.thread_threshold = 0;
+  EXPECT_EQ(algo::nccl_plan(Collective::all_reduce, 4, 64 << 10, s).channels, 24);
 }
 
 // ---------------------------------------------------------------- errors

@@ -474,7 +474,7 @@ std::vector<json> documents_with_every_schema_key() {
         "base_latency_ns": {"ring": 6600, "tree": 6800}, "hop_latency_ns": {"ring": 600, "tree": 600},
         "slice_bytes": 32768, "max_bus_bandwidth_GBps": 141, "tree_bandwidth_factor": 0.25,
         "fixed_latency_ns": 5000, "send_latency_ns": 400, "send_bandwidth_GBps": 12, "copy_bandwidth_GBps": 30,
-        "chunk_slices": 2})");
+        "chunk_slices": 2, "max_threads": 256, "thread_threshold_bytes": 16})");
   }
   std::vector<json> docs;
   // Every capacity unit, in the template and in a per-cube entry.
