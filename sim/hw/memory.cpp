@@ -1,5 +1,6 @@
 #include "sim/hw/memory.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -145,23 +146,29 @@ void for_each_piece(std::uint64_t addr, std::uint64_t len, std::uint64_t interle
 
 // for_each_piece with hashed channels: block b = q * n + r goes to channel (r + spread(q, n)) % n,
 // so each whole stripe of n blocks gives every channel one block. Adds each channel's bytes of
-// [addr, addr + len) to per[] (n entries, zero on entry).
-void add_hashed_pieces(std::uint64_t addr, std::uint64_t len, std::uint64_t interleave, std::uint64_t n,
-                       std::uint64_t* per) {
+// [addr, addr + len) to per[] (n entries, zero on entry). Returns false when the range covers whole
+// stripes (every channel has bytes); else true, with the channels it gave bytes appended to
+// `touched` once each, in ascending order (a short access: a few of the n channels).
+bool add_hashed_pieces(std::uint64_t addr, std::uint64_t len, std::uint64_t interleave, std::uint64_t n,
+                       std::uint64_t* per, std::vector<std::uint32_t>& touched) {
   const std::uint64_t b0 = addr / interleave, b1 = (addr + len - 1) / interleave;
   auto block = [&](std::uint64_t b) {
     const std::uint64_t lo = std::max(addr, b * interleave), hi = std::min(addr + len, (b + 1) * interleave);
-    per[(b % n + spread(b / n, n)) % n] += hi - lo;
+    const std::uint64_t ch = (b % n + spread(b / n, n)) % n;
+    if (per[ch] == 0) touched.push_back(static_cast<std::uint32_t>(ch));
+    per[ch] += hi - lo;
   };
   const std::uint64_t q0 = b0 / n, q1 = b1 / n;
   if (q1 - q0 < 2) {  // at most two stripes: block by block
     for (std::uint64_t b = b0; b <= b1; ++b) block(b);
-    return;
+    std::sort(touched.begin(), touched.end());
+    return true;
   }
   for (std::uint64_t b = b0; b < (q0 + 1) * n; ++b) block(b);  // the first stripe's tail
   const std::uint64_t whole = (q1 - q0 - 1) * interleave;     // the stripes between: one block each
   for (std::uint64_t ch = 0; ch < n; ++ch) per[ch] += whole;
   for (std::uint64_t b = q1 * n; b <= b1; ++b) block(b);      // the last stripe's head
+  return false;
 }
 
 }  // namespace
@@ -210,11 +217,18 @@ Passage Memory::serve(const ChunkVisit& v) {
         uniform_ = false;
       }
       if (hashed_) {
-        add_hashed_pieces(addr, v.bytes, interleave_, n, per_channel_.data());
-        for (std::uint32_t ch = 0; ch < n; ++ch) {
-          if (per_channel_[ch] == 0) continue;
-          piece(ch, per_channel_[ch]);
-          per_channel_[ch] = 0;
+        touched_.clear();
+        if (add_hashed_pieces(addr, v.bytes, interleave_, n, per_channel_.data(), touched_)) {
+          for (std::uint32_t ch : touched_) {  // a short access: only the channels it touched
+            piece(ch, per_channel_[ch]);
+            per_channel_[ch] = 0;
+          }
+        } else {
+          for (std::uint32_t ch = 0; ch < n; ++ch) {
+            if (per_channel_[ch] == 0) continue;
+            piece(ch, per_channel_[ch]);
+            per_channel_[ch] = 0;
+          }
         }
       } else {
         for_each_piece(addr, v.bytes, interleave_, n, piece);

@@ -147,6 +147,7 @@ class Memory final : public PathUnit {
   std::uint64_t interleave_;
   bool hashed_ = false;
   std::vector<std::uint64_t> per_channel_;  // scratch of serve() on a hashed memory
+  std::vector<std::uint32_t> touched_;      // scratch: the channels a short access touched
   std::vector<Server> channels_;
   // While every channel's bookings are the same (all traffic so far striped evenly over them), one
   // server stands for all of them: a chunk costs one booking instead of one per channel.
