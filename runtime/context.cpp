@@ -9,6 +9,7 @@
 #include "runtime/comm.h"
 #include "runtime/errors.h"
 #include "runtime/host_backend.h"
+#include "sim/core/interrupt.h"
 
 namespace cubesim::rt {
 
@@ -153,9 +154,22 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
     });
   }
   const double w0 = wall_now();
+  auto interrupted = [&](sim::Time at, std::uint64_t events) {
+    sim::clear_interrupt();
+    throw InterruptedError(fmt::format("spawn(): interrupted (SIGINT) at simulated time {} of this run ({} since the "
+                                       "context's start) after {} events; what ran is discarded, the context can run "
+                                       "again",
+                                       sim::format_time(at - start), sim::format_time(at), events - events0));
+  };
+  sim::SigintScope sigint;  // Ctrl-C stops the run between events (sim/core/interrupt.h)
+  sim::clear_interrupt();
   try {
     sim_->run();
+  } catch (const sim::InterruptedError& e) {
+    interrupted(e.time(), e.events());
   } catch (const sim::ProcessError& e) {
+    // A rank that saw the signal itself (a Python rank function raising KeyboardInterrupt).
+    if (sim::interrupt_requested()) interrupted(sim_->now(), sim_->events_executed());
     rethrow_as_rank_error(e, false);
   } catch (const sim::DeadlockError& e) {
     rethrow_as_rank_error(e, true);

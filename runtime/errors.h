@@ -5,6 +5,7 @@
 //   CollectiveError   ranks called mismatched collectives, or some never arrived
 //   RankError         spawn(): one or more ranks failed; names each rank and its cause
 //   BackendUnavailableError  a backend this build or machine cannot run (says why)
+//   InterruptedError  spawn(): stopped by SIGINT (Ctrl-C); says how far it ran (Python: KeyboardInterrupt)
 #pragma once
 
 #include <exception>
@@ -26,6 +27,13 @@ class BackendUnavailableError : public std::runtime_error {
 };
 
 class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// spawn() stopped by SIGINT (sim/core/interrupt.h): the message says the simulated time and the
+// events it reached; the context can run again.
+class InterruptedError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

@@ -26,7 +26,7 @@ import cubesim as cs
 from ._progress import Progress
 from ._table import format_table
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JSON_SCHEMA_RUN = "cubesim.run/1"
 
 BENCHES = {
@@ -936,9 +936,9 @@ def main(argv=None):
     except RuntimeError as e:
         print(f"cubesim: the run failed: {e}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("cubesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C: the simulation stops between events and says how far it got
+        print(f"cubesim: {e}" if str(e) else "cubesim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (cubesim ... | head): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return EXIT_OK

@@ -234,6 +234,11 @@ void register_exceptions(py::module_& m) {
       PyErr_SetString(g_collective_error, e.what());
     } catch (const rt::BackendUnavailableError& e) {
       PyErr_SetString(g_backend_error, e.what());
+    } catch (const rt::InterruptedError& e) {
+      // Ctrl-C: the SIGINT handler of the run passed the signal on to Python's (sim/core/interrupt.h);
+      // take that pending KeyboardInterrupt and raise one that says how far the run got.
+      if (PyErr_CheckSignals() != 0) PyErr_Clear();
+      PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
     }
   });
 }

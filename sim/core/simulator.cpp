@@ -1,4 +1,5 @@
 #include "sim/core/simulator.h"
+#include "sim/core/interrupt.h"
 
 #include <cassert>
 #include <cstdio>
@@ -292,7 +293,24 @@ void Simulator::run_loop(Time limit) {
   ActiveGuard guard(this);
   stop_at_ = limit;
   auto resumer = [this](void* p) { resume(static_cast<Process*>(p)); };
+  std::uint32_t poll = kInterruptPoll;
+  bool interrupted = false;
   while (queue_.run_next(stop_at_, resumer)) {
+    if (--poll == 0) [[unlikely]] {
+      poll = kInterruptPoll;
+      if (interrupt_requested()) {
+        interrupted = true;
+        break;
+      }
+    }
+  }
+  if (interrupted && failures_.empty()) {
+    // Ctrl-C (interrupt.h): stop here, leaving an idle simulator that can run again.
+    const Time t = now();
+    const std::uint64_t events = events_executed();
+    unwind_all();
+    queue_.clear();
+    throw InterruptedError(t, events);
   }
   if (!failures_.empty()) {
     std::vector<ProcessFailure> failures = std::move(failures_);

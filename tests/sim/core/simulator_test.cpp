@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "sim/core/barrier.h"
 #include "sim/core/event.h"
+#include "sim/core/interrupt.h"
 #include "sim/core/resource.h"
 #include "sim/core/wait.h"
 
@@ -112,6 +114,63 @@ TEST(Simulator, DeterministicEventOrderAcrossRuns) {
     EXPECT_EQ(a.second, b.second) << "seed " << seed;
   }
   EXPECT_NE(random_workload(1).first, random_workload(2).first);  // the hash does see the workload
+}
+
+// Ctrl-C (interrupt.h): the run stops between events, unwinds its processes and says how far it
+// got; the simulator then runs again.
+TEST(Simulator, AnInterruptStopsTheRunAndTheSimulatorRunsAgain) {
+  Tracked::live = 0;
+  Simulator sim;
+  int steps = 0;
+  sim.spawn("ticker", [&] {
+    Tracked t;
+    for (int i = 0; i < 1000000; ++i) {
+      this_process::sleep(ns(1));
+      ++steps;
+      if (i == 5000) request_interrupt();  // as the signal handler would
+    }
+  });
+  try {
+    sim.run();
+    FAIL() << "run() should have been interrupted";
+  } catch (const InterruptedError& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted (SIGINT) at simulated time"), std::string::npos) << e.what();
+    // Stopped within one poll of the request, never before it.
+    EXPECT_GE(steps, 5001);
+    EXPECT_LE(steps, 5001 + static_cast<int>(kInterruptPoll));
+    EXPECT_EQ(e.time(), sim.now());
+    EXPECT_GT(e.events(), 5000u);
+  }
+  EXPECT_EQ(Tracked::live, 0);  // the ticker was unwound
+  EXPECT_EQ(sim.processes_live(), 0u);
+  clear_interrupt();
+  const Time t0 = sim.now();
+  bool ran = false;
+  sim.spawn("again", [&] {
+    this_process::sleep(ns(7));
+    ran = true;
+  });
+  sim.run();
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(sim.now(), t0 + ns(7));
+}
+
+// A SigintScope installs its handler for its lifetime: a SIGINT raised inside sets the flag (and
+// the process survives); outside, the previous disposition is back.
+TEST(Simulator, ASigintScopeTurnsTheSignalIntoTheFlag) {
+  struct sigaction before {};
+  sigaction(SIGINT, nullptr, &before);
+  clear_interrupt();
+  {
+    SigintScope scope;
+    SigintScope nested;
+    std::raise(SIGINT);
+    EXPECT_TRUE(interrupt_requested());
+  }
+  clear_interrupt();
+  struct sigaction after {};
+  sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
 TEST(Simulator, ExceptionEndsRunNamingProcessAndTime) {
