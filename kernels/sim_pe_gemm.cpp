@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -70,18 +73,40 @@ void roofline(SimGemmReport& r, const HbmMatrix& A, const HbmMatrix& B, const Hb
   r.efficiency = r.time ? static_cast<double>(std::max(r.compute_bound, r.memory_bound)) / static_cast<double>(r.time) : 1.0;
 }
 
+// TCM buffers of one run, freed when it ends, also when a failed or interrupted spawn unwinds the
+// run's processes: the next run finds the TCM as it was.
+class TcmLease {
+ public:
+  TcmLease() = default;
+  TcmLease(const TcmLease&) = delete;
+  TcmLease& operator=(const TcmLease&) = delete;
+  ~TcmLease() {
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) it->first->free(it->second);
+  }
+  std::uint64_t allocate(hw::Memory& tcm, std::uint64_t bytes, std::string_view what) {
+    held_.reserve(held_.size() + 1);  // the pair below cannot fail to go in once allocated
+    const std::uint64_t a = tcm.allocate(bytes, 64, what);
+    held_.emplace_back(&tcm, a);
+    return a;
+  }
+
+ private:
+  std::vector<std::pair<hw::Memory*, std::uint64_t>> held_;
+};
+
 // One PE's stream of (tile, k-block) steps, double-buffered (see the header).
 void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles, Shared& sh) {
   const HbmMatrix &A = *sh.A, &B = *sh.B, &C = *sh.C;
   const std::int64_t M = A.rows, N = B.cols, K = A.cols;
   const std::uint64_t ea = dtype_size(A.dtype), eb = dtype_size(B.dtype), ec = dtype_size(C.dtype);
   hw::Memory& tcm = pe.tcm();
+  TcmLease lease;
   std::uint64_t a_buf[2], b_buf[2], c_buf[2], bias_buf[2];
   for (int i = 0; i < 2; ++i) {
-    a_buf[i] = tcm.allocate(static_cast<std::uint64_t>(sh.tm * sh.tk) * ea, 64, "A tile");
-    b_buf[i] = tcm.allocate(static_cast<std::uint64_t>(sh.tk * sh.tn) * eb, 64, "B tile");
-    c_buf[i] = tcm.allocate(static_cast<std::uint64_t>(sh.tm * sh.tn) * ec, 64, "C tile");
-    bias_buf[i] = sh.bias ? tcm.allocate(static_cast<std::uint64_t>(sh.tn) * dtype_size(sh.bias->dtype), 64, "bias") : 0;
+    a_buf[i] = lease.allocate(tcm, static_cast<std::uint64_t>(sh.tm * sh.tk) * ea, "A tile");
+    b_buf[i] = lease.allocate(tcm, static_cast<std::uint64_t>(sh.tk * sh.tn) * eb, "B tile");
+    c_buf[i] = lease.allocate(tcm, static_cast<std::uint64_t>(sh.tm * sh.tn) * ec, "C tile");
+    bias_buf[i] = sh.bias ? lease.allocate(tcm, static_cast<std::uint64_t>(sh.tn) * dtype_size(sh.bias->dtype), "bias") : 0;
   }
   struct Step {
     std::int64_t m0, n0, k0, mt, nt, kt;
@@ -160,12 +185,6 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
     }
   }
   for (auto& w : writes) w.wait();
-  for (int i = 0; i < 2; ++i) {
-    tcm.free(a_buf[i]);
-    tcm.free(b_buf[i]);
-    tcm.free(c_buf[i]);
-    if (sh.bias) tcm.free(bias_buf[i]);
-  }
 }
 
 // ---------------------------------------------------------------- the GPU-like pipeline ("pe.gemm")
@@ -261,16 +280,17 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
   sim::Simulator& sim = sys.simulator();
   sim::Trace& tr = sim.trace();
   std::vector<Member> mem(pes.size());
+  TcmLease lease;
   for (std::size_t i = 0; i < pes.size(); ++i) {
     Member& x = mem[i];
     x.pe = pes[i];
     hw::Memory& tcm = x.pe->tcm();
     for (std::size_t st = 0; st < S; ++st) {
-      x.a_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tm * P.tk) * ea, 64, "A k-block"));
-      x.b_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tk * P.tn) * eb, 64, "B k-block"));
-      if (P.bias) x.bias_buf.push_back(tcm.allocate(static_cast<std::uint64_t>(P.tn) * ebias, 64, "bias"));
+      x.a_buf.push_back(lease.allocate(tcm, static_cast<std::uint64_t>(P.tm * P.tk) * ea, "A k-block"));
+      x.b_buf.push_back(lease.allocate(tcm, static_cast<std::uint64_t>(P.tk * P.tn) * eb, "B k-block"));
+      if (P.bias) x.bias_buf.push_back(lease.allocate(tcm, static_cast<std::uint64_t>(P.tn) * ebias, "bias"));
     }
-    x.c_buf = tcm.allocate(static_cast<std::uint64_t>(P.tm * P.tn) * ec, 64, "C tile");
+    x.c_buf = lease.allocate(tcm, static_cast<std::uint64_t>(P.tm * P.tn) * ec, "C tile");
     x.ready = sim.now() + sim::transfer_time(P.g->prologue_cycles, sim::Bandwidth{x.pe->mac().spec().clock_hz});
     if (P.functional) x.acc.resize(static_cast<std::size_t>(P.tm * P.tn));
   }
@@ -434,16 +454,7 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
       }
     }
   }
-  for (Member& x : mem) {
-    x.write.wait();
-    hw::Memory& tcm = x.pe->tcm();
-    for (std::size_t st = 0; st < S; ++st) {
-      tcm.free(x.a_buf[st]);
-      tcm.free(x.b_buf[st]);
-      if (P.bias) tcm.free(x.bias_buf[st]);
-    }
-    tcm.free(x.c_buf);
-  }
+  for (Member& x : mem) x.write.wait();
 }
 
 // The kernel a GEMM runs: a tile of pe.gemm.choices (or the one tile), with or without the
