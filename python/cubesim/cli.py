@@ -90,6 +90,7 @@ class Output:
     """Human text to stdout unless --json - asked for JSON only; JSON to the file --json names."""
 
     def __init__(self, json_path):
+        check_output_path("--json", json_path)  # before any work: a bad path must not cost the run
         self.json_path = json_path
         self.quiet = json_path == "-"
 
@@ -109,6 +110,40 @@ class Output:
         except OSError as e:
             raise UsageError(f"--json {self.json_path}: cannot write it ({e.strerror})") from e
         self.say(f"json: {self.json_path}")
+
+
+def check_output_path(flag, path):
+    """Refuses, before any work, an output file that cannot be written (a missing or read-only
+    directory, a directory in its place); '-' (stdout) is always fine."""
+    if not path or path == "-":
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: that is a directory; give a file path")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: cannot write there (permission denied)")
+
+
+def int_in(lo, hi, what):
+    """An argparse type: an integer in [lo, hi], refused with the range otherwise (no traceback,
+    exit 2)."""
+    def parse(text):
+        try:
+            v = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give {what}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is out of range; give {what}")
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
+SEED = int_in(0, 2**64 - 1, "a seed from 0 to 2^64-1")
+SIZE = int_in(1, 2**40, "a size from 1 to 2^40")
 
 
 def parse_sets(items):
@@ -355,6 +390,7 @@ def backend_row(name):
 
 def cmd_run(args):
     out = Output(args.json)
+    check_output_path("--trace", args.trace)
     backend = backend_row(args.backend)
     simulating = [b["name"] for b in cs.backend_info() if b["simulates"]]
     if args.timing_only and not backend["simulates"]:
@@ -831,9 +867,9 @@ def build_parser():
                      help="where it runs (default: sim; see cubesim.backend_info())")
     run.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON (open in ui.perfetto.dev)")
     json_opt(run)
-    run.add_argument("--hidden", type=int, default=512, metavar="N", help="hidden size (default 512)")
-    run.add_argument("--ffn", type=int, default=2048, metavar="N", help="feed-forward size (default 2048)")
-    run.add_argument("--tokens", type=int, default=256, metavar="N", help="tokens in the batch (default 256)")
+    run.add_argument("--hidden", type=SIZE, default=512, metavar="N", help="hidden size (default 512)")
+    run.add_argument("--ffn", type=SIZE, default=2048, metavar="N", help="feed-forward size (default 2048)")
+    run.add_argument("--tokens", type=SIZE, default=256, metavar="N", help="tokens in the batch (default 256)")
     run.add_argument("--dtype", default="bf16", help="f32 | bf16 | f16 (default bf16)")
     run.add_argument("--gelu", default="tanh", choices=["tanh", "erf"], help="GELU form (default tanh)")
     run.add_argument("--no-bias", action="store_true", help="linear layers without bias")
@@ -845,8 +881,8 @@ def build_parser():
     run.add_argument("--no-hardware-stats", action="store_true",
                      help="sim: skip the per-track hardware statistics (they record a trace in memory; large runs "
                      "save memory and time without it)")
-    run.add_argument("--seed", type=int, default=1234, help="weight seed (default 1234)")
-    run.add_argument("--data-seed", type=int, default=99, help="input seed (default 99)")
+    run.add_argument("--seed", type=SEED, default=1234, help="weight seed (default 1234)")
+    run.add_argument("--data-seed", type=SEED, default=99, help="input seed (default 99)")
     set_opt(run)
     run.set_defaults(fn=cmd_run)
 

@@ -441,3 +441,27 @@ def test_topo_show_names_the_switch_and_its_ports(capsys):
     assert "ports of 25 GB/s, one per link (450 GB/s per cube and direction)" in out
     rc, out, _ = run_cli(capsys, "topo", "show", "dgx_h100x8")
     assert rc == 0 and "switch    latency 300 ns" in out and "ports" not in out.split("switch    ")[1].split("\n")[0]
+
+
+# ---- bad flags are refused before any work (issue 13) ----------------------------------------------
+
+
+@pytest.mark.parametrize("flag,value,msg", [("--seed", "-1", "give a seed from 0 to 2^64-1"),
+                                            ("--data-seed", str(2**64), "give a seed from 0 to 2^64-1"),
+                                            ("--hidden", "0", "give a size from 1 to 2^40"),
+                                            ("--tokens", "12x", "is not an integer")])
+def test_run_refuses_out_of_range_integers_with_exit_2(capsys, flag, value, msg):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", flag, value, *SMALL])
+    _, err = capsys.readouterr()
+    assert e.value.code == 2
+    assert f"argument {flag}" in err and msg in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--json"])
+def test_run_refuses_an_unwritable_output_path_before_running(capsys, tmp_path, flag):
+    for bad, why in [(tmp_path / "missing" / "x.json", "does not exist"), (tmp_path, "that is a directory")]:
+        rc, out, err = run_cli(capsys, "run", *SMALL, flag, str(bad))
+        assert rc == 2, err
+        assert f"{flag} {bad}" in err and why in err
+        assert "simulated time" not in out and "check:" not in out  # nothing ran
