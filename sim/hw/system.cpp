@@ -514,6 +514,11 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   return TransferHandle(r, r->id);
 }
 
+void System::abandon_transfers() {
+  for (auto& m : memories_) m->in_flight_.clear();
+  completed_ = started_;  // none is in flight any more (bytes_transferred() counts landed ones only)
+}
+
 TransferRecord* System::alloc_record() {
   if (free_records_) {
     TransferRecord* r = free_records_;
