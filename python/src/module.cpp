@@ -220,6 +220,19 @@ std::string short_repr(const py::handle& h) {
 
 nlohmann::json to_json_at(const py::handle& h, JsonWalk& w);
 
+// A str as UTF-8; ValueError naming `where` for one that has none (a lone surrogate).
+std::string utf8_of(const py::handle& h, const std::string& where) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+  if (p == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(fmt::format("{}: the string {} cannot be encoded as UTF-8 (a lone surrogate); JSON text is "
+                                      "UTF-8",
+                                      where, short_repr(h)));
+  }
+  return std::string(p, static_cast<std::size_t>(n));
+}
+
 // Enters a container: refuses a cycle and nesting past kMaxJsonDepth before recursing.
 struct Open {
   JsonWalk& w;
@@ -258,7 +271,7 @@ nlohmann::json to_json_at(const py::handle& h, JsonWalk& w) {
                                       w.where(), short_repr(h)));
   }
   if (py::isinstance<py::float_>(h)) return h.cast<double>();
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::str>(h)) return utf8_of(h, w.where());
   if (py::isinstance<py::dict>(h)) {
     Open guard(w, h);
     nlohmann::json o = nlohmann::json::object();
@@ -267,7 +280,7 @@ nlohmann::json to_json_at(const py::handle& h, JsonWalk& w) {
         throw py::type_error(fmt::format("{}: JSON object keys must be strings, got {} ({})", w.where(),
                                          short_repr(kv.first), py::type::of(kv.first).attr("__name__").cast<std::string>()));
       }
-      std::string key = kv.first.cast<std::string>();
+      std::string key = utf8_of(kv.first, w.where() + " (a key)");
       w.path.push_back("['" + (key.size() > 40 ? key.substr(0, 37) + "..." : key) + "']");
       o[key] = to_json_at(kv.second, w);
       w.path.pop_back();
@@ -330,7 +343,7 @@ std::vector<std::pair<std::string, nlohmann::json>> overrides_arg(const py::hand
                                        "(a {})",
                                        short_repr(k), py::type::of(k).attr("__name__").cast<std::string>()));
     }
-    return k.cast<std::string>();
+    return utf8_of(k, "overrides: a path");
   };
   if (py::isinstance<py::dict>(h)) {
     for (auto kv : h.cast<py::dict>()) {

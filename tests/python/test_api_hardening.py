@@ -394,3 +394,23 @@ def test_messages_use_python_spellings():
     with pytest.raises(cs.RankError) as e:
         ctx.spawn(lambda rank: cs.tp.get_tensor_model_parallel_rank())
     assert "tp.initialize_model_parallel" in str(e.value) and "::" not in str(e.value)
+
+
+# ---- found by the fuzzer (test_fuzz_api.py) -----------------------------------------------------------
+
+
+def test_strings_without_utf8_are_a_value_error_naming_where():
+    doc = cs.load_topology_json("single_cube")
+    with pytest.raises(ValueError, match=r"^doc\['_comment'\]: the string .* cannot be encoded as UTF-8"):
+        cs.topology_from_json({**doc, "_comment": "\udcff"})
+    with pytest.raises(ValueError, match=r"^doc \(a key\): the string .* cannot be encoded as UTF-8"):
+        cs.topology_from_json({**doc, "\udcff": 1})
+    with pytest.raises(ValueError, match=r"^overrides: a path: the string .* cannot be encoded as UTF-8"):
+        cs.load_topology("single_cube", overrides={"\udcff": 1})
+
+
+def test_host_out_of_memory_names_the_allocation():
+    h = cs.Context("host", world_size=1)
+    with pytest.raises(MemoryError, match=r"allocation 'empty' on rank 0: the host backend cannot allocate "
+                                          r"281474976710656 bytes of host memory"):
+        h.empty(0, [2**46])  # exactly the tensor byte limit: allowed, but no host has it
