@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -42,17 +43,26 @@ using namespace cubesim::pyb;
 namespace {
 
 using CtxPtr = std::shared_ptr<rt::Context>;
+constexpr std::int64_t kIntMin = std::numeric_limits<int>::min();
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
 
 // Context(backend, ...): the backend's registry row makes it (runtime/backend_registry.h). The
 // backend's own options go by name, only those the caller gave (None: the backend's default), so
 // a backend rejects an option it does not take.
-std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const py::object& topology,
+std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::object& world_size_arg,
+                                          const py::object& topology,
                                           const py::object& overrides, std::optional<bool> timing_only,
                                           std::optional<bool> check_uninitialized, std::optional<std::string> hazards,
-                                          bool trace, const std::string& algorithm, bool accumulate_f32, int hierarchy,
-                                          std::size_t stack_size, bool record_ops, std::optional<std::string> gemm_mode,
+                                          bool trace, const std::string& algorithm, bool accumulate_f32,
+                                          const py::object& hierarchy_arg, const py::object& stack_size_arg,
+                                          bool record_ops, std::optional<std::string> gemm_mode,
                                           std::optional<std::string> cuda_collectives,
                                           std::optional<std::vector<int>> ranks_on) {
+  const int world_size = static_cast<int>(int_arg(world_size_arg, "Context: world_size", 0, 1 << 20));
+  const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "Context: hierarchy", 0, 1 << 20));
+  const auto stack_size =
+      static_cast<std::size_t>(int_arg(stack_size_arg, "Context: stack_size", 16 * 1024, std::int64_t{1} << 32));
   const rt::BackendInfo& info = rt::find_backend(backend);
   rt::ContextOptions o;
   o.world_size = world_size;
@@ -158,8 +168,9 @@ void check_rank_function(const py::function& fn, const char* where) {
 }
 
 // ctx.spawn(fn): fn(rank) for every rank, as a simulated process, in Python.
-rt::RunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<int> nprocs_arg) {
-  const int nprocs = nprocs_arg.value_or(ctx->world_size());
+rt::RunReport py_spawn(const CtxPtr& ctx, const py::function& fn, const py::object& nprocs_arg) {
+  const int nprocs = nprocs_arg.is_none() ? ctx->world_size()
+                                          : static_cast<int>(int_arg(nprocs_arg, "spawn: nprocs", kIntMin, kIntMax));
   if (nprocs < 1 || nprocs > ctx->world_size()) {
     throw py::value_error(fmt::format("spawn: nprocs {} is not valid; the context has {} ranks; spawn between 1 and {}",
                                       nprocs, ctx->world_size(), ctx->world_size()));
@@ -494,12 +505,19 @@ void bind_runtime(py::module_& m) {
            "Writes values into the tensor (untimed), converted to its dtype by the rules of Context.tensor. The "
            "source (a numpy array, a CPU torch tensor, or any object with __array__ or __dlpack__) must have the "
            "tensor's shape, like torch's Tensor.copy_ without broadcasting.")
-      .def("narrow", [](const PyTensor& t, std::int64_t d, std::int64_t s, std::int64_t n) { return PyTensor{t.t.narrow(d, s, n), t.ctx}; },
+      .def("narrow",
+           [](const PyTensor& t, const py::object& d, const py::object& s, const py::object& n) {
+             return PyTensor{t.t.narrow(int_arg(d, "narrow: dim", -64, 63), int_arg(s, "narrow: start", 0, kI64Max),
+                                        int_arg(n, "narrow: length", 0, kI64Max)),
+                             t.ctx};
+           },
            py::arg("dim"), py::arg("start"), py::arg("length"), "A view of `length` entries of dimension `dim`.")
       .def("chunk",
-           [](const PyTensor& t, std::int64_t n, std::int64_t d) {
+           [](const PyTensor& t, const py::object& n, const py::object& d) {
              std::vector<PyTensor> out;
-             for (auto& c : t.t.chunk(n, d)) out.push_back(PyTensor{c, t.ctx});
+             for (auto& c : t.t.chunk(int_arg(n, "chunk: n", 1, kI64Max), int_arg(d, "chunk: dim", -64, 63))) {
+               out.push_back(PyTensor{c, t.ctx});
+             }
              return out;
            },
            py::arg("n"), py::arg("dim") = 0, "n equal views along dim (its size must divide by n).")
@@ -736,7 +754,9 @@ void bind_runtime(py::module_& m) {
         py::arg("algorithm") = py::none(), py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0,
         py::arg("async_op") = false, "out (n elements) = this member's chunk of the reduction of the inputs (p*n each).");
   m.def("broadcast",
-        [](const PyTensor& t, int root, rt::ProcessGroup* g, std::optional<std::string> alg, bool async_op) {
+        [](const PyTensor& t, const py::object& root_arg, rt::ProcessGroup* g, std::optional<std::string> alg,
+           bool async_op) {
+          const int root = static_cast<int>(int_arg(root_arg, "broadcast: root", 0, kIntMax));
           const auto o = coll_opts(alg, std::nullopt, 0, async_op);
           ReleaseGil nogil;
           return rt::broadcast(t.t, root, g, o);
@@ -744,13 +764,17 @@ void bind_runtime(py::module_& m) {
         py::arg("tensor"), py::arg("root"), py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
         py::arg("async_op") = false, "Every member's tensor becomes the root's (root: a global rank).");
   m.def("barrier", &rt::barrier, py::arg("group") = nullptr, py::call_guard<ReleaseGil>());
-  m.def("send", [](const PyTensor& t, int dst, int tag, rt::ProcessGroup* g) {
+  m.def("send", [](const PyTensor& t, const py::object& dst_arg, const py::object& tag_arg, rt::ProcessGroup* g) {
+          const int dst = static_cast<int>(int_arg(dst_arg, "send: dst", 0, kIntMax));
+          const int tag = static_cast<int>(int_arg(tag_arg, "send: tag", kIntMin, kIntMax));
           ReleaseGil nogil;
           rt::send(t.t, dst, tag, g);
         },
         py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("group") = nullptr,
         "Blocks until the data has landed at dst's matching recv.");
-  m.def("recv", [](const PyTensor& t, int src, int tag, rt::ProcessGroup* g) {
+  m.def("recv", [](const PyTensor& t, const py::object& src_arg, const py::object& tag_arg, rt::ProcessGroup* g) {
+          const int src = static_cast<int>(int_arg(src_arg, "recv: src", 0, kIntMax));
+          const int tag = static_cast<int>(int_arg(tag_arg, "recv: tag", kIntMin, kIntMax));
           ReleaseGil nogil;
           rt::recv(t.t, src, tag, g);
         },

@@ -126,6 +126,23 @@ def test_ints_out_of_range_name_the_argument_and_the_range():
         for v in (big, -1):
             with pytest.raises(ValueError, match=rf"^{kw}: {v} is out of range; valid: 0 to 2\^64-1"):
                 cs.tp.run_mlp(cs.Context("host", world_size=1), tokens=8, hidden=16, ffn=32, **{kw: v})
+    with pytest.raises(ValueError, match=r"Context: world_size: 18446744073709551616 is out of range; valid: 0 to"):
+        cs.Context("host", world_size=big)
+    with pytest.raises(ValueError, match=r"Context: stack_size: -1 is out of range"):
+        cs.Context("host", world_size=1, stack_size=-1)
+    with pytest.raises(ValueError, match=r"spawn: nprocs: 18446744073709551616 is out of range"):
+        h.spawn(lambda rank: None, nprocs=big)
+    t = h.zeros(0, [4, 4])
+    with pytest.raises(ValueError, match=r"narrow: start: 18446744073709551616 is out of range; valid: 0 to 2\^63-1"):
+        t.narrow(0, big, 1)
+    with pytest.raises(ValueError, match=r"chunk: n: 0 is out of range; valid: 1 to 2\^63-1"):
+        t.chunk(0)
+
+    def send_far(rank):
+        cs.send(t, big) if rank == 0 else None
+
+    with pytest.raises(cs.RankError, match=r"send: dst: 18446744073709551616 is out of range; valid: 0 to 2147483647"):
+        h.spawn(send_far)
     # The largest valid value still works where it is taken.
     assert cs.nccl_plan("all_reduce", 4, 2**64 - 1)["plan"]
 
