@@ -336,6 +336,8 @@ def test_a_failure_in_a_pe_helper_process_names_its_rank():
     assert "rank -1" not in str(e.value)
     assert "spawn: rank 1 failed" in str(e.value)
     assert "in its helper process 'cube1.pe" in str(e.value)
+    # Python spellings (case 12): the option as Python sets it, not SystemOptions::check_uninitialized.
+    assert "Context(check_uninitialized=False)" in str(e.value) and "::" not in str(e.value)
 
 
 # ---- 10: matmul messages and aliasing ------------------------------------------------------------------
