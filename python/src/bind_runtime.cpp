@@ -148,7 +148,7 @@ std::string describe_python_error(const py::error_already_set& e) {
 // A rank function must take one positional argument, the rank: checked before the run, so a wrong
 // signature is a TypeError naming the function rather than a failure of every rank. Callables
 // inspect cannot describe (some builtins) are left to the call.
-void check_rank_function(const py::function& fn, const char* where) {
+void check_rank_function(const py::object& fn, const char* where) {
   py::object sig;
   try {
     sig = py::module_::import("inspect").attr("signature")(fn);
@@ -168,7 +168,12 @@ void check_rank_function(const py::function& fn, const char* where) {
 }
 
 // ctx.spawn(fn): fn(rank) for every rank, as a simulated process, in Python.
-rt::RunReport py_spawn(const CtxPtr& ctx, const py::function& fn, const py::object& nprocs_arg) {
+rt::RunReport py_spawn(const CtxPtr& ctx, const py::object& fn_arg, const py::object& nprocs_arg) {
+  if (!PyCallable_Check(fn_arg.ptr())) {
+    throw py::type_error(fmt::format("Context.spawn(): fn must be a function of the rank, def fn(rank): ..., not a {}",
+                                     py::type::of(fn_arg).attr("__name__").cast<std::string>()));
+  }
+  const auto fn = py::reinterpret_borrow<py::function>(fn_arg);
   const int nprocs = nprocs_arg.is_none() ? ctx->world_size()
                                           : static_cast<int>(int_arg(nprocs_arg, "spawn: nprocs", kIntMin, kIntMax));
   if (nprocs < 1 || nprocs > ctx->world_size()) {

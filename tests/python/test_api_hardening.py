@@ -315,6 +315,9 @@ def test_a_rank_function_with_the_wrong_signature_is_a_type_error_naming_it():
         with pytest.raises(TypeError, match=rf"Context.spawn\(\): the rank function .*{sig} cannot be called as "
                                             rf".*\(rank\).*def .*\(rank\)"):
             ctx.spawn(fn)
+    for junk in (5, "fn", None):
+        with pytest.raises(TypeError, match=r"Context.spawn\(\): fn must be a function of the rank, def fn\(rank\)"):
+            ctx.spawn(junk)
     ctx.spawn(lambda rank, extra=1: None)  # a default for the rest is fine
     ctx.spawn(lambda *args: None)
 
