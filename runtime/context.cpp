@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <set>
 
 #include <fmt/format.h>
@@ -150,6 +151,15 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   const std::uint64_t events0 = sim_->events_executed();
   const std::vector<hw::UnitCounters> usage0 = backend_->counters();
   const std::vector<sim::Trace::TrackStats> tracks0 = sim_->trace().stats();
+  // However the run ends in an exception (a rank failed, a deadlock, an interrupt), the backend
+  // drops what the run left in flight, so the next spawn() starts from a usable state.
+  struct AbandonOnThrow {
+    Backend& backend;
+    int uncaught = std::uncaught_exceptions();
+    ~AbandonOnThrow() {
+      if (std::uncaught_exceptions() > uncaught) backend.abandon_run();
+    }
+  } abandon_on_throw{*backend_};
   for (int r = 0; r < nprocs; ++r) {
     spawn_for_rank(r, fmt::format("rank{}", r), [this, r, &fn] {
       fn(r);
@@ -160,10 +170,8 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   try {
     sim_->run();
   } catch (const sim::ProcessError& e) {
-    backend_->abandon_run();
     rethrow_as_rank_error(e, false);
   } catch (const sim::DeadlockError& e) {
-    backend_->abandon_run();
     rethrow_as_rank_error(e, true);
   }
   RunReport rep;
