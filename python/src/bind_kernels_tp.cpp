@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "common.h"
+#include "runtime/algorithms/table.h"
 #include "kernels/det_gemm.h"
 #include "kernels/elementwise.h"
 #include "tp/equivalence.h"
@@ -170,6 +171,25 @@ tp::MlpOptions mlp_opts(std::int64_t hidden, std::int64_t ffn, const std::string
   return o;
 }
 
+// The collectives a ParallelMLP step runs on its tp group (all_reduce; with sequence parallelism
+// all_gather and reduce_scatter) checked against the context's algorithm before any rank runs, so
+// halving_doubling on 3 ranks is a ValueError naming the algorithm, the rank count and the valid
+// choices rather than a RankError after the run.
+void check_mlp_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char* who) {
+  if (tpsize < 1) return;  // the job's own check names it
+  const rt::algo::Row& row = rt::algo::row(ctx.options().algorithm);
+  std::vector<rt::algo::Collective> used{rt::algo::Collective::all_reduce};
+  if (sp) used = {rt::algo::Collective::all_gather, rt::algo::Collective::reduce_scatter};
+  for (rt::algo::Collective k : used) {
+    const std::string call = fmt::format("{} (tp {}{})", who, tpsize, sp ? ", sequence parallel" : "");
+    if (!row.supports(k)) {
+      throw rt::RuntimeError(fmt::format("{}: algorithm '{}' does no {}; valid: {}", call, row.name,
+                                         rt::collective_kind_name(k), rt::algo::supported_names(k)));
+    }
+    rt::algo::require_group_size(row, k, tpsize, call);
+  }
+}
+
 struct PyEquivalence {
   std::vector<tp::TensorCheck> checks;
   bool passed = false;
@@ -181,6 +201,7 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
                                 const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  check_mlp_algorithm(*ctx, tpsize, sp, "check_mlp_equivalence");
   tp::MlpCheckOptions o;
   o.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed);
   o.tokens = tokens;
@@ -199,6 +220,7 @@ rt::RunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::i
                     const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  check_mlp_algorithm(*ctx, tpsize, sp, "run_mlp");
   const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
                              .tokens = tokens,
                              .tp = tpsize,

@@ -405,6 +405,35 @@ def test_halving_doubling_on_3_ranks_is_refused_up_front():
     ctx.run_collective("all_reduce", [np.ones(6, np.float32)] * 3, algorithm="halving_doubling")  # any size
 
 
+def test_an_mlp_whose_algorithm_cannot_run_on_its_tp_group_is_refused_before_the_run():
+    kw = dict(tp=3, tokens=12, hidden=48, ffn=96, sequence_parallel=True)
+    ctx = cs.Context("sim", topology="ring4", world_size=3, algorithm="halving_doubling", timing_only=True)
+    before = ctx.now_ps
+    for job in (cs.tp.run_mlp, cs.tp.check_mlp_equivalence):
+        with pytest.raises(ValueError, match=rf"{job.__name__} \(tp 3, sequence parallel\): halving_doubling "
+                                             r"all_gather needs a power-of-two group .* not 3 ranks") as e:
+            job(ctx, **kw)
+        assert not isinstance(e.value, cs.RankError)
+    assert ctx.now_ps == before  # nothing ran
+    tree = cs.Context("sim", topology="ring4", world_size=3, algorithm="tree", timing_only=True)
+    with pytest.raises(ValueError, match=r"algorithm 'tree' does no all_gather; valid: ring, direct"):
+        cs.tp.run_mlp(tree, **kw)
+    # Without sequence parallelism the step runs all_reduce only, which halving_doubling does on 3 ranks.
+    assert cs.tp.run_mlp(ctx, **{**kw, "sequence_parallel": False}).sim_time_ps > 0
+
+
+def test_cli_run_refuses_halving_doubling_on_3_ranks_with_exit_2():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "cubesim", "run", "--topology", "ring4", "--tp", "3", "--algorithm",
+                        "halving_doubling", "--sequence-parallel", "--hidden", "48", "--ffn", "96", "--tokens", "12"],
+                       capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "halving_doubling all_gather needs a power-of-two group" in r.stderr and "RankError" not in r.stderr
+    assert "the run failed" not in r.stderr
+
+
 # ---- 12: Python spellings in messages ------------------------------------------------------------------
 
 
