@@ -105,6 +105,12 @@ def key_paths(doc, prefix=(), depth=0):
     return out
 
 
+def get(doc, keys):
+    for k in keys:
+        doc = doc[k]
+    return doc
+
+
 def paths(doc):
     """Every dotted path of a document."""
     return [".".join(map(str, p)) for p in key_paths(doc)]
@@ -135,7 +141,10 @@ def mutate(r, doc):
             node = node[key]
         last = keys[-1]
         k = r.random()
-        if k < 0.7:
+        old = node[last]
+        if k < 0.3 and isinstance(old, (int, float)) and not isinstance(old, bool):
+            node[last] = type(old)(old * r.choice([1, 2, 0.5, 3, 0, -1]))  # a plausible edit: often still valid
+        elif k < 0.7:
             node[last] = value(r)
         elif k < 0.85 and isinstance(node, dict):
             del node[last]
@@ -182,7 +191,13 @@ def test_fuzz_topology_entry_points(docs):
         else:
             name = r.choice(["single_cube", "ring4"])
             kind = r.random()
-            if kind < 0.6:
+            if kind < 0.3:  # plausible: a real numeric field scaled (often still valid)
+                base = cs.load_topology_json(name)
+                num = [p for p in key_paths(base) if isinstance(get(base, p), (int, float))
+                       and not isinstance(get(base, p), bool)]
+                p = r.choice(num)
+                ov = {".".join(map(str, p)): get(base, p) * r.choice([1, 2, 0.5, 4])}
+            elif kind < 0.6:
                 ov = {random_path(r, cs.load_topology_json(name)): value(r) for _ in range(r.randint(1, 3))}
             elif kind < 0.8:
                 ov = [(random_path(r, doc), value(r))]
@@ -236,3 +251,31 @@ def test_fuzz_tensor_entry_points():
     x = rng.standard_normal(6).astype(np.float32)
     live[1].copy_from(x)
     assert np.array_equal(live[1].numpy(), x)
+
+
+def test_fuzz_context_and_plan_entry_points():
+    """Context(...) and nccl_plan(...) with random arguments: made, or refused with a documented type."""
+    r = random.Random(SEED + 2)
+    ints = [0, 1, 2, 3, 4, 8, -1, 2**31, 2**63, 2**64, 10**30, True, 2.0, "2", None, np.int64(2)]
+    for case in range(max(CASES // 3, 1)):
+        what = f"seed {SEED} case {case}"
+        if r.random() < 0.7:
+            kw = {}
+            for key, choices in (("world_size", ints), ("topology", ["ring4", "single_cube", "nosuch", "", 5, None]),
+                                 ("overrides", [None, {}, {"network.link.bandwidth_GBps": 1e-30}, {"x": 1}, "x",
+                                                [("cube.pes", 0)], 7]),
+                                 ("hazards", ["throw", "record", "off", "sometimes", None]),
+                                 ("algorithm", ["ring", "tree", "halving_doubling", "spiral", ""]),
+                                 ("hierarchy", ints), ("stack_size", ints + [1 << 20]),
+                                 ("ranks_on", [None, [0], [3, 2], [0, 0], [-1], [99]]),
+                                 ("timing_only", [None, True, False])):
+                if r.random() < 0.5:
+                    kw[key] = r.choice(choices)
+            backend = r.choice(["sim", "host", "tpu", "", "sim"])
+            check_outcome(lambda: cs.Context(backend, **kw), f"{what}: Context({backend!r}, {kw!r:.200})")
+        else:
+            coll = r.choice(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "gather", ""])
+            ranks, nbytes = r.choice(ints), r.choice(ints)
+            topo = r.choice([None, "ring4", "nosuch", 3])
+            check_outcome(lambda: cs.nccl_plan(coll, ranks, nbytes, topo), f"{what}: nccl_plan({coll!r}, {ranks!r}, "
+                                                                           f"{nbytes!r}, {topo!r})")
