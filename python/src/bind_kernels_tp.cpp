@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -190,17 +192,25 @@ void check_mlp_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char
   }
 }
 
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
+
 struct PyEquivalence {
   std::vector<tp::TensorCheck> checks;
   bool passed = false;
   rt::RunReport run;
 };
 
-PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
+PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
+    const py::object& hidden_arg, const py::object& ffn_arg,
                                 const std::string& dtype, const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
                                 const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
+  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
+  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
   check_mlp_algorithm(*ctx, tpsize, sp, "check_mlp_equivalence");
   tp::MlpCheckOptions o;
   o.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed);
@@ -215,11 +225,16 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
   return PyEquivalence{rep.checks, rep.pass, rep.run};
 }
 
-rt::RunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
+rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
+    const py::object& hidden_arg, const py::object& ffn_arg,
                     const std::string& dtype, const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
                     const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
+  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
+  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
   check_mlp_algorithm(*ctx, tpsize, sp, "run_mlp");
   const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
                              .tokens = tokens,

@@ -143,6 +143,12 @@ def test_ints_out_of_range_name_the_argument_and_the_range():
 
     with pytest.raises(cs.RankError, match=r"send: dst: 18446744073709551616 is out of range; valid: 0 to 2147483647"):
         h.spawn(send_far)
+    for kw, msg in ((dict(tp=big), r"tp: 18446744073709551616 is out of range; valid: 1 to 2147483647"),
+                    (dict(tokens=0), r"tokens: 0 is out of range; valid: 1 to 2\^63-1"),
+                    (dict(hidden=-(2**70)), r"hidden: -1180591620717411303424 is out of range"),
+                    (dict(ffn=2**64), r"ffn: 18446744073709551616 is out of range")):
+        with pytest.raises(ValueError, match=msg):
+            cs.tp.check_mlp_equivalence(cs.Context("host", world_size=1), **kw)
     # The largest valid value still works where it is taken.
     assert cs.nccl_plan("all_reduce", 4, 2**64 - 1)["plan"]
 
