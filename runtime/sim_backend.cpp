@@ -67,7 +67,9 @@ int SimBackend::rank_of_helper(std::string_view name) const {
   int cube = 0;
   std::size_t i = 4;
   if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && cube < (1 << 24); ++i) cube = cube * 10 + (name[i] - '0');
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && cube < (1 << 24); ++i) {
+    cube = cube * 10 + (name[i] - '0');
+  }
   if (i < name.size() && name[i] != '.' && name[i] != '/') return -1;
   for (int r = 0; r < ranks(); ++r) {
     if (device_of(r) == cube) return r;

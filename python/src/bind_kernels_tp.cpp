@@ -203,8 +203,8 @@ struct PyEquivalence {
 
 PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
     const py::object& hidden_arg, const py::object& ffn_arg,
-                                const std::string& dtype, const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
-                                const py::object& data_seed_arg) {
+                                const std::string& dtype, const std::string& gelu, bool bias, bool sp,
+                                const py::object& seed_arg, const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
   const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
@@ -227,8 +227,8 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, con
 
 rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
     const py::object& hidden_arg, const py::object& ffn_arg,
-                    const std::string& dtype, const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
-                    const py::object& data_seed_arg) {
+                    const std::string& dtype, const std::string& gelu, bool bias, bool sp,
+                    const py::object& seed_arg, const py::object& data_seed_arg) {
   const std::uint64_t seed = u64_arg(seed_arg, "seed");
   const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
   const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
@@ -380,7 +380,8 @@ void bind_kernels_tp(py::module_& m) {
                        "Make it inside a rank function. forward(x) returns (output, bias) where bias is a Tensor "
                        "only with skip_bias_add.")
       .def(py::init([](const CtxPtr& ctx, std::int64_t in, std::int64_t out, bool bias, bool gather_output,
-                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg, const py::object& layer_arg,
+                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg,
+                       const py::object& layer_arg,
                        float init_std) {
              const auto o = linear_opts(bias, gather_output, false, skip_bias_add, sp, dtype, u64_arg(seed_arg, "seed"),
                                         u64_arg(layer_arg, "layer_id"), init_std);
@@ -419,10 +420,11 @@ void bind_kernels_tp(py::module_& m) {
                     "whole b; the partial outputs are all-reduced (reduce-scattered with sequence_parallel). Make it "
                     "inside a rank function. forward(x) returns (output, bias).")
       .def(py::init([](const CtxPtr& ctx, std::int64_t in, std::int64_t out, bool bias, bool input_is_parallel,
-                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg, const py::object& layer_arg,
+                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg,
+                       const py::object& layer_arg,
                        float init_std) {
-             const auto o = linear_opts(bias, false, input_is_parallel, skip_bias_add, sp, dtype, u64_arg(seed_arg, "seed"),
-                                        u64_arg(layer_arg, "layer_id"), init_std);
+             const auto o = linear_opts(bias, false, input_is_parallel, skip_bias_add, sp, dtype,
+                                        u64_arg(seed_arg, "seed"), u64_arg(layer_arg, "layer_id"), init_std);
              ReleaseGil nogil;
              return PyRow{ctx, std::make_shared<tp::RowParallelLinear>(*ctx, in, out, o)};
            }),

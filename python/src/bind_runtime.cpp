@@ -501,7 +501,8 @@ void bind_runtime(py::module_& m) {
                throw py::value_error(fmt::format("copy_from: the source ({}) has shape {} but the tensor {} has shape "
                                                  "{}; give values of the same shape (reshape or transpose the source "
                                                  "first: a transposed weight is not taken silently)",
-                                                 kind, rt::shape_str(shape), t.t.describe(), rt::shape_str(t.t.shape())));
+                                                 kind, rt::shape_str(shape), t.t.describe(),
+                                                 rt::shape_str(t.t.shape())));
              }
              const auto bytes = array_to_bytes(a, t.t.dtype(), "copy_from");
              t.t.copy_from_host_bytes(bytes.data(), bytes.size());
@@ -526,7 +527,10 @@ void bind_runtime(py::module_& m) {
              return out;
            },
            py::arg("n"), py::arg("dim") = 0, "n equal views along dim (its size must divide by n).")
-      .def("reshape", [](const PyTensor& t, const py::object& s) { return PyTensor{t.t.reshape(shape_arg(s, "reshape: shape")), t.ctx}; },
+      .def("reshape",
+           [](const PyTensor& t, const py::object& s) {
+             return PyTensor{t.t.reshape(shape_arg(s, "reshape: shape")), t.ctx};
+           },
            py::arg("shape"), "Contiguous tensors only.")
       .def("t", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; }, "The transposed view of a 2-D tensor.")
       .def_property_readonly("T", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; })
@@ -810,7 +814,8 @@ void bind_runtime(py::module_& m) {
         },
         py::arg("collective"), "Algorithms a collective supports, e.g. supported_algorithms('all_gather').");
   m.def("nccl_plan",
-        [](const std::string& coll, const py::object& ranks_arg, const py::object& bytes_arg, const py::object& topology) {
+        [](const std::string& coll, const py::object& ranks_arg, const py::object& bytes_arg,
+           const py::object& topology) {
           const int ranks = static_cast<int>(int_arg(ranks_arg, "nccl_plan: ranks", 1, 1 << 20));
           const std::uint64_t bytes = u64_arg(bytes_arg, "nccl_plan: bytes");
           const rt::CollectiveRequest::Kind k = rt::parse_collective_kind(coll);

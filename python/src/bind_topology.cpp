@@ -212,7 +212,9 @@ void bind_topology(py::module_& m) {
         "Raises TopologyError naming the file, the JSON path and what would be valid.");
   m.def(
       "topology_from_json",
-      [](const py::object& doc, const std::string& origin) { return hw::topology_from_json(to_json(doc, "doc"), origin); },
+      [](const py::object& doc, const std::string& origin) {
+        return hw::topology_from_json(to_json(doc, "doc"), origin);
+      },
       py::arg("doc"), py::arg("origin") = "<json>",
       "Validates a resolved document (a dict) and builds the Topology; `origin` names it in messages. Raises "
       "TopologyError naming the JSON path.");

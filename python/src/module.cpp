@@ -278,7 +278,7 @@ nlohmann::json to_json_at(const py::handle& h, JsonWalk& w) {
     for (auto kv : h.cast<py::dict>()) {
       if (!py::isinstance<py::str>(kv.first)) {
         throw py::type_error(fmt::format("{}: JSON object keys must be strings, got {} ({})", w.where(),
-                                         short_repr(kv.first), py::type::of(kv.first).attr("__name__").cast<std::string>()));
+                                         short_repr(kv.first), type_name(kv.first)));
       }
       std::string key = utf8_of(kv.first, w.where() + " (a key)");
       w.path.push_back("['" + (key.size() > 40 ? key.substr(0, 37) + "..." : key) + "']");
@@ -302,8 +302,9 @@ nlohmann::json to_json_at(const py::handle& h, JsonWalk& w) {
     py::object v = h.attr("tolist")();
     if (v.ptr() != h.ptr() && !py::hasattr(v, "dtype")) return to_json_at(v, w);
   }
-  throw py::type_error(fmt::format("{}: cannot convert {} (a {}) to JSON; use dict, list, str, int, float, bool or None",
-                                   w.where(), short_repr(h), py::type::of(h).attr("__name__").cast<std::string>()));
+  throw py::type_error(fmt::format("{}: cannot convert {} (a {}) to JSON; use dict, list, str, int, float, bool or "
+                                   "None",
+                                   w.where(), short_repr(h), type_name(h)));
 }
 }  // namespace
 

@@ -117,7 +117,9 @@ TEST(Context, TensorsOfAnotherContextAreRefused) {
   Tensor h = host.zeros(0, {4, 4}, DType::f32);
   Tensor s = sim->zeros(0, {4, 4}, DType::f32);
   const std::string e1 = error_of([&] {
-    sim->spawn(1, [&](int r) { matmul(h, sim->zeros(r, {4, 4}, DType::f32), nullptr, sim->zeros(r, {4, 4}, DType::f32)); });
+    sim->spawn(1, [&](int r) {
+      matmul(h, sim->zeros(r, {4, 4}, DType::f32), nullptr, sim->zeros(r, {4, 4}, DType::f32));
+    });
   });
   EXPECT_NE(e1.find("gemm: tensor f32[4, 4] on rank 0 belongs to a context on the host reference backend, 2 ranks, but "
                     "the calling rank runs in a context on the simulated 'ring4'"),
@@ -151,7 +153,7 @@ TEST(Context, AFailedSimRunLeavesAUsableContext) {
     });
   });
   EXPECT_NE(e.find("rank 0: boom"), std::string::npos) << e;
-  for (int r = 0; r < 4; ++r) ts[static_cast<std::size_t>(r)].copy_from_host_f32(xs[static_cast<std::size_t>(r)].data(), n);
+  for (std::size_t r = 0; r < 4; ++r) ts[r].copy_from_host_f32(xs[r].data(), n);
   ctx->spawn(4, [&](int r) { all_reduce(ts[static_cast<std::size_t>(r)]); });
   // The host reference gives the same bits.
   Context host(o);
