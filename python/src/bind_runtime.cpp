@@ -114,7 +114,8 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
 }
 
 rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
-                                int hierarchy, bool async_op) {
+                                const py::object& hierarchy_arg, bool async_op) {
+  const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "hierarchy", 0, 1 << 20));
   rt::CollectiveOptions o;
   if (algorithm) o.algorithm = rt::parse_algorithm(*algorithm);
   o.accumulate_f32 = accumulate_f32;
@@ -243,9 +244,11 @@ struct CollectiveResult {
 };
 
 CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, const py::sequence& inputs,
-                                const std::string& dtype_name, const std::string& op_name, int root,
+                                const std::string& dtype_name, const std::string& op_name,
+                                const py::object& root_arg,
                                 const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
-                                int hierarchy, bool bits) {
+                                const py::object& hierarchy, bool bits) {
+  const int root = static_cast<int>(int_arg(root_arg, "run_collective: root", 0, kIntMax));
   rt::CollectiveCase c{.collective = rt::parse_collective_kind(name),
                        .dtype = dtype_arg(dtype_name),
                        .op = rt::parse_reduce_op(op_name),
@@ -731,7 +734,7 @@ void bind_runtime(py::module_& m) {
   // ---- collectives: called from inside a rank function ----
   m.def("all_reduce",
         [](const PyTensor& t, const std::string& op, rt::ProcessGroup* g, std::optional<std::string> alg,
-           std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
@@ -743,7 +746,7 @@ void bind_runtime(py::module_& m) {
         "world). algorithm: a name from algorithms(). Returns Work.");
   m.def("all_gather",
         [](const PyTensor& out, const PyTensor& in, rt::ProcessGroup* g, std::optional<std::string> alg,
-           std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           ReleaseGil nogil;
           return rt::all_gather(out.t, in.t, g, o);
@@ -753,7 +756,7 @@ void bind_runtime(py::module_& m) {
         "out (p*n elements) = the members' inputs (n elements each) in group order.");
   m.def("reduce_scatter",
         [](const PyTensor& out, const PyTensor& in, const std::string& op, rt::ProcessGroup* g,
-           std::optional<std::string> alg, std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<std::string> alg, std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
@@ -766,7 +769,7 @@ void bind_runtime(py::module_& m) {
         [](const PyTensor& t, const py::object& root_arg, rt::ProcessGroup* g, std::optional<std::string> alg,
            bool async_op) {
           const int root = static_cast<int>(int_arg(root_arg, "broadcast: root", 0, kIntMax));
-          const auto o = coll_opts(alg, std::nullopt, 0, async_op);
+          const auto o = coll_opts(alg, std::nullopt, py::int_(0), async_op);
           ReleaseGil nogil;
           return rt::broadcast(t.t, root, g, o);
         },

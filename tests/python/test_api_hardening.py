@@ -149,6 +149,13 @@ def test_ints_out_of_range_name_the_argument_and_the_range():
                     (dict(ffn=2**64), r"ffn: 18446744073709551616 is out of range")):
         with pytest.raises(ValueError, match=msg):
             cs.tp.check_mlp_equivalence(cs.Context("host", world_size=1), **kw)
+    ctx4 = cs.Context("host", world_size=2)
+    with pytest.raises(ValueError, match=r"run_collective: root: 18446744073709551616 is out of range; valid: 0 to"):
+        ctx4.run_collective("broadcast", [np.ones(2)] * 2, root=big)
+    with pytest.raises(ValueError, match=r"hierarchy: -1 is out of range; valid: 0 to 1048576"):
+        ctx4.run_collective("all_reduce", [np.ones(2)] * 2, hierarchy=-1)
+    with pytest.raises(cs.RankError, match=r"hierarchy: 18446744073709551616 is out of range"):
+        ctx4.spawn(lambda rank: cs.all_reduce(ctx4.zeros(rank, [2]), hierarchy=big))
     # The largest valid value still works where it is taken.
     assert cs.nccl_plan("all_reduce", 4, 2**64 - 1)["plan"]
 
