@@ -156,6 +156,12 @@ class Backend {
   virtual std::vector<hw::UnitCounters> counters() const { return {}; }
   // Names the trace tracks of the hardware the first `ranks` ranks run on (hw::System::declare_tracks).
   virtual void declare_tracks(int ranks) {}
+  // The rank a helper process the backend's own code spawned (no rank slot: a PE of a simulated
+  // GEMM) works for, from its name; -1 when unknown. Failure reports name that rank.
+  virtual int rank_of_helper(std::string_view process_name) const { return -1; }
+  // A run failed and its processes were unwound: drop what it left in flight (transfers that will
+  // never land), so the next run starts from a usable state.
+  virtual void abandon_run() {}
 };
 
 }  // namespace cubesim::rt

@@ -51,6 +51,7 @@ Call prologue(Collective kind, const std::vector<const Tensor*>& tensors, Proces
   ProcessGroup& g = group ? *group : ctx.world();
   for (const Tensor* t : tensors) {
     if (!t->defined()) throw RuntimeError(fmt::format("{}: an undefined tensor", coll));
+    ctx.check_owned(*t, coll);
     if (t->device() != rank) {
       throw RuntimeError(fmt::format("{} on rank {}: tensor {} lives on rank {}; pass a tensor of the calling rank", coll,
                                      rank, t->describe(), t->device()));
@@ -301,6 +302,7 @@ P2p p2p_begin(const char* what, bool sending, const Tensor& t, int peer, int tag
   Context& ctx = Context::current(what);
   const int rank = Context::current_rank(what);
   ProcessGroup& g = group ? *group : ctx.world();
+  ctx.check_owned(t, what);
   if (!g.contains(peer) || peer == rank) {
     throw RuntimeError(fmt::format("{} on rank {}: peer rank {} must be another member of group '{}' (members: {})", what,
                                    rank, peer, g.name(), fmt::join(g.ranks(), ", ")));

@@ -1,6 +1,8 @@
 #include "runtime/context.h"
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
 #include <set>
 
 #include <fmt/format.h>
@@ -62,6 +64,9 @@ ProcessGroup& Context::new_group(std::vector<int> ranks) {
     }
   }
   if (ranks.empty()) throw RuntimeError("new_group: a group needs at least one rank");
+  // Group order is ascending global rank, whatever order the caller gave (as torch.distributed's
+  // new_group sorts its ranks): all_gather and reduce_scatter lay chunks out in this order.
+  std::sort(ranks.begin(), ranks.end());
   for (auto& g : groups_) {
     if (g->ranks() == ranks) return *g;
   }
@@ -74,7 +79,7 @@ int Context::current_rank(const char* what) {
   sim::Simulator* s = sim::Simulator::active();
   const sim::Process* p = s ? s->current() : nullptr;
   if (p == nullptr || p->user() == nullptr) {
-    throw RuntimeError(fmt::format("{} must be called from a rank's function inside Context::spawn()", what));
+    throw RuntimeError(fmt::format("{} must be called from a rank's function inside Context.spawn()", what));
   }
   return static_cast<const RankSlot*>(p->user())->rank;
 }
@@ -147,6 +152,15 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   const std::uint64_t events0 = sim_->events_executed();
   const std::vector<hw::UnitCounters> usage0 = backend_->counters();
   const std::vector<sim::Trace::TrackStats> tracks0 = sim_->trace().stats();
+  // However the run ends in an exception (a rank failed, a deadlock, an interrupt), the backend
+  // drops what the run left in flight, so the next spawn() starts from a usable state.
+  struct AbandonOnThrow {
+    Backend& backend;
+    int uncaught = std::uncaught_exceptions();
+    ~AbandonOnThrow() {
+      if (std::uncaught_exceptions() > uncaught) backend.abandon_run();
+    }
+  } abandon_on_throw{*backend_};
   for (int r = 0; r < nprocs; ++r) {
     spawn_for_rank(r, fmt::format("rank{}", r), [this, r, &fn] {
       fn(r);
@@ -215,9 +229,12 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     const auto& pe = static_cast<const sim::ProcessError&>(e);
     std::set<int> ranks;
     for (const auto& f : pe.failures()) {
-      const int r = rank_of(f.user);
+      // A helper process of the backend's own (a PE of a simulated GEMM) carries no rank slot: the
+      // backend says which rank it works for.
+      const int r = f.user ? rank_of(f.user) : backend_->rank_of_helper(f.process);
       ranks.insert(r);
-      failures.push_back(RankFailure{r, f.message, f.error});
+      failures.push_back(RankFailure{
+          r, f.user ? f.message : fmt::format("in its helper process '{}': {}", f.process, f.message), f.error});
     }
     msg = fmt::format("spawn: rank{} {} failed at {}; the other ranks were stopped:", ranks.size() == 1 ? "" : "s",
                       fmt::join(ranks, ", "), sim::format_time(pe.failures().front().time));
@@ -229,7 +246,10 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     if (!pend.empty()) msg += ": a collective was not called by every rank of its group:" + pend;
     msg += "\n  blocked processes:";
     for (const auto& b : de.blocked()) msg += fmt::format("\n    '{}' waits on {}", b.process, b.waits_on);
-    for (const auto& b : de.blocked()) failures.push_back(RankFailure{rank_of(b.user), "blocked: " + b.waits_on, nullptr});
+    for (const auto& b : de.blocked()) {
+      failures.push_back(RankFailure{b.user ? rank_of(b.user) : backend_->rank_of_helper(b.process),
+                                     "blocked: " + b.waits_on, nullptr});
+    }
   }
   pending_.clear();
   mail_.clear();
@@ -241,13 +261,22 @@ Tensor Context::empty(int rank, Shape shape, DType dtype, std::string_view what)
     throw RuntimeError(fmt::format("{} {}: rank {} does not exist; valid ranks are 0 to {}", what, shape_str(shape), rank,
                                    world_size_ - 1));
   }
-  std::int64_t n = 1;
-  for (auto d : shape) {
-    if (d < 0) throw RuntimeError(fmt::format("{}: shape {} has a negative dimension", what, shape_str(shape)));
-    n *= d;
-  }
+  const std::int64_t n = checked_numel(shape, dtype, what);
   auto st = backend_->allocate(rank, static_cast<std::uint64_t>(n) * dtype_size(dtype), what);
+  st->set_owner(this);
   return Tensor(std::move(st), std::move(shape), dtype);
+}
+
+void Context::check_owned(const Tensor& t, std::string_view op) const {
+  if (!t.defined() || t.storage().owner() == this) return;
+  const auto* other = static_cast<const Context*>(t.storage().owner());
+  const std::string theirs =
+      other ? fmt::format("a context on the {}", other->backend_->describe())
+            : std::string("no context");
+  throw RuntimeError(fmt::format("{}: tensor {} belongs to {}, but the calling rank runs in a context on the {}; "
+                                 "a tensor is used only by the ranks of the context that made it: make it "
+                                 "with this context's empty/zeros/tensor, or copy its values over with numpy()",
+                                 op, t.describe(), theirs, backend_->describe()));
 }
 
 Tensor Context::zeros(int rank, Shape shape, DType dtype, std::string_view what) {

@@ -114,7 +114,15 @@ class Context {
   Tensor from_host_f32(int rank, Shape shape, DType dtype, const std::vector<float>& values);
   Tensor from_host_bytes(int rank, Shape shape, DType dtype, const void* bytes, std::uint64_t n);
 
+  // RuntimeError naming `op`, the tensor and both contexts unless `t` was made by this context: a
+  // tensor of one context used by the ranks of another (a sim tensor in a host spawn, or the
+  // reverse) is refused before any backend touches its memory.
+  void check_owned(const Tensor& t, std::string_view op) const;
+
   ProcessGroup& world() { return *groups_.front(); }
+  // The group of these global ranks, in ascending order whatever order they are given in (as
+  // torch.distributed.new_group sorts them): index i of the group is its i-th smallest rank, which
+  // is where all_gather puts that rank's chunk and which chunk reduce_scatter gives it.
   ProcessGroup& new_group(std::vector<int> ranks);
 
   // The global rank of the calling process; RuntimeError outside spawn().

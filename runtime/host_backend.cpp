@@ -1,6 +1,7 @@
 #include "runtime/host_backend.h"
 
 #include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -26,7 +27,18 @@ std::shared_ptr<Storage> HostBackend::allocate(int rank, std::uint64_t bytes, st
   if (rank < 0 || rank >= ranks_) {
     throw RuntimeError(fmt::format("allocation '{}' on rank {}: valid ranks are 0 to {}", what, rank, ranks_ - 1));
   }
-  return std::make_shared<HostStorage>(rank, bytes);
+  try {
+    return std::make_shared<HostStorage>(rank, bytes);
+  } catch (const std::bad_alloc&) {
+    // Still a bad_alloc (Python: MemoryError), but one that says what was asked for.
+    struct HostOutOfMemory : std::bad_alloc {
+      std::string msg;
+      const char* what() const noexcept override { return msg.c_str(); }
+    } e;
+    e.msg = fmt::format("allocation '{}' on rank {}: the host backend cannot allocate {} bytes of host memory", what,
+                        rank, bytes);
+    throw e;
+  }
 }
 
 void HostBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) {

@@ -72,6 +72,9 @@ void account(const Tensor& any, OpCost cost) {
 bool values(const Tensor& t) { return !Context::current("op").backend().timing_only() && t.numel() > 0; }
 
 void same_rank(const Tensor& a, const Tensor& b, const char* op) {
+  const Context& ctx = Context::current(op);
+  ctx.check_owned(a, op);
+  ctx.check_owned(b, op);
   if (a.device() != b.device()) {
     throw RuntimeError(fmt::format("{}: {} and {} are on different ranks", op, a.describe(), b.describe()));
   }
@@ -85,9 +88,38 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& 
   check_2d(c, name, "C");
   same_rank(a, b, name);
   same_rank(a, c, name);
-  if (a.shape()[1] != b.shape()[0] || c.shape()[0] != a.shape()[0] || c.shape()[1] != b.shape()[1]) {
-    throw RuntimeError(fmt::format("{}: A {} times B {} gives [{}, {}], but C is {}", name, shape_str(a.shape()),
-                                   shape_str(b.shape()), a.shape()[0], b.shape()[1], shape_str(c.shape())));
+  if (bias) Context::current(name).check_owned(*bias, name);
+  if (a.shape()[1] != b.shape()[0]) {
+    throw RuntimeError(fmt::format("{}: A {} times B {} is not defined: A's columns ({}) must equal B's rows ({}); "
+                                   "valid: A [M, K] times B [K, N] (a transposed weight: pass w.t())",
+                                   name, shape_str(a.shape()), shape_str(b.shape()), a.shape()[1], b.shape()[0]));
+  }
+  if (c.shape()[0] != a.shape()[0] || c.shape()[1] != b.shape()[1]) {
+    throw RuntimeError(fmt::format("{}: A {} times B {} gives [{}, {}], but the output C is {}; give an output of "
+                                   "shape [{}, {}]",
+                                   name, shape_str(a.shape()), shape_str(b.shape()), a.shape()[0], b.shape()[1],
+                                   shape_str(c.shape()), a.shape()[0], b.shape()[1]));
+  }
+  // The output must not share memory with an input, on every backend alike (the host's det_gemm
+  // and the simulated PE kernel would otherwise differ: one refuses, the other reads what it wrote).
+  auto overlaps = [](const Tensor& x, const Tensor& y) {
+    if (x.storage_ptr() != y.storage_ptr() || x.numel() == 0 || y.numel() == 0) return false;
+    auto span = [](const Tensor& t) {  // [first, last] element offsets, any rank, strides >= 0
+      std::int64_t last = t.offset();
+      for (std::size_t i = 0; i < t.shape().size(); ++i) last += (t.shape()[i] - 1) * t.strides()[i];
+      return std::pair<std::int64_t, std::int64_t>{t.offset(), last};
+    };
+    const auto [x0, x1] = span(x);
+    const auto [y0, y1] = span(y);
+    return x0 <= y1 && y0 <= x1;
+  };
+  const std::pair<const Tensor*, const char*> inputs[] = {{&a, "A"}, {&b, "B"}, {bias, "bias"}};
+  for (const auto& [in, which] : inputs) {
+    if (in && overlaps(*in, c)) {
+      throw RuntimeError(fmt::format("{}: the output C {} shares memory with input {} {}; the output must not alias "
+                                     "an input: give a separate output tensor",
+                                     name, c.describe(), which, in->describe()));
+    }
   }
   if (bias && (bias->numel() != c.shape()[1] || bias->dim() != 1)) {
     throw RuntimeError(fmt::format("{}: bias {} must be 1-D with {} elements (C's columns)", name, bias->describe(),
@@ -209,6 +241,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y) {
 }
 
 void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y) {
+  Context::current("add_bias").check_owned(bias, "add_bias");
   if (bias.numel() != x.cols()) {
     throw RuntimeError(fmt::format("add_bias: bias {} must have {} elements (the columns of {})", bias.describe(),
                                    x.cols(), x.describe()));

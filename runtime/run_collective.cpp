@@ -32,6 +32,13 @@ void check_case(const Context& ctx, const CollectiveCase& c, int p, bool values)
     throw RuntimeError(fmt::format("run_collective: ranks {} is not valid; use 1 to {} (the context's ranks)", c.ranks,
                                    ctx.world_size()));
   }
+  // What the algorithm needs of the group size, refused here, before any rank runs.
+  const Algorithm a = c.options.algorithm ? *c.options.algorithm : ctx.options().algorithm;
+  const algo::Row& row = algo::row(a);
+  if (row.supports(c.collective)) {
+    algo::require_group_size(row, c.collective, p,
+                             fmt::format("run_collective {}", collective_kind_name(c.collective)));
+  }
   if (c.root < 0 || c.root >= p) {
     throw RuntimeError(fmt::format("run_collective: root {} is not a rank 0..{}", c.root, p - 1));
   }

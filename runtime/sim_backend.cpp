@@ -61,6 +61,26 @@ void SimBackend::attach(sim::Simulator& sim) {
   system_ = std::make_unique<hw::System>(sim, topo_, so);
 }
 
+int SimBackend::rank_of_helper(std::string_view name) const {
+  // The PE kernel names its processes after the PE ("cube3.pe0/gemm"): the rank placed on that cube.
+  if (!name.starts_with("cube")) return -1;
+  int cube = 0;
+  std::size_t i = 4;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && cube < (1 << 24); ++i) {
+    cube = cube * 10 + (name[i] - '0');
+  }
+  if (i < name.size() && name[i] != '.' && name[i] != '/') return -1;
+  for (int r = 0; r < ranks(); ++r) {
+    if (device_of(r) == cube) return r;
+  }
+  return -1;
+}
+
+void SimBackend::abandon_run() {
+  if (system_) system_->abandon_transfers();
+}
+
 std::string SimBackend::describe() const {
   return fmt::format("simulated '{}' ({} cubes{})", topo_.name, topo_.cubes.size(), opts_.timing_only ? ", timing only" : "");
 }

@@ -86,6 +86,8 @@ class SimBackend final : public Backend {
   std::shared_ptr<const std::vector<hw::UnitInfo>> units() const override { return system_->units(); }
   std::vector<hw::UnitCounters> counters() const override { return system_->counters(); }
   void declare_tracks(int ranks) override;
+  int rank_of_helper(std::string_view process_name) const override;  // "cube3.pe0/..." -> the rank on cube 3
+  void abandon_run() override;
 
   hw::System& system() { return *system_; }
   // The time `cost` takes on rank `rank`'s cube (roofline of its PEs' MAC or vector rate against HBM).

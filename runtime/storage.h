@@ -20,6 +20,9 @@ class Storage {
 
   int rank() const { return rank_; }
   std::uint64_t bytes() const { return bytes_; }
+  // The Context that made it (Context::empty sets it): a tensor is used only by that context's ranks.
+  const void* owner() const { return owner_; }
+  void set_owner(const void* ctx) { owner_ = ctx; }
 
   virtual void read(std::uint64_t offset, void* dst, std::uint64_t n) const = 0;
   virtual void write(std::uint64_t offset, const void* src, std::uint64_t n) = 0;
@@ -31,6 +34,7 @@ class Storage {
  private:
   int rank_;
   std::uint64_t bytes_;
+  const void* owner_ = nullptr;
 };
 
 }  // namespace cubesim::rt

@@ -11,6 +11,31 @@ namespace cubesim::rt {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
+std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
+  for (std::int64_t d : shape) {
+    if (d < 0) {
+      throw RuntimeError(fmt::format("{}: shape {} has a negative dimension; dimensions are >= 0", what,
+                                     shape_str(shape)));
+    }
+  }
+  const std::uint64_t es = dtype_size(dtype);
+  const std::uint64_t max_elems = kMaxTensorBytes / es;
+  // Every dimension is bounded even where another is 0 (the strides multiply them all).
+  std::uint64_t n = 1, all = 1;
+  for (std::int64_t d : shape) {
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u > max_elems || (u > 0 && all > max_elems / u)) {  // all * u > max_elems, without overflowing
+      throw RuntimeError(fmt::format("{}: shape {} of {} is too large: the largest tensor holds {} bytes (2^48), {} "
+                                     "{} elements, and so does each dimension's product",
+                                     what, shape_str(shape), dtype_name(dtype), kMaxTensorBytes, max_elems,
+                                     dtype_name(dtype)));
+    }
+    if (u > 0) all *= u;
+    n *= u;
+  }
+  return static_cast<std::int64_t>(n);
+}
+
 namespace {
 Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());
@@ -90,8 +115,7 @@ std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t d) const {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-  std::int64_t n = 1;
-  for (std::int64_t s : shape) n *= s;
+  const std::int64_t n = checked_numel(shape, dtype_, "reshape");
   if (n != numel()) {
     throw RuntimeError(fmt::format("reshape: {} has {} elements but shape {} has {}", describe(), numel(),
                                    shape_str(shape), n));

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/det_gemm.h"
@@ -22,6 +23,14 @@ namespace cubesim::rt {
 
 using Shape = std::vector<std::int64_t>;
 std::string shape_str(const Shape& s);  // "[4096, 1024]"
+
+// The largest tensor: 2^48 bytes (256 TiB), far above any device's memory and far below where an
+// element count times an element size could wrap 64 bits. Shapes past it are refused before any
+// allocation.
+inline constexpr std::uint64_t kMaxTensorBytes = std::uint64_t{1} << 48;
+// The element count of `shape`, checked: RuntimeError naming `what`, the shape and the limit when
+// a dimension is negative or the bytes (count x dtype size) exceed kMaxTensorBytes.
+std::int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what);
 
 class Tensor {
  public:

@@ -23,7 +23,7 @@ RankState& mine(const char* what, bool must_be_initialized = true) {
   RankState& s = ctx.extension<State>("tp.parallel_state").ranks[rt::Context::current_rank(what)];
   if (must_be_initialized && s.tp_size == 0) {
     throw rt::RuntimeError(fmt::format("{}: model parallel is not initialized on rank {}; call "
-                                       "tp::initialize_model_parallel(tp_size) first on every rank",
+                                       "tp.initialize_model_parallel(tp_size) first on every rank",
                                        what, rt::Context::current_rank(what)));
   }
   return s;

@@ -4,10 +4,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "common.h"
+#include "runtime/algorithms/table.h"
 #include "kernels/det_gemm.h"
 #include "kernels/elementwise.h"
 #include "tp/equivalence.h"
@@ -170,15 +173,45 @@ tp::MlpOptions mlp_opts(std::int64_t hidden, std::int64_t ffn, const std::string
   return o;
 }
 
+// The collectives a ParallelMLP step runs on its tp group (all_reduce; with sequence parallelism
+// all_gather and reduce_scatter) checked against the context's algorithm before any rank runs, so
+// halving_doubling on 3 ranks is a ValueError naming the algorithm, the rank count and the valid
+// choices rather than a RankError after the run.
+void check_mlp_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char* who) {
+  if (tpsize < 1) return;  // the job's own check names it
+  const rt::algo::Row& row = rt::algo::row(ctx.options().algorithm);
+  std::vector<rt::algo::Collective> used{rt::algo::Collective::all_reduce};
+  if (sp) used = {rt::algo::Collective::all_gather, rt::algo::Collective::reduce_scatter};
+  for (rt::algo::Collective k : used) {
+    const std::string call = fmt::format("{} (tp {}{})", who, tpsize, sp ? ", sequence parallel" : "");
+    if (!row.supports(k)) {
+      throw rt::RuntimeError(fmt::format("{}: algorithm '{}' does no {}; valid: {}", call, row.name,
+                                         rt::collective_kind_name(k), rt::algo::supported_names(k)));
+    }
+    rt::algo::require_group_size(row, k, tpsize, call);
+  }
+}
+
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
+
 struct PyEquivalence {
   std::vector<tp::TensorCheck> checks;
   bool passed = false;
   rt::RunReport run;
 };
 
-PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
-                                const std::string& dtype, const std::string& gelu, bool bias, bool sp, std::uint64_t seed,
-                                std::uint64_t data_seed) {
+PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
+    const py::object& hidden_arg, const py::object& ffn_arg,
+                                const std::string& dtype, const std::string& gelu, bool bias, bool sp,
+                                const py::object& seed_arg, const py::object& data_seed_arg) {
+  const std::uint64_t seed = u64_arg(seed_arg, "seed");
+  const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
+  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
+  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
+  check_mlp_algorithm(*ctx, tpsize, sp, "check_mlp_equivalence");
   tp::MlpCheckOptions o;
   o.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed);
   o.tokens = tokens;
@@ -192,9 +225,17 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, int tpsize, std::int64_t toke
   return PyEquivalence{rep.checks, rep.pass, rep.run};
 }
 
-rt::RunReport run_mlp(const CtxPtr& ctx, int tpsize, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
-                    const std::string& dtype, const std::string& gelu, bool bias, bool sp, std::uint64_t seed,
-                    std::uint64_t data_seed) {
+rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
+    const py::object& hidden_arg, const py::object& ffn_arg,
+                    const std::string& dtype, const std::string& gelu, bool bias, bool sp,
+                    const py::object& seed_arg, const py::object& data_seed_arg) {
+  const std::uint64_t seed = u64_arg(seed_arg, "seed");
+  const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
+  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
+  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
+  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
+  check_mlp_algorithm(*ctx, tpsize, sp, "run_mlp");
   const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
                              .tokens = tokens,
                              .tp = tpsize,
@@ -339,9 +380,11 @@ void bind_kernels_tp(py::module_& m) {
                        "Make it inside a rank function. forward(x) returns (output, bias) where bias is a Tensor "
                        "only with skip_bias_add.")
       .def(py::init([](const CtxPtr& ctx, std::int64_t in, std::int64_t out, bool bias, bool gather_output,
-                       bool skip_bias_add, bool sp, const std::string& dtype, std::uint64_t seed, std::uint64_t layer_id,
+                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg,
+                       const py::object& layer_arg,
                        float init_std) {
-             const auto o = linear_opts(bias, gather_output, false, skip_bias_add, sp, dtype, seed, layer_id, init_std);
+             const auto o = linear_opts(bias, gather_output, false, skip_bias_add, sp, dtype, u64_arg(seed_arg, "seed"),
+                                        u64_arg(layer_arg, "layer_id"), init_std);
              ReleaseGil nogil;
              return PyColumn{ctx, std::make_shared<tp::ColumnParallelLinear>(*ctx, in, out, o)};
            }),
@@ -377,9 +420,11 @@ void bind_kernels_tp(py::module_& m) {
                     "whole b; the partial outputs are all-reduced (reduce-scattered with sequence_parallel). Make it "
                     "inside a rank function. forward(x) returns (output, bias).")
       .def(py::init([](const CtxPtr& ctx, std::int64_t in, std::int64_t out, bool bias, bool input_is_parallel,
-                       bool skip_bias_add, bool sp, const std::string& dtype, std::uint64_t seed, std::uint64_t layer_id,
+                       bool skip_bias_add, bool sp, const std::string& dtype, const py::object& seed_arg,
+                       const py::object& layer_arg,
                        float init_std) {
-             const auto o = linear_opts(bias, false, input_is_parallel, skip_bias_add, sp, dtype, seed, layer_id, init_std);
+             const auto o = linear_opts(bias, false, input_is_parallel, skip_bias_add, sp, dtype,
+                                        u64_arg(seed_arg, "seed"), u64_arg(layer_arg, "layer_id"), init_std);
              ReleaseGil nogil;
              return PyRow{ctx, std::make_shared<tp::RowParallelLinear>(*ctx, in, out, o)};
            }),

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -42,17 +43,26 @@ using namespace cubesim::pyb;
 namespace {
 
 using CtxPtr = std::shared_ptr<rt::Context>;
+constexpr std::int64_t kIntMin = std::numeric_limits<int>::min();
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kI64Max = std::numeric_limits<std::int64_t>::max();
 
 // Context(backend, ...): the backend's registry row makes it (runtime/backend_registry.h). The
 // backend's own options go by name, only those the caller gave (None: the backend's default), so
 // a backend rejects an option it does not take.
-std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_size, const py::object& topology,
+std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::object& world_size_arg,
+                                          const py::object& topology,
                                           const py::object& overrides, std::optional<bool> timing_only,
                                           std::optional<bool> check_uninitialized, std::optional<std::string> hazards,
-                                          bool trace, const std::string& algorithm, bool accumulate_f32, int hierarchy,
-                                          std::size_t stack_size, bool record_ops, std::optional<std::string> gemm_mode,
+                                          bool trace, const std::string& algorithm, bool accumulate_f32,
+                                          const py::object& hierarchy_arg, const py::object& stack_size_arg,
+                                          bool record_ops, std::optional<std::string> gemm_mode,
                                           std::optional<std::string> cuda_collectives,
                                           std::optional<std::vector<int>> ranks_on) {
+  const int world_size = static_cast<int>(int_arg(world_size_arg, "Context: world_size", 0, 1 << 20));
+  const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "Context: hierarchy", 0, 1 << 20));
+  const auto stack_size =
+      static_cast<std::size_t>(int_arg(stack_size_arg, "Context: stack_size", 16 * 1024, std::int64_t{1} << 32));
   const rt::BackendInfo& info = rt::find_backend(backend);
   rt::ContextOptions o;
   o.world_size = world_size;
@@ -104,7 +114,8 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, int world_
 }
 
 rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
-                                int hierarchy, bool async_op) {
+                                const py::object& hierarchy_arg, bool async_op) {
+  const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "hierarchy", 0, 1 << 20));
   rt::CollectiveOptions o;
   if (algorithm) o.algorithm = rt::parse_algorithm(*algorithm);
   o.accumulate_f32 = accumulate_f32;
@@ -113,7 +124,6 @@ rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std
   return o;
 }
 
-rt::Shape shape_arg(const std::vector<std::int64_t>& s) { return rt::Shape(s.begin(), s.end()); }
 
 PyTensor wrap(const CtxPtr& ctx, rt::Tensor t) { return PyTensor{std::move(t), ctx}; }
 
@@ -124,7 +134,7 @@ std::string describe_python_error(const py::error_already_set& e) {
     msg = py::str(e.type().attr("__name__")).cast<std::string>();
     const std::string text = py::str(e.value()).cast<std::string>();
     if (!text.empty()) msg += ": " + text;
-    py::list tb = py::module_::import("traceback").attr("extract_tb")(e.trace());
+    py::list tb = e.trace() ? py::list(py::module_::import("traceback").attr("extract_tb")(e.trace())) : py::list();
     if (py::len(tb) > 0) {
       py::object last = tb[py::len(tb) - 1];
       msg += fmt::format(" (at {}:{} in {})", py::str(last.attr("filename")).cast<std::string>(),
@@ -136,13 +146,42 @@ std::string describe_python_error(const py::error_already_set& e) {
   return msg;
 }
 
+// A rank function must take one positional argument, the rank: checked before the run, so a wrong
+// signature is a TypeError naming the function rather than a failure of every rank. Callables
+// inspect cannot describe (some builtins) are left to the call.
+void check_rank_function(const py::object& fn, const char* where) {
+  py::object sig;
+  try {
+    sig = py::module_::import("inspect").attr("signature")(fn);
+  } catch (py::error_already_set&) {
+    return;
+  }
+  try {
+    sig.attr("bind")(0);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    const std::string name = py::str(py::getattr(fn, "__qualname__", py::getattr(fn, "__name__", py::repr(fn))));
+    throw py::type_error(fmt::format("{}: the rank function {}{} cannot be called as {}(rank) ({}); give a function "
+                                     "of one positional argument, the rank: def {}(rank): ...",
+                                     where, name, py::str(sig).cast<std::string>(), name,
+                                     py::str(e.value()).cast<std::string>(), name));
+  }
+}
+
 // ctx.spawn(fn): fn(rank) for every rank, as a simulated process, in Python.
-rt::RunReport py_spawn(const CtxPtr& ctx, const py::function& fn, std::optional<int> nprocs_arg) {
-  const int nprocs = nprocs_arg.value_or(ctx->world_size());
+rt::RunReport py_spawn(const CtxPtr& ctx, const py::object& fn_arg, const py::object& nprocs_arg) {
+  if (!PyCallable_Check(fn_arg.ptr())) {
+    throw py::type_error(fmt::format("Context.spawn(): fn must be a function of the rank, def fn(rank): ..., not a {}",
+                                     py::type::of(fn_arg).attr("__name__").cast<std::string>()));
+  }
+  const auto fn = py::reinterpret_borrow<py::function>(fn_arg);
+  const int nprocs = nprocs_arg.is_none() ? ctx->world_size()
+                                          : static_cast<int>(int_arg(nprocs_arg, "spawn: nprocs", kIntMin, kIntMax));
   if (nprocs < 1 || nprocs > ctx->world_size()) {
     throw py::value_error(fmt::format("spawn: nprocs {} is not valid; the context has {} ranks; spawn between 1 and {}",
                                       nprocs, ctx->world_size(), ctx->world_size()));
   }
+  check_rank_function(fn, "Context.spawn()");
   PyInterpreterState* interp = PyThreadState_Get()->interp;
   std::vector<PyThreadState*> states(static_cast<std::size_t>(nprocs));
   for (auto& s : states) s = PyThreadState_New(interp);
@@ -205,9 +244,11 @@ struct CollectiveResult {
 };
 
 CollectiveResult run_collective(const CtxPtr& ctx, const std::string& name, const py::sequence& inputs,
-                                const std::string& dtype_name, const std::string& op_name, int root,
+                                const std::string& dtype_name, const std::string& op_name,
+                                const py::object& root_arg,
                                 const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
-                                int hierarchy, bool bits) {
+                                const py::object& hierarchy, bool bits) {
+  const int root = static_cast<int>(int_arg(root_arg, "run_collective: root", 0, kIntMax));
   rt::CollectiveCase c{.collective = rt::parse_collective_kind(name),
                        .dtype = dtype_arg(dtype_name),
                        .op = rt::parse_reduce_op(op_name),
@@ -431,26 +472,68 @@ void bind_runtime(py::module_& m) {
              return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
            }, py::arg("dtype") = py::none())
       .def("copy_from",
-           [](const PyTensor& t, const py::array& a) {
-             if (a.size() != t.t.numel()) {
-               throw py::value_error(fmt::format("copy_from: {} values for {} ({} elements)", a.size(), t.t.describe(),
-                                                 t.t.numel()));
+           [](const PyTensor& t, const py::object& src) {
+             // numpy arrays, torch tensors (CPU), anything with __array__ or __dlpack__, nested lists.
+             const std::string kind = py::type::of(src).attr("__name__").cast<std::string>();
+             py::module_ np = py::module_::import("numpy");
+             py::object arr;
+             try {
+               if (py::isinstance<py::array>(src)) {
+                 arr = src;
+               } else if (py::hasattr(src, "__array__") || !py::hasattr(src, "__dlpack__")) {
+                 arr = np.attr("asarray")(src);
+               } else {
+                 arr = np.attr("from_dlpack")(src);
+               }
+             } catch (py::error_already_set& e) {
+               throw py::type_error(fmt::format("copy_from: cannot read values from the source ({}: {}); give a "
+                                                "numpy array, a CPU torch tensor or any object with __array__ or "
+                                                "__dlpack__",
+                                                kind, py::str(e.value()).cast<std::string>().substr(0, 200)));
+             }
+             const py::array a = py::reinterpret_borrow<py::array>(arr);
+             const char k = a.dtype().kind();
+             if (k != 'f' && k != 'i' && k != 'u' && k != 'b') {
+               throw py::type_error(fmt::format("copy_from: cannot read numeric values from the source ({}, as numpy "
+                                                "dtype '{}'); give a numpy array, a CPU torch tensor or any object "
+                                                "with __array__ or __dlpack__ holding numbers",
+                                                kind, py::str(a.dtype()).cast<std::string>()));
+             }
+             const rt::Shape shape(a.shape(), a.shape() + a.ndim());
+             if (shape != t.t.shape()) {
+               throw py::value_error(fmt::format("copy_from: the source ({}) has shape {} but the tensor {} has shape "
+                                                 "{}; give values of the same shape (reshape or transpose the source "
+                                                 "first: a transposed weight is not taken silently)",
+                                                 kind, rt::shape_str(shape), t.t.describe(),
+                                                 rt::shape_str(t.t.shape())));
              }
              const auto bytes = array_to_bytes(a, t.t.dtype(), "copy_from");
              t.t.copy_from_host_bytes(bytes.data(), bytes.size());
            },
            py::arg("array"),
-           "Writes values into the tensor (untimed), converted to its dtype by the rules of Context.tensor.")
-      .def("narrow", [](const PyTensor& t, std::int64_t d, std::int64_t s, std::int64_t n) { return PyTensor{t.t.narrow(d, s, n), t.ctx}; },
+           "Writes values into the tensor (untimed), converted to its dtype by the rules of Context.tensor. The "
+           "source (a numpy array, a CPU torch tensor, or any object with __array__ or __dlpack__) must have the "
+           "tensor's shape, like torch's Tensor.copy_ without broadcasting.")
+      .def("narrow",
+           [](const PyTensor& t, const py::object& d, const py::object& s, const py::object& n) {
+             return PyTensor{t.t.narrow(int_arg(d, "narrow: dim", -64, 63), int_arg(s, "narrow: start", 0, kI64Max),
+                                        int_arg(n, "narrow: length", 0, kI64Max)),
+                             t.ctx};
+           },
            py::arg("dim"), py::arg("start"), py::arg("length"), "A view of `length` entries of dimension `dim`.")
       .def("chunk",
-           [](const PyTensor& t, std::int64_t n, std::int64_t d) {
+           [](const PyTensor& t, const py::object& n, const py::object& d) {
              std::vector<PyTensor> out;
-             for (auto& c : t.t.chunk(n, d)) out.push_back(PyTensor{c, t.ctx});
+             for (auto& c : t.t.chunk(int_arg(n, "chunk: n", 1, kI64Max), int_arg(d, "chunk: dim", -64, 63))) {
+               out.push_back(PyTensor{c, t.ctx});
+             }
              return out;
            },
            py::arg("n"), py::arg("dim") = 0, "n equal views along dim (its size must divide by n).")
-      .def("reshape", [](const PyTensor& t, const std::vector<std::int64_t>& s) { return PyTensor{t.t.reshape(shape_arg(s)), t.ctx}; },
+      .def("reshape",
+           [](const PyTensor& t, const py::object& s) {
+             return PyTensor{t.t.reshape(shape_arg(s, "reshape: shape")), t.ctx};
+           },
            py::arg("shape"), "Contiguous tensors only.")
       .def("t", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; }, "The transposed view of a 2-D tensor.")
       .def_property_readonly("T", [](const PyTensor& t) { return PyTensor{t.t.t(), t.ctx}; })
@@ -515,15 +598,19 @@ void bind_runtime(py::module_& m) {
            "the GIL is released while C++ runs. An exception in any rank stops its siblings and raises RankError "
            "naming each failing rank, with the rank's Python exception as __cause__.")
       .def("empty",
-           [](const CtxPtr& c, int rank, const std::vector<std::int64_t>& shape, const std::string& dtype) {
-             return wrap(c, c->empty(rank, shape_arg(shape), dtype_arg(dtype)));
+           [](const CtxPtr& c, const py::object& rank, const py::object& shape, const std::string& dtype) {
+             const int r = static_cast<int>(int_arg(rank, "empty: rank", 0, c->world_size() - 1));
+             return wrap(c, c->empty(r, shape_arg(shape, "empty: shape"), dtype_arg(dtype), "empty"));
            },
-           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32", "An uninitialised tensor on `rank`.")
+           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32",
+           "An uninitialised tensor on `rank`. A shape of more than 2^48 bytes (cubesim's largest tensor) raises "
+           "ValueError.")
       .def("zeros",
-           [](const CtxPtr& c, int rank, const std::vector<std::int64_t>& shape, const std::string& dtype) {
-             return wrap(c, c->zeros(rank, shape_arg(shape), dtype_arg(dtype)));
+           [](const CtxPtr& c, const py::object& rank, const py::object& shape, const std::string& dtype) {
+             const int r = static_cast<int>(int_arg(rank, "zeros: rank", 0, c->world_size() - 1));
+             return wrap(c, c->zeros(r, shape_arg(shape, "zeros: shape"), dtype_arg(dtype), "zeros"));
            },
-           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32")
+           py::arg("rank"), py::arg("shape"), py::arg("dtype") = "f32", "A tensor of zeros on `rank` (as empty).")
       .def("tensor",
            [](const CtxPtr& c, int rank, const py::array& a, const std::optional<std::string>& dtype) {
              DType dt = DType::f32;
@@ -545,7 +632,9 @@ void bind_runtime(py::module_& m) {
            "patterns, unchanged. dtype defaults to 'f16' for float16 arrays and 'f32' otherwise.")
       .def("world", &rt::Context::world, py::return_value_policy::reference_internal)
       .def("new_group", &rt::Context::new_group, py::arg("ranks"), py::return_value_policy::reference_internal,
-           "The group of these global ranks (the same ranks again return the same group).")
+           "The group of these global ranks (the same ranks again return the same group). Like "
+           "torch.distributed.new_group, the ranks are sorted: new_group([3, 1]).ranks is [1, 3], and all_gather "
+           "and reduce_scatter on it lay out rank 1's chunk before rank 3's.")
       .def("run_collective", &run_collective, py::arg("name"), py::arg("inputs"), py::kw_only(), py::arg("dtype") = "f32",
            py::arg("op") = "sum", py::arg("root") = 0, py::arg("algorithm") = py::none(),
            py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0, py::arg("bits") = false,
@@ -645,7 +734,7 @@ void bind_runtime(py::module_& m) {
   // ---- collectives: called from inside a rank function ----
   m.def("all_reduce",
         [](const PyTensor& t, const std::string& op, rt::ProcessGroup* g, std::optional<std::string> alg,
-           std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
@@ -657,7 +746,7 @@ void bind_runtime(py::module_& m) {
         "world). algorithm: a name from algorithms(). Returns Work.");
   m.def("all_gather",
         [](const PyTensor& out, const PyTensor& in, rt::ProcessGroup* g, std::optional<std::string> alg,
-           std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           ReleaseGil nogil;
           return rt::all_gather(out.t, in.t, g, o);
@@ -667,7 +756,7 @@ void bind_runtime(py::module_& m) {
         "out (p*n elements) = the members' inputs (n elements each) in group order.");
   m.def("reduce_scatter",
         [](const PyTensor& out, const PyTensor& in, const std::string& op, rt::ProcessGroup* g,
-           std::optional<std::string> alg, std::optional<bool> acc, int hier, bool async_op) {
+           std::optional<std::string> alg, std::optional<bool> acc, const py::object& hier, bool async_op) {
           const auto o = coll_opts(alg, acc, hier, async_op);
           const auto rop = rt::parse_reduce_op(op);
           ReleaseGil nogil;
@@ -677,21 +766,27 @@ void bind_runtime(py::module_& m) {
         py::arg("algorithm") = py::none(), py::arg("accumulate_f32") = py::none(), py::arg("hierarchy") = 0,
         py::arg("async_op") = false, "out (n elements) = this member's chunk of the reduction of the inputs (p*n each).");
   m.def("broadcast",
-        [](const PyTensor& t, int root, rt::ProcessGroup* g, std::optional<std::string> alg, bool async_op) {
-          const auto o = coll_opts(alg, std::nullopt, 0, async_op);
+        [](const PyTensor& t, const py::object& root_arg, rt::ProcessGroup* g, std::optional<std::string> alg,
+           bool async_op) {
+          const int root = static_cast<int>(int_arg(root_arg, "broadcast: root", 0, kIntMax));
+          const auto o = coll_opts(alg, std::nullopt, py::int_(0), async_op);
           ReleaseGil nogil;
           return rt::broadcast(t.t, root, g, o);
         },
         py::arg("tensor"), py::arg("root"), py::arg("group") = nullptr, py::arg("algorithm") = py::none(),
         py::arg("async_op") = false, "Every member's tensor becomes the root's (root: a global rank).");
   m.def("barrier", &rt::barrier, py::arg("group") = nullptr, py::call_guard<ReleaseGil>());
-  m.def("send", [](const PyTensor& t, int dst, int tag, rt::ProcessGroup* g) {
+  m.def("send", [](const PyTensor& t, const py::object& dst_arg, const py::object& tag_arg, rt::ProcessGroup* g) {
+          const int dst = static_cast<int>(int_arg(dst_arg, "send: dst", 0, kIntMax));
+          const int tag = static_cast<int>(int_arg(tag_arg, "send: tag", kIntMin, kIntMax));
           ReleaseGil nogil;
           rt::send(t.t, dst, tag, g);
         },
         py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, py::arg("group") = nullptr,
         "Blocks until the data has landed at dst's matching recv.");
-  m.def("recv", [](const PyTensor& t, int src, int tag, rt::ProcessGroup* g) {
+  m.def("recv", [](const PyTensor& t, const py::object& src_arg, const py::object& tag_arg, rt::ProcessGroup* g) {
+          const int src = static_cast<int>(int_arg(src_arg, "recv: src", 0, kIntMax));
+          const int tag = static_cast<int>(int_arg(tag_arg, "recv: tag", kIntMin, kIntMax));
           ReleaseGil nogil;
           rt::recv(t.t, src, tag, g);
         },
@@ -722,7 +817,10 @@ void bind_runtime(py::module_& m) {
         },
         py::arg("collective"), "Algorithms a collective supports, e.g. supported_algorithms('all_gather').");
   m.def("nccl_plan",
-        [](const std::string& coll, int ranks, std::uint64_t bytes, const py::object& topology) {
+        [](const std::string& coll, const py::object& ranks_arg, const py::object& bytes_arg,
+           const py::object& topology) {
+          const int ranks = static_cast<int>(int_arg(ranks_arg, "nccl_plan: ranks", 1, 1 << 20));
+          const std::uint64_t bytes = u64_arg(bytes_arg, "nccl_plan: bytes");
           const rt::CollectiveRequest::Kind k = rt::parse_collective_kind(coll);
           std::optional<hw::Topology> t;
           if (py::isinstance<hw::Topology>(topology)) t = topology.cast<hw::Topology>();

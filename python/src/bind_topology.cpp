@@ -212,15 +212,17 @@ void bind_topology(py::module_& m) {
         "Raises TopologyError naming the file, the JSON path and what would be valid.");
   m.def(
       "topology_from_json",
-      [](const py::object& doc, const std::string& origin) { return hw::topology_from_json(to_json(doc), origin); },
+      [](const py::object& doc, const std::string& origin) {
+        return hw::topology_from_json(to_json(doc, "doc"), origin);
+      },
       py::arg("doc"), py::arg("origin") = "<json>",
       "Validates a resolved document (a dict) and builds the Topology; `origin` names it in messages. Raises "
       "TopologyError naming the JSON path.");
   m.def(
       "apply_override",
       [](const py::object& doc, const std::string& path, const py::object& value) {
-        nlohmann::json j = to_json(doc);
-        hw::apply_override(j, path, to_json(value));
+        nlohmann::json j = to_json(doc, "doc");
+        hw::apply_override(j, path, to_json(value, "value"));
         return from_json(j);
       },
       py::arg("doc"), py::arg("path"), py::arg("value"),

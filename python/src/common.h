@@ -97,8 +97,21 @@ std::vector<std::int64_t> arrays_to_bytes(const py::sequence& arrays, DType dtyp
 py::array bytes_to_array(const std::vector<std::uint8_t>& bytes, DType dtype, const std::vector<std::int64_t>& shape,
                          bool bits);
 
-// JSON <-> Python (dict, list, str, int, float, bool, None).
-nlohmann::json to_json(const py::handle& h);
+// Integer arguments taken as Python objects, so a value out of range is a ValueError naming the
+// argument and the valid range (pybind11's own casts say only "incompatible function arguments"):
+// int_arg: an int in [lo, hi]; u64_arg: an int in [0, 2^64-1]; shape_arg: a sequence of ints, each
+// in [0, 2^63-1] (the tensor byte limit, rt::kMaxTensorBytes, is checked where the tensor is made).
+// TypeError for a value that is not an int (bool is refused too).
+std::int64_t int_arg(const py::handle& h, const char* what, std::int64_t lo, std::int64_t hi);
+std::uint64_t u64_arg(const py::handle& h, const char* what);
+std::vector<std::int64_t> shape_arg(const py::handle& h, const char* what);
+
+// JSON <-> Python (dict, list, str, int, float, bool, None; numpy scalars and arrays by value).
+// to_json names `what` (the argument: "doc", "value", "overrides['x']") and the path inside it in
+// every error: ValueError for a cycle, nesting deeper than kMaxJsonDepth or an int outside
+// [-2^63, 2^64); TypeError for a value of another type or a key that is not a string.
+inline constexpr int kMaxJsonDepth = 64;
+nlohmann::json to_json(const py::handle& h, const char* what);
 py::object from_json(const nlohmann::json& j);
 // Topology overrides from Python: None, a dict {dotted path: value} (in insertion order), or a
 // sequence of (path, value) pairs.

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -132,36 +133,184 @@ py::array bytes_to_array(const std::vector<std::uint8_t>& bytes, DType dtype, co
   return a;
 }
 
-nlohmann::json to_json(const py::handle& h) {
+namespace {
+std::string type_name(const py::handle& h) { return py::type::of(h).attr("__name__").cast<std::string>(); }
+
+// The int value of h as a Python int object (an int, or a numpy integer); TypeError otherwise.
+py::int_ as_int(const py::handle& h, const char* what) {
+  if (py::isinstance<py::bool_>(h) || !(py::isinstance<py::int_>(h) || PyIndex_Check(h.ptr()))) {
+    throw py::type_error(fmt::format("{}: expected an int, got a {}", what, type_name(h)));
+  }
+  return py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
+}
+
+std::string range_text(std::int64_t v) {
+  if (v == std::numeric_limits<std::int64_t>::max()) return "2^63-1";
+  if (v == std::numeric_limits<std::int64_t>::min()) return "-2^63";
+  return std::to_string(v);
+}
+}  // namespace
+
+std::int64_t int_arg(const py::handle& h, const char* what, std::int64_t lo, std::int64_t hi) {
+  py::int_ i = as_int(h, what);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) {
+    std::string shown = py::str(i).cast<std::string>();
+    if (shown.size() > 40) shown = shown.substr(0, 20) + "..." + shown.substr(shown.size() - 10);
+    throw py::value_error(fmt::format("{}: {} is out of range; valid: {} to {}", what, shown, range_text(lo),
+                                      range_text(hi)));
+  }
+  return v;
+}
+
+std::uint64_t u64_arg(const py::handle& h, const char* what) {
+  py::int_ i = as_int(h, what);
+  const unsigned long long v = PyLong_AsUnsignedLongLong(i.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    std::string shown = py::str(i).cast<std::string>();
+    if (shown.size() > 40) shown = shown.substr(0, 20) + "..." + shown.substr(shown.size() - 10);
+    throw py::value_error(fmt::format("{}: {} is out of range; valid: 0 to 2^64-1 ({})", what, shown,
+                                      std::numeric_limits<std::uint64_t>::max()));
+  }
+  return v;
+}
+
+std::vector<std::int64_t> shape_arg(const py::handle& h, const char* what) {
+  if (py::isinstance<py::str>(h) || !(py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h))) {
+    if (!py::isinstance<py::str>(h) && (py::isinstance<py::int_>(h) || PyIndex_Check(h.ptr()))) {
+      return {int_arg(h, what, 0, std::numeric_limits<std::int64_t>::max())};  // a single dimension
+    }
+    throw py::type_error(fmt::format("{}: expected a list or tuple of ints, got a {}", what, type_name(h)));
+  }
+  std::vector<std::int64_t> out;
+  std::size_t i = 0;
+  for (auto d : h) {
+    const std::string w = fmt::format("{}[{}]", what, i++);
+    out.push_back(int_arg(d, w.c_str(), 0, std::numeric_limits<std::int64_t>::max()));
+  }
+  return out;
+}
+
+namespace {
+// What to_json is converting, for messages: the argument's name and the path inside it
+// ("doc['cube']['hbm'][2]"), and the containers open above the current value (cycle detection).
+struct JsonWalk {
+  const char* what;
+  std::vector<std::string> path;
+  std::vector<PyObject*> open;
+  std::string where() const {
+    std::string s = what;
+    for (const auto& p : path) s += p;
+    return s;
+  }
+};
+
+std::string short_repr(const py::handle& h) {
+  std::string r;
+  try {
+    r = py::repr(h).cast<std::string>();
+  } catch (py::error_already_set&) {
+    r = "<unprintable>";
+  }
+  if (r.size() > 60) r = r.substr(0, 57) + "...";
+  return r;
+}
+
+nlohmann::json to_json_at(const py::handle& h, JsonWalk& w);
+
+// A str as UTF-8; ValueError naming `where` for one that has none (a lone surrogate).
+std::string utf8_of(const py::handle& h, const std::string& where) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+  if (p == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(fmt::format("{}: the string {} cannot be encoded as UTF-8 (a lone surrogate); JSON text is "
+                                      "UTF-8",
+                                      where, short_repr(h)));
+  }
+  return std::string(p, static_cast<std::size_t>(n));
+}
+
+// Enters a container: refuses a cycle and nesting past kMaxJsonDepth before recursing.
+struct Open {
+  JsonWalk& w;
+  Open(JsonWalk& walk, const py::handle& h) : w(walk) {
+    for (PyObject* o : w.open) {
+      if (o == h.ptr()) {
+        throw py::value_error(fmt::format("{}: the value contains itself (a cycle through this {}); give a tree of "
+                                          "dicts and lists",
+                                          w.where(), py::type::of(h).attr("__name__").cast<std::string>()));
+      }
+    }
+    if (static_cast<int>(w.open.size()) >= kMaxJsonDepth) {
+      throw py::value_error(fmt::format("{}: nested deeper than {} dicts and lists, the limit for a JSON document "
+                                        "given from Python",
+                                        w.where(), kMaxJsonDepth));
+    }
+    w.open.push_back(h.ptr());
+  }
+  ~Open() { w.open.pop_back(); }
+};
+
+nlohmann::json to_json_at(const py::handle& h, JsonWalk& w) {
   if (h.is_none()) return nullptr;
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
   if (py::isinstance<py::int_>(h)) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
     if (overflow == 0) return v;
-    if (overflow > 0) return h.cast<unsigned long long>();
-    throw py::value_error("integer " + py::str(h).cast<std::string>() + " does not fit a JSON number");
+    if (overflow > 0) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(h.ptr());
+      if (!PyErr_Occurred()) return u;
+      PyErr_Clear();
+    }
+    throw py::value_error(fmt::format("{}: integer {} is out of range; JSON numbers given from Python are integers "
+                                      "from -2^63 to 2^64-1, or floats",
+                                      w.where(), short_repr(h)));
   }
   if (py::isinstance<py::float_>(h)) return h.cast<double>();
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::str>(h)) return utf8_of(h, w.where());
   if (py::isinstance<py::dict>(h)) {
+    Open guard(w, h);
     nlohmann::json o = nlohmann::json::object();
     for (auto kv : h.cast<py::dict>()) {
       if (!py::isinstance<py::str>(kv.first)) {
-        throw py::type_error("JSON object keys must be strings, got " + py::repr(kv.first).cast<std::string>());
+        throw py::type_error(fmt::format("{}: JSON object keys must be strings, got {} ({})", w.where(),
+                                         short_repr(kv.first), type_name(kv.first)));
       }
-      o[kv.first.cast<std::string>()] = to_json(kv.second);
+      std::string key = utf8_of(kv.first, w.where() + " (a key)");
+      w.path.push_back("['" + (key.size() > 40 ? key.substr(0, 37) + "..." : key) + "']");
+      o[key] = to_json_at(kv.second, w);
+      w.path.pop_back();
     }
     return o;
   }
   if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    Open guard(w, h);
     nlohmann::json a = nlohmann::json::array();
-    for (auto v : h) a.push_back(to_json(v));
+    std::size_t i = 0;
+    for (auto v : h) {
+      w.path.push_back(fmt::format("[{}]", i++));
+      a.push_back(to_json_at(v, w));
+      w.path.pop_back();
+    }
     return a;
   }
-  if (py::hasattr(h, "item") && py::hasattr(h, "dtype")) return to_json(h.attr("item")());  // numpy scalars
-  throw py::type_error("cannot convert " + py::repr(h).cast<std::string>() +
-                       " to JSON; use dict, list, str, int, float, bool or None");
+  if (py::hasattr(h, "tolist") && py::hasattr(h, "dtype")) {  // numpy scalars and arrays
+    py::object v = h.attr("tolist")();
+    if (v.ptr() != h.ptr() && !py::hasattr(v, "dtype")) return to_json_at(v, w);
+  }
+  throw py::type_error(fmt::format("{}: cannot convert {} (a {}) to JSON; use dict, list, str, int, float, bool or "
+                                   "None",
+                                   w.where(), short_repr(h), type_name(h)));
+}
+}  // namespace
+
+nlohmann::json to_json(const py::handle& h, const char* what) {
+  JsonWalk w{what, {}, {}};
+  return to_json_at(h, w);
 }
 
 py::object from_json(const nlohmann::json& j) {
@@ -189,19 +338,37 @@ py::object from_json(const nlohmann::json& j) {
 std::vector<std::pair<std::string, nlohmann::json>> overrides_arg(const py::handle& h) {
   std::vector<std::pair<std::string, nlohmann::json>> out;
   if (h.is_none()) return out;
+  auto path_of = [](const py::handle& k) {
+    if (!py::isinstance<py::str>(k)) {
+      throw py::type_error(fmt::format("overrides: a path must be a string like \"cube.hbm.bandwidth_GBps\", got {} "
+                                       "(a {})",
+                                       short_repr(k), py::type::of(k).attr("__name__").cast<std::string>()));
+    }
+    return utf8_of(k, "overrides: a path");
+  };
   if (py::isinstance<py::dict>(h)) {
-    for (auto kv : h.cast<py::dict>()) out.emplace_back(py::str(kv.first).cast<std::string>(), to_json(kv.second));
+    for (auto kv : h.cast<py::dict>()) {
+      const std::string path = path_of(kv.first);
+      const std::string what = "overrides['" + (path.size() > 40 ? path.substr(0, 37) + "..." : path) + "']";
+      out.emplace_back(path, to_json(kv.second, what.c_str()));
+    }
     return out;
   }
-  if (py::isinstance<py::str>(h)) {
-    throw py::type_error("overrides: give a dict {\"dotted.path\": value} or a list of (path, value) pairs, not a string");
+  if (py::isinstance<py::str>(h) || !(py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h))) {
+    throw py::type_error(fmt::format("overrides: give a dict {{\"dotted.path\": value}} or a list of (path, value) "
+                                     "pairs, not a {}",
+                                     py::type::of(h).attr("__name__").cast<std::string>()));
   }
+  std::size_t i = 0;
   for (auto item : h) {
-    auto t = py::reinterpret_borrow<py::sequence>(item);
-    if (py::len(t) != 2) {
-      throw py::type_error("overrides: each entry must be a (path, value) pair, got " + py::repr(item).cast<std::string>());
+    if (!(py::isinstance<py::list>(item) || py::isinstance<py::tuple>(item)) || py::len(item) != 2) {
+      throw py::type_error(fmt::format("overrides[{}]: each entry must be a (path, value) pair, got {}", i,
+                                       short_repr(item)));
     }
-    out.emplace_back(py::str(t[0]).cast<std::string>(), to_json(t[1]));
+    auto t = py::reinterpret_borrow<py::sequence>(item);
+    const std::string what = fmt::format("overrides[{}][1]", i);
+    out.emplace_back(path_of(t[0]), to_json(t[1], what.c_str()));
+    ++i;
   }
   return out;
 }

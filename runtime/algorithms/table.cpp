@@ -97,7 +97,7 @@ bool meets(GroupNeed need, int members) {
 std::string_view need_text(GroupNeed need) {
   switch (need) {
     case GroupNeed::any: return "any group";
-    case GroupNeed::power_of_two: return "a power-of-two group";
+    case GroupNeed::power_of_two: return "a power-of-two group (1, 2, 4, 8, ... ranks)";
   }
   return "?";
 }
@@ -139,9 +139,13 @@ const Row* find_row(std::string_view name) {
 }
 
 void require_group(const Row& r, Collective k, const Comm& c, int members) {
+  require_group_size(r, k, members, c.name());
+}
+
+void require_group_size(const Row& r, Collective k, int members, std::string_view who) {
   const GroupNeed need = r.needs(k);
   if (meets(need, members)) return;
-  throw RuntimeError(fmt::format("{}: {} {} needs {}, not {} ranks; use {}", c.name(), r.name,
+  throw RuntimeError(fmt::format("{}: {} {} needs {}, not {} ranks; use {}", who, r.name,
                                  collective_kind_name(k), need_text(need), members, any_group_alternatives(k)));
 }
 

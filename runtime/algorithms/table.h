@@ -70,5 +70,7 @@ std::string supported_names(Collective k);
 // Throws RuntimeError when a group of `members` does not meet what r's body for k needs: the
 // message names the call (c.name()), the algorithm, the group size and the algorithms that would do.
 void require_group(const Row& r, Collective k, const Comm& c, int members);
+// The same check before any rank runs (Context.run_collective): `who` names the call.
+void require_group_size(const Row& r, Collective k, int members, std::string_view who);
 
 }  // namespace cubesim::rt::algo

@@ -96,6 +96,11 @@ class InFlightSet {
   void remove(const TransferInfo* t, bool write) { (write ? writes_ : reads_).remove(t, write); }
   std::span<const InFlight> reads() const { return reads_.v; }
   std::span<const InFlight> writes() const { return writes_.v; }
+  // Forgets every entry (System::abandon_transfers: transfers of a failed run that will never land).
+  void clear() {
+    reads_ = {};
+    writes_ = {};
+  }
 
  private:
   struct List {

@@ -89,7 +89,7 @@ void Memory::read(std::uint64_t addr, std::span<std::byte> out) {
     if (auto u = store_.first_unwritten(addr, out.size())) {
       throw UninitializedReadError(
           fmt::format("{}: {} reads [{:#x}, {:#x}) at {} but byte {:#x} was never written; write it first, or set "
-                      "SystemOptions::check_uninitialized = false to read zeros",
+                      "check_uninitialized off to read zeros (Context(check_uninitialized=False) in Python)",
                       name(), hazards_->actor(), addr, addr + out.size(), sim::format_time(sim_->now()), *u),
           *u);
     }

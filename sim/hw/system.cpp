@@ -474,7 +474,8 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
       if (auto u = src.store_.first_unwritten(sr.row_addr(row), sr.row_bytes)) {
         const std::string msg = fmt::format(
             "{}: transfer {} issued by {} at {} reads its source {} but byte {:#x} was never written (to {}); write "
-            "the source first, or set SystemOptions::check_uninitialized = false to read zeros",
+            "the source first, or set check_uninitialized off to read zeros (Context(check_uninitialized=False) in "
+            "Python)",
             src.name(), r->id, r->issuer, sim::format_time(r->issued), format_region(sr), *u, dst.name());
         throw UninitializedReadError(msg, *u);
       }
@@ -512,6 +513,11 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   sim_->at(first + p.d_pre, ChunkInject{r, 0});
   guard.r = nullptr;
   return TransferHandle(r, r->id);
+}
+
+void System::abandon_transfers() {
+  for (auto& m : memories_) m->in_flight_.clear();
+  completed_ = started_;  // none is in flight any more (bytes_transferred() counts landed ones only)
 }
 
 TransferRecord* System::alloc_record() {

@@ -134,6 +134,10 @@ class System {
   std::uint64_t transfers_completed() const { return completed_; }
   std::uint64_t bytes_transferred() const { return bytes_moved_; }
   std::uint64_t transfers_in_flight() const { return started_ - completed_; }
+  // After a failed run (the simulator unwound its processes and dropped its events): forgets the
+  // transfers still in flight, which will never land, so the hazard checker does not hold them
+  // against the next run. Their destination bytes stay as they were.
+  void abandon_transfers();
   // Host memory held by all simulated memories' pages.
   std::uint64_t resident_bytes() const;
 

@@ -71,7 +71,7 @@ def test_column_and_row_linear(rng):
 
 def test_layers_outside_spawn_say_so():
     ctx = cs.Context("host", world_size=1)
-    with pytest.raises(ValueError, match="inside Context::spawn"):
+    with pytest.raises(ValueError, match=r"inside Context\.spawn\(\)"):
         cs.tp.ParallelMLP(ctx, hidden=8, ffn=16)
 
 
