@@ -7,6 +7,7 @@
 
 #include "collective_harness.h"
 #include "runtime/errors.h"
+#include "sim/core/interrupt.h"
 #include "runtime/sim_backend.h"
 #include "sim/hw/topology.h"
 
@@ -148,6 +149,33 @@ TEST(SimErrors, OutOfHbmNamesTheAllocationAndStatistics) {
     EXPECT_NE(m.find("activations"), std::string::npos) << m;
     EXPECT_NE(m.find("largest"), std::string::npos) << m;
   }
+}
+
+// Ctrl-C in the middle of collectives with transfers in flight: spawn() raises InterruptedError
+// saying how far it got, and the same context then runs a correct program with correct values.
+TEST(SimInterrupt, ACollectiveRunStopsAndTheContextRunsAgain) {
+  auto ctx = sim_on("ring4")(4);
+  try {
+    ctx->spawn(4, [&](int r) {
+      Tensor t = ctx->zeros(r, {1 << 20}, DType::bf16);
+      for (int i = 0; i < 50; ++i) {
+        if (r == 0 && i == 3) sim::request_interrupt();  // as the SIGINT handler would
+        all_reduce(t);
+      }
+    });
+    FAIL() << "spawn() should have been interrupted";
+  } catch (const InterruptedError& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted (SIGINT) at simulated time"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the context can run again"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(sim::interrupt_requested());
+  std::vector<float> got;
+  ctx->spawn(4, [&](int r) {
+    Tensor t = ctx->from_host_f32(r, {1000}, DType::f32, std::vector<float>(1000, 1.0f + static_cast<float>(r)));
+    all_reduce(t);
+    if (r == 0) got = t.to_host_f32();
+  });
+  EXPECT_EQ(got, std::vector<float>(1000, 10.0f));
 }
 
 }  // namespace
