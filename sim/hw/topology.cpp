@@ -117,7 +117,7 @@ std::string child(const std::string& path, std::string_view key) {
 std::string child(const std::string& path, std::size_t index) { return child(path, std::to_string(index)); }
 
 std::string short_dump(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -1127,12 +1127,95 @@ std::string env_or(const char* name, const char* dflt) {
   return v && *v ? std::string(v) : std::string(dflt);
 }
 
+// Reads a topology file: a regular file of at most kMaxTopologyFileBytes (a device such as /dev/zero,
+// a FIFO or a directory is refused before anything is read).
 std::string read_file(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec || !fs::exists(st)) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
+  if (!fs::is_regular_file(st)) {
+    throw TopologyError(fmt::format("topology file '{}' is not a regular file (a device, pipe or directory); give a "
+                                    ".json file of at most {} bytes", p.string(), kMaxTopologyFileBytes));
+  }
+  const std::uintmax_t size = fs::file_size(p, ec);
+  if (ec || size > kMaxTopologyFileBytes) {
+    throw TopologyError(fmt::format("topology file '{}' has {} bytes; the limit is {} bytes (16 MiB)", p.string(),
+                                    ec ? std::string("an unknown number of") : std::to_string(size), kMaxTopologyFileBytes));
+  }
   std::ifstream f(p, std::ios::binary);
   if (!f) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string text(kMaxTopologyFileBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > kMaxTopologyFileBytes) {  // it grew since file_size
+    throw TopologyError(fmt::format("topology file '{}' has more than {} bytes; the limit is {} bytes (16 MiB)", p.string(),
+                                    kMaxTopologyFileBytes, kMaxTopologyFileBytes));
+  }
+  return text;
+}
+
+// "line L, column C (byte B)" of a byte offset in text.
+std::string text_position(const std::string& text, std::size_t offset) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return fmt::format("line {}, column {} (byte offset {})", line, col, offset);
+}
+
+// Before parsing: every byte is UTF-8 and arrays/objects nest at most kMaxJsonDepth deep (the
+// parser and every later walk of the document stay within that depth).
+void scan_text(const std::string& text, const std::string& origin) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  bool in_string = false;
+  int depth = 0;
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    std::size_t len = 1;
+    if (c >= 0x80) {
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (c >= 0xC2 && c <= 0xDF) len = 2;
+      else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+      } else {
+        len = 0;
+      }
+      bool ok = len != 0 && i + len <= n;
+      for (std::size_t k = 1; ok && k < len; ++k) {
+        const unsigned char x = b[i + k];
+        ok = k == 1 ? (x >= lo && x <= hi) : (x >= 0x80 && x <= 0xBF);
+      }
+      if (!ok) {
+        throw TopologyError(fmt::format("topology file '{}': byte 0x{:02X} at {} is not valid UTF-8; save the file as "
+                                        "UTF-8", origin, c, text_position(text, i)));
+      }
+    } else if (in_string) {
+      if (c == '\\' && i + 1 < n && b[i + 1] < 0x80) len = 2;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw TopologyError(fmt::format("topology file '{}': arrays and objects nest deeper than {} levels at {}; the "
+                                        "limit is {} levels", origin, kMaxJsonDepth, text_position(text, i), kMaxJsonDepth));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    i += len;
+  }
 }
 
 // Parses strict JSON, rejecting duplicate keys (with nlohmann the later one would silently win).
@@ -1175,9 +1258,15 @@ json parse_json(const std::string& text, const std::string& origin) {
     }
     return true;
   };
+  scan_text(text, origin);
   json j;
   try {
     j = json::parse(text, cb);
+  } catch (const json::out_of_range& e) {  // 406: a number beyond a double (1e999)
+    const std::string at = path();
+    throw TopologyError(fmt::format("topology file '{}': {}{}a number is out of range ({}); give a finite number, at most "
+                                    "{:g} in magnitude", origin, at, at.empty() ? "" : ": ", e.what(),
+                                    std::numeric_limits<double>::max()));
   } catch (const json::parse_error& e) {
     std::size_t line = 1, col = 1;
     for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
@@ -1191,6 +1280,9 @@ json parse_json(const std::string& text, const std::string& origin) {
     throw TopologyError(fmt::format("topology file '{}': invalid JSON at line {}, column {}: {} (JSON has no comments: "
                                     "put notes in \"_comment\", \"description\" or \"sources\")",
                                     origin, line, col, e.what()));
+  } catch (const json::exception& e) {
+    throw TopologyError(fmt::format("topology file '{}': {}{}invalid JSON: {}", origin, path(), path().empty() ? "" : ": ",
+                                    e.what()));
   }
   if (!dup.empty()) {
     throw TopologyError(fmt::format("topology file '{}': {}: duplicate key (the later value would silently win); give "
@@ -1202,17 +1294,42 @@ json parse_json(const std::string& text, const std::string& origin) {
   return j;
 }
 
+bool path_exists(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec) && !ec;
+}
+
+// A shipped name, or a path. A relative path that `extends` gives is looked up in the extending
+// file's directory (`relative_to`; for a document without a file, the topology directory) first,
+// then in the current directory.
 fs::path resolve_name(const std::string& name_or_path, const fs::path& relative_to) {
+  bool bad = name_or_path.empty() || name_or_path.size() > kMaxTopologyPathBytes;
+  std::size_t component = 0;
+  for (char ch : name_or_path) {
+    if (static_cast<unsigned char>(ch) < 0x20) bad = true;
+    component = ch == '/' ? 0 : component + 1;
+    if (component > 255) bad = true;
+  }
+  if (bad) {
+    std::string shown = name_or_path.substr(0, 40);
+    for (char& ch : shown) {
+      if (static_cast<unsigned char>(ch) < 0x20) ch = '?';
+    }
+    throw TopologyError(fmt::format("'{}{}' ({} bytes) is not a topology name or path; give a name of the topology "
+                                    "directory or a path of at most {} bytes, each part at most 255 bytes, without "
+                                    "control characters",
+                                    shown, name_or_path.size() > 40 ? "..." : "", name_or_path.size(), kMaxTopologyPathBytes));
+  }
   const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
                                (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
   if (looks_like_path) {
     fs::path p(name_or_path);
-    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
-    if (!fs::exists(p)) throw TopologyError(fmt::format("topology file '{}' does not exist", p.string()));
+    if (p.is_relative() && !relative_to.empty() && path_exists(relative_to / p)) p = relative_to / p;
+    if (!path_exists(p)) throw TopologyError(fmt::format("topology file '{}' does not exist", p.string()));
     return p;
   }
   const fs::path p = fs::path(topology_dir()) / (name_or_path + ".json");
-  if (!fs::exists(p)) {
+  if (!path_exists(p)) {
     const std::vector<std::string> names = list_topologies();
     throw TopologyError(fmt::format("unknown topology '{}'{}: there is no {} (set CUBESIM_TOPOLOGY_DIR to use another "
                                     "directory, or give a path to a .json file); shipped topologies: {}",
@@ -1231,6 +1348,10 @@ json load_resolved(const fs::path& p, std::vector<std::string>& chain) {
     chain.push_back(key);
     throw TopologyError(fmt::format("topology file '{}': 'extends' forms a cycle: {}", p.string(), join(chain, " -> ")));
   }
+  if (chain.size() >= kMaxExtendsChain) {
+    throw TopologyError(fmt::format("topology file '{}': 'extends' chains more than {} files (the limit): {}", p.string(),
+                                    kMaxExtendsChain, join(chain, " -> ")));
+  }
   chain.push_back(key);
   json doc = parse_json(read_file(p), p.string());
   if (!doc.contains("name")) doc["name"] = p.stem().string();
@@ -1245,7 +1366,13 @@ void resolve_into(json& doc, const fs::path& dir, std::vector<std::string>& chai
       throw TopologyError(fmt::format("topology '{}': extends: expected a topology name or path, got {}", origin, short_dump(*e)));
     }
     const std::string base_name = e->get<std::string>();
-    json base = load_resolved(resolve_name(base_name, dir), chain);
+    fs::path base_path;
+    try {
+      base_path = resolve_name(base_name, dir);
+    } catch (const TopologyError& err) {
+      throw TopologyError(fmt::format("topology '{}': extends: {}", origin, err.what()));
+    }
+    json base = load_resolved(base_path, chain);
     json mine = doc;
     mine.erase("extends");
     mine.erase("set");
@@ -1281,6 +1408,22 @@ bool is_index(std::string_view s) {
 
 // ---------------------------------------------------------------- public API
 
+void check_json_depth(const json& doc, const std::string& origin) {
+  std::vector<std::pair<const json*, int>> todo{{&doc, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    if (depth > kMaxJsonDepth) {
+      throw TopologyError(fmt::format("{}: arrays and objects nest deeper than {} levels; the limit is {} levels", origin,
+                                      kMaxJsonDepth, kMaxJsonDepth));
+    }
+    for (const json& c : *v) {
+      if (c.is_structured()) todo.emplace_back(&c, depth + 1);
+    }
+  }
+}
+
 std::string topology_dir() { return env_or("CUBESIM_TOPOLOGY_DIR", CUBESIM_TOPOLOGY_DIR); }
 
 std::vector<std::string> list_topologies() {
@@ -1312,6 +1455,7 @@ Topology load_topology(const std::string& name_or_path, const std::vector<std::p
 }
 
 void apply_override(json& doc, std::string_view dotted_path, const json& value) {
+  check_json_depth(value, fmt::format("override path '{}'", std::string(dotted_path.substr(0, 200))));
   std::vector<std::string> seg;
   for (std::size_t start = 0;;) {
     const std::size_t dot = dotted_path.find('.', start);
@@ -1389,6 +1533,7 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
 }
 
 Topology topology_from_json(const json& input, const std::string& origin) {
+  check_json_depth(input, fmt::format("topology '{}'", origin));
   json doc = input;
   if (doc.is_object() && (doc.contains("extends") || doc.contains("set"))) {
     std::vector<std::string> chain;

@@ -1,5 +1,6 @@
 // The topology loader: shipped files, extends/set, dotted overrides, and every validator error.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -568,6 +569,94 @@ TEST(Topology, LoadWithOverridesErrorsNameTheOverridePath) {
                         {"override path 'cubes.16.clock_scale'", "index 16 is out of range: cubes has 16 entries"});
   expect_error_contains([] { load_topology("ring4", {{"cube.id", 1}}); },
                         {"override path 'cube.id'", "cube has no field 'id'"});
+}
+
+
+// ---------------------------------------------------------------- hardening (issue 13)
+
+// A file whose text is small_doc() with `field` (a JSON text) added at the top level.
+std::string small_text_with(const std::string& extra) {
+  std::string text = small_doc().dump();
+  text.insert(text.size() - 1, "," + extra);
+  return text;
+}
+
+TEST(TopologyHardening, DeepNestingIsRefusedBeforeParsingNamingFileAndLimit) {
+  TempDir dir;
+  // Deep enough to overflow the stack of a recursive parser or destructor (issue 13 crashed here).
+  for (const std::string open_close : {"[]", "{}"}) {
+    std::string deep;
+    const int n = 200000;
+    for (int i = 0; i < n; ++i) deep += open_close[0] == '[' ? "[" : "{\"a\":";
+    deep += "1";
+    for (int i = 0; i < n; ++i) deep += open_close[1];
+    const std::string f = dir.write("deep.json", small_text_with("\"_comment\": " + deep));
+    expect_error_contains([&] { load_topology(f); }, {f, "deeper than 64 levels", "line 1, column"});
+  }
+  // At the limit it parses (and fails for what it is, not for depth).
+  std::string ok = "1";
+  for (int i = 0; i < kMaxJsonDepth - 2; ++i) ok = "[" + ok + "]";
+  const std::string f = dir.write("ok.json", small_text_with("\"_comment\": " + ok));
+  EXPECT_NO_THROW(load_topology(f));
+  // A document built in code (the Python API's way in) is checked too.
+  json d = 1;
+  for (int i = 0; i < 100; ++i) d = json::array({d});
+  json doc = small_doc();
+  doc["cube"]["_comment"] = d;
+  expect_error_contains([&] { topology_from_json(doc, "built"); }, {"topology 'built'", "deeper than 64 levels"});
+  expect_error_contains([&] { apply_override(doc, "cube.pes", d); }, {"cube.pes", "the limit is 64 levels"});
+}
+
+TEST(TopologyHardening, OutOfRangeNumbersAndLongExtendsNamesNameFileAndPath) {
+  TempDir dir;
+  json doc = small_doc();
+  std::string text = doc.dump();
+  const std::string from = "\"bandwidth_GBps\":1000";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"bandwidth_GBps\":1e999");
+  const std::string f = dir.write("huge.json", text);
+  expect_error_contains([&] { load_topology(f); }, {f, "cube.hbm.bandwidth_GBps", "out of range", "give a finite number"});
+  // A 300-character name (longer than a file name may be) and a NUL in it.
+  const std::string g = dir.write("long.json", R"({"extends": ")" + std::string(300, 'x') + R"("})");
+  expect_error_contains([&] { load_topology(g); }, {g, "extends", "300 bytes", "each part at most 255 bytes"});
+  const std::string h = dir.write("nul.json", R"({"extends": "ring\u00004"})");
+  expect_error_contains([&] { load_topology(h); }, {h, "extends", "control characters"});
+}
+
+TEST(TopologyHardening, NonUtf8BytesNameFileAndOffset) {
+  TempDir dir;
+  std::string text = small_text_with("\"_comment\": \"caf\xE9\"");
+  const std::size_t at = text.find('\xE9');
+  const std::string f = dir.write("latin1.json", text);
+  try {
+    load_topology(f);
+    ADD_FAILURE() << "no error";
+  } catch (const TopologyError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(f), std::string::npos) << m;
+    EXPECT_NE(m.find(fmt::format("byte offset {}", at)), std::string::npos) << m;
+    EXPECT_NE(m.find("0xE9"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\xE9'), std::string::npos) << "the message itself must be valid UTF-8";
+  }
+  // A truncated sequence at the end, an overlong encoding, a surrogate.
+  for (const std::string& bad : {std::string("\xC3"), std::string("\xC0\xAF"), std::string("\xED\xA0\x80")}) {
+    const std::string g = dir.write("bad.json", small_text_with("\"_comment\": \"" + bad + "\""));
+    expect_error_contains([&] { load_topology(g); }, {g, "is not valid UTF-8", "byte offset"});
+  }
+  // Valid multi-byte text passes.
+  const std::string ok = dir.write("utf8.json", small_text_with("\"_comment\": \"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\""));
+  EXPECT_NO_THROW(load_topology(ok));
+}
+
+TEST(TopologyHardening, FileSizeLimitAndNonRegularFiles) {
+  TempDir dir;
+  const std::string z = dir.write("zero.json", R"({"extends": "/dev/zero"})");
+  expect_error_contains([&] { load_topology(z); }, {"/dev/zero", "not a regular file", "16777216 bytes"});
+  expect_error_contains([&] { load_topology(dir.path.string() + "/"); }, {"not a regular file"});
+  // A file over the limit is refused from its size, before it is read.
+  std::string big = small_text_with("\"_comment\": \"" + std::string(kMaxTopologyFileBytes, 'x') + "\"");
+  const std::string b = dir.write("big.json", big);
+  expect_error_contains([&] { load_topology(b); }, {b, "the limit is 16777216 bytes"});
 }
 
 }  // namespace
