@@ -87,6 +87,21 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+// The candidate closest to s when it is close (a typo of it), else "".
+std::string closest(std::string_view s, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const std::string& c : candidates) {
+    const std::size_t d = edit_distance(s, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best.empty() || best_d > std::max<std::size_t>(2, s.size() / 3)) return "";
+  return best;
+}
+
 // " (did you mean 'x'?)" when one candidate is close, else "".
 std::string did_you_mean(std::string_view s, const std::vector<std::string>& candidates) {
   std::string best;
@@ -200,8 +215,26 @@ class Obj {
   }
   const json& need(std::string_view key, std::string_view what) {
     const json* v = get(key);
-    if (!v) ctx_.fail(path_, fmt::format("missing required field '{}' ({})", key, what));
+    if (!v) missing(key, what);
     return *v;
+  }
+  // "missing required field", naming an unknown key of this object that is a typo of it.
+  [[noreturn]] void missing(std::string_view key, std::string_view what) const {
+    ctx_.fail(path_, fmt::format("missing required field '{}' ({}){}", key, what, typo_of({std::string(key)})));
+  }
+  // "; the unknown key 'x' looks like a misspelling of 'y'" when a key of this object that the
+  // schema lacks is close to one of `wanted`, else "".
+  std::string typo_of(const std::vector<std::string>& wanted) const {
+    if (!j_.is_object()) return "";
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (it.key() == "_comment" || node_.field(it.key())) continue;
+      const std::string c = closest(it.key(), wanted);
+      if (!c.empty()) {
+        return fmt::format("; the unknown key '{}' here looks like a misspelling of it (did you mean '{}'?)",
+                           it.key().substr(0, 80), c);
+      }
+    }
+    return "";
   }
 
   double number(std::string_view key, std::string_view what) { return as_number(key, need(key, what)); }
@@ -275,7 +308,8 @@ class Obj {
       }
     }
     if (found.empty()) {
-      ctx_.fail(path_, fmt::format("missing required field: the {} capacity; give one of {}", what, join(names)));
+      ctx_.fail(path_, fmt::format("missing required field: the {} capacity; give one of {}{}", what, join(names),
+                                   typo_of(names)));
     }
     if (found.size() > 1) {
       ctx_.fail(path_, fmt::format("give exactly one capacity field, found {}", join(found)));
@@ -643,9 +677,9 @@ LinkFigures read_link_figures(Obj& o, const LinkFigures* dflt) {
   auto lat = o.get("latency_ns");
   auto ovh = o.get("overhead_ns");
   if (!dflt) {
-    if (!bw) o.ctx().fail(o.path(), "missing required field 'bandwidth_GBps' (per direction, GB/s)");
-    if (!lat) o.ctx().fail(o.path(), "missing required field 'latency_ns' (wire latency per hop, ns)");
-    if (!ovh) o.ctx().fail(o.path(), "missing required field 'overhead_ns' (port overhead per hop, ns)");
+    if (!bw) o.missing("bandwidth_GBps", "per direction, GB/s");
+    if (!lat) o.missing("latency_ns", "wire latency per hop, ns");
+    if (!ovh) o.missing("overhead_ns", "port overhead per hop, ns");
   } else {
     f = *dflt;
   }
@@ -747,8 +781,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
     link = read_link_figures(lo, nullptr);
     lo.finish();
   } else if (needs_link) {
-    ctx.fail("network", fmt::format("missing required field 'link' (bandwidth_GBps, latency_ns, overhead_ns of every "
-                                    "link of the {} network)", kind));
+    o.missing("link", fmt::format("bandwidth_GBps, latency_ns, overhead_ns of every link of the {} network", kind));
   }
   if (t.network == NetworkKind::kSwitch) {
     Obj s = o.object("switch", "the switch: {\"latency_ns\": ...}");
@@ -1575,7 +1608,7 @@ Topology topology_from_json(const json& input, const std::string& origin) {
   const json* tmpl = top.get("cube");
   const json* cubes = top.get("cubes");
   const json* net = top.get("network");
-  if (!net) ctx.fail("", "missing required field 'network' ({\"kind\": \"none\", \"chunk_bytes\": ...} for one cube)");
+  if (!net) top.missing("network", "{\"kind\": \"none\", \"chunk_bytes\": ...} for one cube");
   const bool grid = net->is_object() && net->contains("kind") &&
                     ((*net)["kind"] == "mesh" || (*net)["kind"] == "torus");
   if (cubes && cubes->is_array()) {
@@ -1607,14 +1640,14 @@ Topology topology_from_json(const json& input, const std::string& origin) {
       t.cubes[id] = c;
     }
   } else {
-    if (!tmpl) ctx.fail("", "missing required field 'cube' (the description every cube shares)");
+    if (!tmpl) top.missing("cube", "the description every cube shares");
     std::uint64_t n = 1;
     if (cubes) {
       n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
     } else if (grid) {
       n = 0;  // from dims, below
     } else if (!(net->is_object() && net->contains("kind") && (*net)["kind"] == "none")) {
-      ctx.fail("", "missing required field 'cubes' (how many cubes share the 'cube' template)");
+      top.missing("cubes", "how many cubes share the 'cube' template");
     }
     const CubeSpec c = read_cube(top.object_at("cube", *tmpl), false);
     if (n == 0) {

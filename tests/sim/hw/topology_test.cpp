@@ -659,5 +659,38 @@ TEST(TopologyHardening, FileSizeLimitAndNonRegularFiles) {
   expect_error_contains([&] { load_topology(b); }, {b, "the limit is 16777216 bytes"});
 }
 
+TEST(TopologyHardening, AMisspeltRequiredKeyIsNamedAsTheTypo) {
+  json d = small_doc();
+  d["network"]["link"].erase("bandwidth_GBps");
+  d["network"]["link"]["bandwdith_GBps"] = 100;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"network.link: missing required field 'bandwidth_GBps'", "unknown key 'bandwdith_GBps'",
+                         "did you mean 'bandwidth_GBps'?"});
+  d = small_doc();
+  d["cube"]["pe"]["tcm"].erase("latency_ns");
+  d["cube"]["pe"]["tcm"]["latncy_ns"] = 2;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"cube.pe.tcm: missing required field 'latency_ns'", "'latncy_ns'", "did you mean 'latency_ns'?"});
+  d = small_doc();
+  d["cube"]["hbm"].erase("capacity_MiB");
+  d["cube"]["hbm"]["capacity_MB"] = 64;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"cube.hbm: missing required field", "'capacity_MB'", "did you mean 'capacity_"});
+  d = small_doc();
+  d["netwrok"] = d["network"];
+  d.erase("network");
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"missing required field 'network'", "'netwrok'", "did you mean 'network'?"});
+  // No hint when no unknown key is close.
+  d = small_doc();
+  d["cube"].erase("pes");
+  try {
+    topology_from_json(d, "t");
+    ADD_FAILURE();
+  } catch (const TopologyError& e) {
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace cubesim::hw
