@@ -265,8 +265,13 @@ class Obj {
   }
   sim::Bandwidth as_bandwidth(std::string_view key, const json& v) const {
     const double d = as_number(key, v);
+    // Below kMinBandwidthGBps a figure rounds to 0 bytes/s (and fails at the first transfer).
     if (!(d > 0) || d > 1e9) {
       fail(key, fmt::format("{} is not valid; give a bandwidth > 0 in GB/s (1 GB/s = 1e9 bytes/s)", short_dump(v)));
+    }
+    if (std::llround(d * 1e9) < 1) {
+      fail(key, fmt::format("{} is not valid: it rounds to 0 bytes/s; give a bandwidth from {:g} (1 byte/s) to 1e+09 GB/s",
+                            short_dump(v), kMinBandwidthGBps));
     }
     return sim::Bandwidth::GBps(d);
   }
@@ -284,7 +289,9 @@ class Obj {
   }
   std::uint64_t as_clock(std::string_view key, const json& v) const {
     const double d = as_number(key, v);
-    if (!(d > 0) || d > 1e3) fail(key, fmt::format("{} is not valid; give a clock > 0 in GHz", short_dump(v)));
+    if (!(d > 0) || d > 1e3 || std::llround(d * 1e9) < 1) {
+      fail(key, fmt::format("{} is not valid; give a clock > 0 in GHz, from {:g} (1 Hz) to 1000", short_dump(v), kMinClockGHz));
+    }
     return static_cast<std::uint64_t>(std::llround(d * 1e9));
   }
   // Exactly one of capacity_bytes, capacity_KiB, capacity_MiB, capacity_GiB, capacity_TiB, capacity_GB.
@@ -370,7 +377,11 @@ RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::u
     const std::string key(dtype_name(d));
     if (const json* v = t.get(key)) {
       const double x = t.as_number(key, *v);
-      if (!(x > 0)) t.fail(key, fmt::format("{} is not valid; give {} > 0 (leave the dtype out if unsupported)", short_dump(*v), unit));
+      // Below kMinPerCycle the cycle count of a large operation passes 2^64.
+      if (!(x >= kMinPerCycle) || x > 1e12) {
+        t.fail(key, fmt::format("{} is not valid; give {} from {:g} (2^-20) to 1e+12 (leave the dtype out if unsupported)",
+                                short_dump(*v), unit, kMinPerCycle));
+      }
       r.per_cycle[static_cast<std::size_t>(d)] = x;
       any = true;
     }
@@ -463,8 +474,9 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
     // An optional rate per MAC-clock cycle (> 0); `what` says what it is and what leaving it out means.
     auto per_cycle = [&](std::string_view key, double& out, std::string_view what) {
       if (const json* u = x.get(key)) {
-        if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
-          x.fail(key, fmt::format("{} is not valid; give {}", short_dump(*u), what));
+        if (!u->is_number() || !(u->get<double>() >= kMinPerCycle) || !std::isfinite(u->get<double>()) ||
+            u->get<double>() > 1e9) {
+          x.fail(key, fmt::format("{} is not valid; give {}, from {:g} (2^-20) to 1e+09", short_dump(*u), what, kMinPerCycle));
         }
         out = u->get<double>();
       }
@@ -667,6 +679,11 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     c.pe.clock_hz = scale(c.pe.clock_hz);
     c.pe.mac.clock_hz = scale(c.pe.mac.clock_hz);
     c.pe.vector.clock_hz = scale(c.pe.vector.clock_hz);
+    const std::uint64_t slowest = std::min({c.pe.clock_hz, c.pe.mac.clock_hz, c.pe.vector.clock_hz});
+    if (slowest < 1) {
+      o.fail("clock_scale", fmt::format("{:g} is not valid: it scales a clock of the cube to 0 Hz (below 1 Hz); give a factor that leaves "
+                                        "every clock at least {:g} GHz (1 Hz)", c.clock_scale, kMinClockGHz));
+    }
   }
   return c;
 }
@@ -871,8 +888,14 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   if (t.network == NetworkKind::kSwitch && t.switch_links_per_cube > 1) {
     // The cube's links to the switch carry its traffic together (striped over every link): one
     // link direction of their summed bandwidth.
+    const auto lpc = static_cast<std::uint64_t>(t.switch_links_per_cube);
     for (LinkSpec& l : t.links) {
-      l.figures.bandwidth.bytes_per_s *= static_cast<std::uint64_t>(t.switch_links_per_cube);
+      if (l.figures.bandwidth.bytes_per_s > static_cast<std::uint64_t>(1e18) / lpc) {
+        ctx.fail("network.switch.links_per_cube",
+                 fmt::format("{} links of {:g} GB/s sum to more than 1e+09 GB/s; give fewer or slower links",
+                             lpc, l.figures.bandwidth.gbps()));
+      }
+      l.figures.bandwidth.bytes_per_s *= lpc;
     }
   }
 }
@@ -975,7 +998,13 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
       }
       LinkFigures& f = t.links[static_cast<std::size_t>(li)].figures;
       if (bw) f.bandwidth = e.as_bandwidth("bandwidth_GBps", *bw);
-      if (scale) f.bandwidth = f.bandwidth.scaled(factor);
+      if (scale) {
+        f.bandwidth = f.bandwidth.scaled(factor);
+        if (f.bandwidth.bytes_per_s < 1) {
+          e.fail("bandwidth_scale", fmt::format("{} scales the link's bandwidth below {:g} GB/s (1 byte/s), to 0; give a "
+                                                "larger factor", short_dump(*scale), kMinBandwidthGBps));
+        }
+      }
       if (lat) f.latency = e.as_duration("latency_ns", *lat);
       if (ovh) f.overhead = e.as_duration("overhead_ns", *ovh);
     }

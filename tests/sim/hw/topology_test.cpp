@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/hw/compute_unit.h"
 #include "sim/hw/errors.h"
 #include "sim/hw/topology.h"
 #include "sim/hw/topology_schema.h"
@@ -690,6 +691,60 @@ TEST(TopologyHardening, AMisspeltRequiredKeyIsNamedAsTheTypo) {
   } catch (const TopologyError& e) {
     EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
   }
+}
+
+TEST(TopologyHardening, FiguresThatRoundToZeroOrOverflowAreRefusedAtLoad) {
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"network.link.bandwidth_GBps", 1e-30},     {"cube.hbm.bandwidth_GBps", 4e-10},
+      {"cube.pe.dma.read_GBps", 1e-12},           {"cube.pe.clock_GHz", 1e-30},
+      {"cube.pe.mac.clock_GHz", 4e-10},           {"cube.pe.mac.macs_per_cycle.bf16", 1e-30},
+      {"cube.pe.vector.ops_per_cycle.f32", 1e-7}, {"cube.clock_scale", 1e-30}};
+  for (const auto& [path, value] : bad) {
+    SCOPED_TRACE(path);
+    json d = small_doc();
+    apply_override(d, path, value);
+    expect_error_contains([&] { topology_from_json(d, "t"); }, {path, "is not valid"});
+  }
+  json d = small_doc();
+  apply_override(d, "network.link.bandwidth_GBps", 1e-30);
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"from 1e-09 (1 byte/s)"});
+  d = small_doc();
+  apply_override(d, "cube.pe.mac.macs_per_cycle.bf16", 1e-30);
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"from 9.53674e-07 (2^-20)"});
+  d = small_doc();
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 1e-12}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"link_overrides.0.bandwidth_scale", "1e-09 GB/s (1 byte/s)"});
+  // The smallest figures load.
+  d = small_doc();
+  apply_override(d, "network.link.bandwidth_GBps", kMinBandwidthGBps);
+  apply_override(d, "cube.pe.clock_GHz", kMinClockGHz);
+  apply_override(d, "cube.pe.mac.macs_per_cycle.bf16", kMinPerCycle);
+  const Topology t = topology_from_json(d, "t");
+  EXPECT_EQ(t.links[0].figures.bandwidth.bytes_per_s, 1u);
+  EXPECT_EQ(t.cubes[0].pe.clock_hz, 1u);
+}
+
+// A slower MAC rate never gives a shorter time: the cycle count saturates (and the time then
+// overflows with an error) instead of wrapping, even for a rate the loader would refuse.
+TEST(TopologyHardening, ASlowerUnitIsNeverFaster) {
+  const std::uint64_t n = 1ull << 40;
+  sim::Duration last = 0;
+  for (double r : {1024.0, 1.0, 1.0 / 1024, kMinPerCycle, 1e-9, 1e-30, 1e-300}) {
+    SCOPED_TRACE(r);
+    RateSpec spec;
+    spec.clock_hz = 1'000'000'000;
+    spec.per_cycle[static_cast<std::size_t>(DType::bf16)] = r;
+    ComputeUnit mac(UnitKind::mac, spec, 0, 0);
+    EXPECT_GE(mac.cycles(n, DType::bf16), static_cast<std::uint64_t>(std::min(1.8e19, static_cast<double>(n) / r)) / 2);
+    try {
+      const sim::Duration t = mac.time(n, DType::bf16);
+      EXPECT_GE(t, last);
+      last = t;
+    } catch (const std::exception&) {
+      last = sim::kTimeMax;  // too long to represent: an error, never a shorter time
+    }
+  }
+  EXPECT_EQ(last, sim::kTimeMax) << "the slowest rates overflow the time";
 }
 
 }  // namespace
