@@ -966,6 +966,7 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
   if (it == doc.end()) return;
   if (!it->is_array()) ctx.fail("link_overrides", fmt::format("expected a list of {{\"from\", \"to\", ...}}, got {}", short_dump(*it)));
   const int n = static_cast<int>(t.cubes.size());
+  std::map<std::pair<int, int>, std::size_t> changed;  // link direction -> the entry that changes it
   for (std::size_t i = 0; i < it->size(); ++i) {
     Obj e(ctx, schema_at("link_overrides.*"), (*it)[i], child("link_overrides", i));
     const int from = read_node(e, "from", e.need("from", "cube id, \"host\" or \"switch\""), n, true);
@@ -995,6 +996,11 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
         ctx.fail(e.path(), fmt::format("there is no link {}->{} in this {} network; links from {}: {}", node_name(a),
                                        node_name(b), network_kind_name(t.network), node_name(a),
                                        out.empty() ? "none" : join(out)));
+      }
+      if (auto [w, fresh] = changed.emplace(std::make_pair(a, b), i); !fresh) {
+        ctx.fail(e.path(), fmt::format("link {}->{} is changed by link_overrides.{} too (two entries would compound); "
+                                       "give each link direction once: merge the entries", node_name(a), node_name(b),
+                                       w->second));
       }
       LinkFigures& f = t.links[static_cast<std::size_t>(li)].figures;
       if (bw) f.bandwidth = e.as_bandwidth("bandwidth_GBps", *bw);

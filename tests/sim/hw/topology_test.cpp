@@ -747,5 +747,61 @@ TEST(TopologyHardening, ASlowerUnitIsNeverFaster) {
   EXPECT_EQ(last, sim::kTimeMax) << "the slowest rates overflow the time";
 }
 
+TEST(TopologyHardening, ExtendsResolvesAgainstTheExtendingFilesDirectoryFirst) {
+  TempDir dir;
+  fs::create_directories(dir.path / "here" / "sub");
+  fs::create_directories(dir.path / "there" / "sub");
+  json base = small_doc();
+  base["description"] = "right";
+  dir.write("there/sub/base.json", base.dump());
+  dir.write("there/plain.json", base.dump());
+  base["description"] = "decoy";
+  dir.write("here/sub/base.json", base.dump());
+  dir.write("here/plain.json", base.dump());
+  const std::string child = dir.write("there/child.json", R"({"extends": "sub/base.json"})");
+  const std::string child2 = dir.write("there/child2.json", R"({"extends": "plain.json"})");
+  const fs::path old = fs::current_path();
+  fs::current_path(dir.path / "here");  // the decoys are relative to the current directory
+  Topology t, t2;
+  try {
+    t = load_topology(child);
+    t2 = load_topology(child2);
+  } catch (...) {
+    fs::current_path(old);
+    throw;
+  }
+  fs::current_path(old);
+  EXPECT_EQ(t.description, "right");
+  EXPECT_EQ(t2.description, "right");
+  // Not next to the extending file: the current directory is the fallback.
+  fs::remove(dir.path / "there" / "plain.json");
+  fs::current_path(dir.path / "here");
+  try {
+    t2 = load_topology(child2);
+  } catch (...) {
+    fs::current_path(old);
+    throw;
+  }
+  fs::current_path(old);
+  EXPECT_EQ(t2.description, "decoy");
+}
+
+TEST(TopologyHardening, DuplicateLinkOverridesAreRefusedNamingBothEntries) {
+  json d = small_doc();
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 0.5},
+                                        {"from": 2, "to": 3, "latency_ns": 50},
+                                        {"from": 0, "to": 1, "bandwidth_scale": 0.5}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"link_overrides.2", "link c0->c1", "link_overrides.0", "give each link direction once"});
+  // both_directions covers the reverse direction too.
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "latency_ns": 30, "both_directions": true},
+                                        {"from": 1, "to": 0, "latency_ns": 50}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"link_overrides.1", "link c1->c0", "link_overrides.0"});
+  // Distinct links are fine.
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 0.5}, {"from": 1, "to": 0, "latency_ns": 50}])");
+  const Topology t = topology_from_json(d, "t");
+  EXPECT_EQ(t.links[static_cast<std::size_t>(t.find_link(0, 1))].figures.bandwidth, sim::Bandwidth::GBps(50));
+}
+
 }  // namespace
 }  // namespace cubesim::hw
