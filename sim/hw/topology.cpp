@@ -774,7 +774,9 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
       const std::uint64_t s = Obj(ctx, o.schema("dims"), json::object(), o.at("dims")).as_positive_int(std::to_string(i), d[i], "cubes along this dimension", 1u << 16);
       t.dims.push_back(static_cast<int>(s));
       total *= s;
-      if (total > (1u << 20)) o.fail("dims", fmt::format("{} gives more than 2^20 cubes", short_dump(d)));
+      if (total > kMaxCubes) {
+        o.fail("dims", fmt::format("{} gives more than {} cubes; the limit is {} cubes", short_dump(d), kMaxCubes, kMaxCubes));
+      }
     }
   } else {
     o.forbid("dims", fmt::format("only mesh and torus networks have dims; this network is '{}'", kind));
@@ -787,6 +789,29 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
       ctx.fail("cubes", fmt::format("{} cubes do not match network.dims {} ({} cubes); leave 'cubes' out of a mesh or "
                                     "torus to take the count from dims",
                                     n, short_dump(doc["network"]["dims"]), total));
+    }
+  }
+
+  // The links this network and the host will have, bounded before any is made.
+  {
+    const auto cubes = static_cast<std::uint64_t>(n);
+    std::uint64_t count = doc.contains("host") ? 2 * cubes : 0;
+    switch (t.network) {
+      case NetworkKind::kNone: break;
+      case NetworkKind::kRing: count += 2 * cubes; break;
+      case NetworkKind::kMesh:
+      case NetworkKind::kTorus: count += 2 * t.dims.size() * cubes; break;
+      case NetworkKind::kFull: count += cubes * (cubes - 1); break;
+      case NetworkKind::kSwitch: count += 2 * cubes; break;
+      case NetworkKind::kExplicit: {
+        const json* ls = doc["network"].contains("links") ? &doc["network"]["links"] : nullptr;
+        if (ls && ls->is_array()) count += 2 * ls->size();
+        break;
+      }
+    }
+    if (count > kMaxLinks) {
+      ctx.fail("network", fmt::format("a {} network of {} cubes has up to {} link directions (host links included); the "
+                                      "limit is {}", kind, n, count, kMaxLinks));
     }
   }
 
@@ -1550,13 +1575,22 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     // make the count explicit, then turn it into per-cube override objects.
     if (schema == root && s == "cubes" && !cur->contains("cubes") && i + 1 < seg.size() && is_index(seg[i + 1])) {
       std::int64_t n = 1;
-      if (cur->contains("network") && (*cur)["network"].contains("dims") && (*cur)["network"]["dims"].is_array()) {
-        for (const json& d : (*cur)["network"]["dims"]) n *= d.is_number_integer() ? d.get<std::int64_t>() : 1;
+      if (cur->contains("network") && (*cur)["network"].is_object() && (*cur)["network"].contains("dims") &&
+          (*cur)["network"]["dims"].is_array()) {
+        for (const json& d : (*cur)["network"]["dims"]) {
+          const std::int64_t x = d.is_number_integer() ? d.get<std::int64_t>() : 1;
+          n = x < 1 ? n : x > static_cast<std::int64_t>(kMaxCubes) ? static_cast<std::int64_t>(kMaxCubes) + 1 : n * x;
+          n = std::min<std::int64_t>(n, static_cast<std::int64_t>(kMaxCubes) + 1);
+        }
       }
       (*cur)["cubes"] = n;
     }
     if (schema == cubes_node && cur->is_number_integer() && is_index(s)) {
       const std::int64_t n = cur->get<std::int64_t>();
+      if (n < 1 || n > static_cast<std::int64_t>(kMaxCubes)) {
+        throw TopologyError(fmt::format("override path '{}': cubes is {}; give a count from 1 to {} (the limit) before "
+                                        "overriding one cube", full, n, kMaxCubes));
+      }
       json arr = json::array();
       for (std::int64_t c = 0; c < n; ++c) arr.push_back(json{{"id", c}});
       *cur = std::move(arr);
@@ -1648,6 +1682,9 @@ Topology topology_from_json(const json& input, const std::string& origin) {
                     ((*net)["kind"] == "mesh" || (*net)["kind"] == "torus");
   if (cubes && cubes->is_array()) {
     if (cubes->empty()) ctx.fail("cubes", "an empty list; give at least one cube");
+    if (cubes->size() > kMaxCubes) {
+      ctx.fail("cubes", fmt::format("a list of {} cubes; the limit is {} cubes", cubes->size(), kMaxCubes));
+    }
     if (tmpl && !tmpl->is_object()) ctx.fail("cube", fmt::format("expected an object, got {}", short_dump(*tmpl)));
     std::vector<std::string> where(cubes->size());
     t.cubes.resize(cubes->size());
@@ -1678,7 +1715,7 @@ Topology topology_from_json(const json& input, const std::string& origin) {
     if (!tmpl) top.missing("cube", "the description every cube shares");
     std::uint64_t n = 1;
     if (cubes) {
-      n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
+      n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes; the limit is 65536", kMaxCubes);
     } else if (grid) {
       n = 0;  // from dims, below
     } else if (!(net->is_object() && net->contains("kind") && (*net)["kind"] == "none")) {
@@ -1689,11 +1726,17 @@ Topology topology_from_json(const json& input, const std::string& origin) {
       std::uint64_t prod = 1;
       if (net->contains("dims") && (*net)["dims"].is_array()) {
         for (const json& d : (*net)["dims"]) {
-          if (d.is_number_integer() && d.get<std::int64_t>() > 0) prod *= d.get<std::uint64_t>();
-          prod = std::min<std::uint64_t>(prod, 1u << 21);
+          if (d.is_number_integer() && d.get<std::int64_t>() > 0) {
+            prod = d.get<std::uint64_t>() > kMaxCubes ? kMaxCubes + 1 : prod * d.get<std::uint64_t>();
+          }
+          prod = std::min<std::uint64_t>(prod, kMaxCubes + 1);
         }
       }
-      n = std::min<std::uint64_t>(prod, 1u << 20);
+      if (prod > kMaxCubes) {
+        ctx.fail("network.dims", fmt::format("{} gives more than {} cubes; the limit is {} cubes",
+                                             short_dump((*net)["dims"]), kMaxCubes, kMaxCubes));
+      }
+      n = prod;
     }
     t.cubes.assign(n, c);
     for (std::size_t i = 0; i < t.cubes.size(); ++i) t.cubes[i].id = static_cast<int>(i);

@@ -803,5 +803,45 @@ TEST(TopologyHardening, DuplicateLinkOverridesAreRefusedNamingBothEntries) {
   EXPECT_EQ(t.links[static_cast<std::size_t>(t.find_link(0, 1))].figures.bandwidth, sim::Bandwidth::GBps(50));
 }
 
+TEST(TopologyHardening, CubeAndLinkLimitsAreEnforcedBeforeAnyWork) {
+  // 2^20 cubes used to be built (and run out of memory in Python); refused from the count.
+  for (const std::string count : {"131072", "1048576", "18446744073709551615"}) {
+    json d = small_doc();
+    d["cubes"] = json::parse(count);
+    expect_error_contains([&] { topology_from_json(d, "t"); }, {"cubes", "65536"});
+  }
+  json d = small_doc();
+  d.erase("cubes");
+  d["network"] = json::parse(R"({"kind": "torus", "dims": [1024, 1024, 1024], "chunk_bytes": 65536,
+                                 "link": {"bandwidth_GBps": 100, "latency_ns": 20, "overhead_ns": 5}})");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"network.dims", "the limit is 65536 cubes"});
+  d["network"]["dims"] = json::array({512, 256});
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"network.dims", "the limit is 65536 cubes"});
+  d["network"]["dims"] = json::array({256, 256});  // exactly the limit: loads
+  EXPECT_EQ(topology_from_json(d, "t").cubes.size(), kMaxCubes);
+  // A per-cube override on a count beyond the limit is refused before the list is made.
+  d = small_doc();
+  d["cubes"] = 1ull << 40;
+  expect_error_contains([&] { apply_override(d, "cubes.3.clock_scale", 0.5); }, {"cubes.3.clock_scale", "65536"});
+  d = small_doc();
+  d.erase("cubes");
+  d["network"] = json::parse(R"({"kind": "mesh", "dims": [1000000, 1000000], "chunk_bytes": 65536,
+                                 "link": {"bandwidth_GBps": 100, "latency_ns": 20, "overhead_ns": 5}})");
+  expect_error_contains([&] { apply_override(d, "cubes.3.clock_scale", 0.5); }, {"cubes.3.clock_scale", "65536"});
+  // Links: a full network of 2048 cubes has 2048 x 2047 link directions.
+  d = small_doc();
+  d["cubes"] = 2048;
+  d["network"]["kind"] = "full";
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"network: a full network of 2048 cubes", "4192256 link directions", "the limit is 2097152"});
+  d["cubes"] = 1024;  // 1024 x 1023 = 1047552: loads
+  EXPECT_EQ(topology_from_json(d, "t").links.size(), 1024u * 1023);
+  // A list of cubes longer than the limit.
+  d = small_doc();
+  d["cubes"] = json::array();
+  for (std::size_t i = 0; i <= kMaxCubes; ++i) d["cubes"].push_back(json::object());
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"cubes: a list of 65537 cubes; the limit is 65536"});
+}
+
 }  // namespace
 }  // namespace cubesim::hw
