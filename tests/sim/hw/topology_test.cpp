@@ -6,7 +6,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <typeinfo>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -841,6 +846,170 @@ TEST(TopologyHardening, CubeAndLinkLimitsAreEnforcedBeforeAnyWork) {
   d["cubes"] = json::array();
   for (std::size_t i = 0; i <= kMaxCubes; ++i) d["cubes"].push_back(json::object());
   expect_error_contains([&] { topology_from_json(d, "t"); }, {"cubes: a list of 65537 cubes; the limit is 65536"});
+}
+
+// ---------------------------------------------------------------- fuzzing (issue 13, Deliver 2)
+//
+// A seeded mutation fuzzer: mutants of the shipped topologies/*.json, as bytes (flips, deletions,
+// duplications, splices, deep nesting, huge numbers) loaded from a file, and as documents (a random
+// field replaced by a random value, the Python API's way in) given to topology_from_json. Each must
+// load or throw a TopologyError whose message is non-empty, valid UTF-8 and names the origin; any
+// other exception type fails the test (a crash or a hang fails the run). CUBESIM_FUZZ_ITERS sets the
+// mutants per kind (default 300: a second or two, also under ASan), CUBESIM_FUZZ_SEED the seed
+// (default 13); a failure prints both and the mutant's iteration so it can be replayed.
+
+std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
+}
+
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+std::string mutate_bytes(std::string text, const std::vector<std::string>& corpus, std::mt19937_64& rng) {
+  static const std::vector<std::string> kTokens = {
+      "{", "}", "[", "]", ",", ":", "\"", "null", "true", "-", "0", "1e999", "-1e999", "1e-30", "-1", "1e308",
+      "18446744073709551616", "9223372036854775807", "4294967297", "65537", "0.0", "NaN", "\\u0000", "\\ud800",
+      "\xff", "\xc3", "\xe2\x82", "\"extends\": \"/dev/zero\", ", "\"extends\": \"ring4\", ", "\"extends\": \"..\", ",
+      "\"set\": {\"cubes.3.clock_scale\": 0.5}, ", "\"cubes\": 1000000, ", "\"link_overrides\": [{\"from\": 0, \"to\": 1, \"latency_ns\": 1}], "};
+  auto pos = [&](std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(rng() % (n + 1)); };
+  const int mutations = 1 + static_cast<int>(rng() % 3);
+  for (int m = 0; m < mutations; ++m) {
+    const std::size_t at = pos(text.size());
+    switch (rng() % 7) {
+      case 0:  // flip a byte
+        if (!text.empty()) text[std::min(at, text.size() - 1)] = static_cast<char>(rng() % 256);
+        break;
+      case 1:  // delete a range
+        text.erase(at, 1 + rng() % 64);
+        break;
+      case 2: {  // duplicate a range
+        const std::string piece = text.substr(at, 1 + rng() % 256);
+        text.insert(pos(text.size()), piece);
+        break;
+      }
+      case 3: {  // deep nesting, around the limit or far past it
+        const std::size_t k = rng() % 2 ? 60 + rng() % 10 : 1000 + rng() % 100000;
+        const bool arr = rng() % 2;
+        std::string deep;
+        for (std::size_t i = 0; i < k; ++i) deep += arr ? "[" : "{\"_comment\":";
+        deep += "0";
+        deep += std::string(k, arr ? ']' : '}');
+        text.insert(at, deep);
+        break;
+      }
+      case 4: {  // a number replaced by an extreme one
+        const std::size_t d = text.find_first_of("0123456789", at);
+        if (d == std::string::npos) break;
+        const std::size_t e = text.find_first_not_of("0123456789.eE+-", d);
+        static const std::vector<std::string> kNums = {"1e999", "1e-30", "-1", "0", "1e308", "18446744073709551616",
+                                                       "4294967296", "65537", "2147483648", "1e-320", "131072", "0.5"};
+        text.replace(d, (e == std::string::npos ? text.size() : e) - d, kNums[rng() % kNums.size()]);
+        break;
+      }
+      case 5:  // a token
+        text.insert(at, kTokens[rng() % kTokens.size()]);
+        break;
+      case 6: {  // a splice from another file
+        const std::string& other = corpus[rng() % corpus.size()];
+        const std::size_t from = pos(other.size());
+        text.insert(at, other.substr(from, 1 + rng() % 512));
+        break;
+      }
+    }
+  }
+  return text;
+}
+
+// A random value of a random kind, for a document mutant.
+json random_value(std::mt19937_64& rng) {
+  switch (rng() % 12) {
+    case 0: return nullptr;
+    case 1: return -1;
+    case 2: return 0;
+    case 3: return std::numeric_limits<double>::max();
+    case 4: return 1e-30;
+    case 5: return std::numeric_limits<std::uint64_t>::max();
+    case 6: return static_cast<std::int64_t>(rng() % 200000) - 1000;
+    case 7: return "ring4";
+    case 8: return std::string(1 + rng() % 300, 'x');
+    case 9: return json::array({1, "a", nullptr});
+    case 10: return json::object({{"from", 0}, {"to", 1}, {"latency_ns", 5}});
+    default: {
+      json d = 0;
+      for (std::uint64_t i = 0, n = rng() % 100; i < n; ++i) d = json::array({d});
+      return d;
+    }
+  }
+}
+
+// Replaces (or adds, or deletes) a random field somewhere in doc.
+void mutate_doc(json& doc, std::mt19937_64& rng) {
+  json* cur = &doc;
+  for (int depth = 0; depth < 8; ++depth) {
+    if (!cur->is_structured() || cur->empty() || rng() % 4 == 0) break;
+    auto it = cur->begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % cur->size()));
+    if (!it->is_structured() || rng() % 3 == 0) {
+      if (cur->is_object() && rng() % 5 == 0) {
+        cur->erase(it.key());
+      } else {
+        *it = random_value(rng);
+      }
+      return;
+    }
+    cur = &*it;
+  }
+  if (cur->is_object()) (*cur)[rng() % 2 ? "_comment" : "extra_key"] = random_value(rng);
+  else if (cur->is_array()) cur->push_back(random_value(rng));
+}
+
+void expect_clean_outcome(const std::function<void()>& load, const std::string& origin, const std::string& what) {
+  try {
+    load();
+  } catch (const TopologyError& e) {
+    const std::string m = e.what();
+    EXPECT_FALSE(m.empty()) << what;
+    EXPECT_TRUE(valid_utf8(m)) << what << ": the message is not UTF-8";
+    EXPECT_NE(m.find(origin), std::string::npos) << what << ": the message does not name " << origin << ": " << m;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": " << typeid(e).name() << " instead of a TopologyError: " << e.what();
+  }
+}
+
+TEST(TopologyFuzz, MutantsOfTheShippedFilesLoadOrFailWithATopologyError) {
+  const std::uint64_t iters = env_u64("CUBESIM_FUZZ_ITERS", 300);
+  const std::uint64_t seed = env_u64("CUBESIM_FUZZ_SEED", 13);
+  std::vector<std::string> names = list_topologies(), corpus;
+  ASSERT_FALSE(names.empty());
+  for (const std::string& n : names) {
+    std::ifstream f(fs::path(topology_dir()) / (n + ".json"), std::ios::binary);
+    corpus.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  TempDir dir;
+  std::mt19937_64 rng(seed);
+  int loaded = 0;
+  for (std::uint64_t i = 0; i < iters && !HasFailure(); ++i) {
+    const std::string what = fmt::format("byte mutant {} (CUBESIM_FUZZ_SEED={})", i, seed);
+    const std::string path = dir.write("mutant.json", mutate_bytes(corpus[rng() % corpus.size()], corpus, rng));
+    expect_clean_outcome([&] { load_topology(path); ++loaded; }, path, what);
+  }
+  std::vector<json> docs;
+  for (const std::string& n : names) docs.push_back(load_topology_json(n));
+  for (std::uint64_t i = 0; i < iters && !HasFailure(); ++i) {
+    const std::string what = fmt::format("document mutant {} (CUBESIM_FUZZ_SEED={})", i, seed);
+    json doc = docs[rng() % docs.size()];
+    for (std::uint64_t m = 0, n = 1 + rng() % 3; m < n; ++m) mutate_doc(doc, rng);
+    expect_clean_outcome([&] { topology_from_json(doc, "fuzz-doc"); ++loaded; }, "fuzz-doc", what);
+  }
+  std::printf("fuzz: %d of %llu mutants loaded\n", loaded, static_cast<unsigned long long>(2 * iters));
+  EXPECT_GT(loaded, 0) << "no mutant loaded: the mutations are too destructive to test the validator";
 }
 
 }  // namespace
