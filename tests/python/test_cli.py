@@ -241,6 +241,26 @@ def test_invalid_topology_exits_2_from_every_command(capsys, tmp_path):
     assert codes == {"validate": 2, "show": 2, "--topology": 2}
 
 
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        (b'{"name": "x", "_comment": "caf\xe9"}', ["byte 0xE9", "byte offset 30", "not valid UTF-8"]),
+        (b'{"_comment": ' + b"[" * 100000 + b"]" * 100000 + b"}", ["deeper than 64 levels", "the limit is 64"]),
+        (b'{"cubes": 1e999}', ["cubes: a number is out of range", "give a finite number"]),
+        (b'{"extends": "' + b"x" * 300 + b'"}', ["extends:", "300 bytes", "each part at most 255 bytes"]),
+        (b'{"extends": "/dev/zero"}', ["/dev/zero", "not a regular file", "16777216 bytes"]),
+    ],
+)
+def test_topo_validate_names_the_file_for_hostile_input(capsys, tmp_path, text, expect):
+    """Issue 13: these crashed, or gave an empty or bare RuntimeError message; now exit 2 naming the file."""
+    f = tmp_path / "hostile.json"
+    f.write_bytes(text)
+    rc, _, err = run_cli(capsys, "topo", "validate", str(f))
+    assert rc == 2 and str(f) in err, err
+    for e in expect:
+        assert e in err, (e, err)
+
+
 def test_topo_validate_refuses_huge_cube_counts_at_once(capsys, tmp_path):
     """Issue 13: 2^17 cubes took 11 s and 1.2 GB; 2^20 ran out of memory. Now refused from the count."""
     for dims in ([512, 256], [1024, 1024]):
