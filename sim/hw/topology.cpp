@@ -1237,9 +1237,12 @@ std::string read_file(const fs::path& p) {
   }
   std::ifstream f(p, std::ios::binary);
   if (!f) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
-  std::string text(kMaxTopologyFileBytes + 1, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(f.gcount()));
+  std::string text;
+  text.reserve(static_cast<std::size_t>(size));
+  char buf[65536];
+  while (text.size() <= kMaxTopologyFileBytes && f.read(buf, sizeof buf).gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(f.gcount()));
+  }
   if (text.size() > kMaxTopologyFileBytes) {  // it grew since file_size
     throw TopologyError(fmt::format("topology file '{}' has more than {} bytes; the limit is {} bytes (16 MiB)", p.string(),
                                     kMaxTopologyFileBytes, kMaxTopologyFileBytes));
