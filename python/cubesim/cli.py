@@ -328,7 +328,7 @@ def cmd_topo_validate(args):
             print(f"  at: {path}", file=sys.stderr)
         print(f"  {msg}", file=sys.stderr)
         out.json({"file": args.file, "valid": False, "path": path, "message": msg})
-        return EXIT_FAILED
+        return EXIT_USAGE  # an invalid topology is bad input: 2, as run and topo show exit on it (README)
     out.say(f"{args.file}: valid: '{t.name}', {plural(t.num_cubes, 'cube')}, network {t.network}, {len(t.links)} link directions")
     out.json({"file": args.file, "valid": True, "path": None, "message": None, "topology": topology_summary(t)})
     return EXIT_OK
@@ -843,7 +843,7 @@ def build_parser():
     set_opt(ts)
     json_opt(ts)
     ts.set_defaults(fn=cmd_topo_show)
-    tv = tsub.add_parser("validate", help="check a topology file; exit 1 and name the JSON path if invalid")
+    tv = tsub.add_parser("validate", help="check a topology file; exit 2 and name the JSON path if invalid")
     tv.add_argument("file", metavar="FILE")
     set_opt(tv)
     json_opt(tv)

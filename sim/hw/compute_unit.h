@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -48,7 +49,11 @@ class ComputeUnit final : public Unit {
       const auto ri = static_cast<std::uint64_t>(r);
       return n / ri + (n % ri != 0);
     }
-    return static_cast<std::uint64_t>(std::ceil(static_cast<double>(n) / r));
+    // Saturate: a count past 2^64 (a rate below what the loader accepts, kMinPerCycle) becomes the
+    // largest count, whose time overflows loudly in transfer_time; never a wrapped, shorter count.
+    const double q = std::ceil(static_cast<double>(n) / r);
+    if (!(q < 18446744073709551616.0)) return std::numeric_limits<std::uint64_t>::max();
+    return static_cast<std::uint64_t>(q);
   }
   sim::Duration time(std::uint64_t n, DType d) const {
     return sim::transfer_time(cycles(n, d), sim::Bandwidth{spec_.clock_hz});  // cycles at clock_hz per second

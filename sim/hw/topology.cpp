@@ -87,6 +87,21 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+// The candidate closest to s when it is close (a typo of it), else "".
+std::string closest(std::string_view s, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const std::string& c : candidates) {
+    const std::size_t d = edit_distance(s, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best.empty() || best_d > std::max<std::size_t>(2, s.size() / 3)) return "";
+  return best;
+}
+
 // " (did you mean 'x'?)" when one candidate is close, else "".
 std::string did_you_mean(std::string_view s, const std::vector<std::string>& candidates) {
   std::string best;
@@ -117,7 +132,7 @@ std::string child(const std::string& path, std::string_view key) {
 std::string child(const std::string& path, std::size_t index) { return child(path, std::to_string(index)); }
 
 std::string short_dump(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -200,8 +215,26 @@ class Obj {
   }
   const json& need(std::string_view key, std::string_view what) {
     const json* v = get(key);
-    if (!v) ctx_.fail(path_, fmt::format("missing required field '{}' ({})", key, what));
+    if (!v) missing(key, what);
     return *v;
+  }
+  // "missing required field", naming an unknown key of this object that is a typo of it.
+  [[noreturn]] void missing(std::string_view key, std::string_view what) const {
+    ctx_.fail(path_, fmt::format("missing required field '{}' ({}){}", key, what, typo_of({std::string(key)})));
+  }
+  // "; the unknown key 'x' looks like a misspelling of 'y'" when a key of this object that the
+  // schema lacks is close to one of `wanted`, else "".
+  std::string typo_of(const std::vector<std::string>& wanted) const {
+    if (!j_.is_object()) return "";
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (it.key() == "_comment" || node_.field(it.key())) continue;
+      const std::string c = closest(it.key(), wanted);
+      if (!c.empty()) {
+        return fmt::format("; the unknown key '{}' here looks like a misspelling of it (did you mean '{}'?)",
+                           it.key().substr(0, 80), c);
+      }
+    }
+    return "";
   }
 
   double number(std::string_view key, std::string_view what) { return as_number(key, need(key, what)); }
@@ -232,8 +265,13 @@ class Obj {
   }
   sim::Bandwidth as_bandwidth(std::string_view key, const json& v) const {
     const double d = as_number(key, v);
+    // Below kMinBandwidthGBps a figure rounds to 0 bytes/s (and fails at the first transfer).
     if (!(d > 0) || d > 1e9) {
       fail(key, fmt::format("{} is not valid; give a bandwidth > 0 in GB/s (1 GB/s = 1e9 bytes/s)", short_dump(v)));
+    }
+    if (std::llround(d * 1e9) < 1) {
+      fail(key, fmt::format("{} is not valid: it rounds to 0 bytes/s; give a bandwidth from {:g} (1 byte/s) to 1e+09 GB/s",
+                            short_dump(v), kMinBandwidthGBps));
     }
     return sim::Bandwidth::GBps(d);
   }
@@ -251,7 +289,9 @@ class Obj {
   }
   std::uint64_t as_clock(std::string_view key, const json& v) const {
     const double d = as_number(key, v);
-    if (!(d > 0) || d > 1e3) fail(key, fmt::format("{} is not valid; give a clock > 0 in GHz", short_dump(v)));
+    if (!(d > 0) || d > 1e3 || std::llround(d * 1e9) < 1) {
+      fail(key, fmt::format("{} is not valid; give a clock > 0 in GHz, from {:g} (1 Hz) to 1000", short_dump(v), kMinClockGHz));
+    }
     return static_cast<std::uint64_t>(std::llround(d * 1e9));
   }
   // Exactly one of capacity_bytes, capacity_KiB, capacity_MiB, capacity_GiB, capacity_TiB, capacity_GB.
@@ -275,7 +315,8 @@ class Obj {
       }
     }
     if (found.empty()) {
-      ctx_.fail(path_, fmt::format("missing required field: the {} capacity; give one of {}", what, join(names)));
+      ctx_.fail(path_, fmt::format("missing required field: the {} capacity; give one of {}{}", what, join(names),
+                                   typo_of(names)));
     }
     if (found.size() > 1) {
       ctx_.fail(path_, fmt::format("give exactly one capacity field, found {}", join(found)));
@@ -336,7 +377,11 @@ RateSpec read_rates(Obj o, std::string_view table, std::string_view unit, std::u
     const std::string key(dtype_name(d));
     if (const json* v = t.get(key)) {
       const double x = t.as_number(key, *v);
-      if (!(x > 0)) t.fail(key, fmt::format("{} is not valid; give {} > 0 (leave the dtype out if unsupported)", short_dump(*v), unit));
+      // Below kMinPerCycle the cycle count of a large operation passes 2^64.
+      if (!(x >= kMinPerCycle) || x > 1e12) {
+        t.fail(key, fmt::format("{} is not valid; give {} from {:g} (2^-20) to 1e+12 (leave the dtype out if unsupported)",
+                                short_dump(*v), unit, kMinPerCycle));
+      }
       r.per_cycle[static_cast<std::size_t>(d)] = x;
       any = true;
     }
@@ -429,8 +474,9 @@ GemmPipelineSpec read_gemm_pipeline(Obj o, const PeSpec& pe) {
     // An optional rate per MAC-clock cycle (> 0); `what` says what it is and what leaving it out means.
     auto per_cycle = [&](std::string_view key, double& out, std::string_view what) {
       if (const json* u = x.get(key)) {
-        if (!u->is_number() || !(u->get<double>() > 0) || !std::isfinite(u->get<double>()) || u->get<double>() > 1e9) {
-          x.fail(key, fmt::format("{} is not valid; give {}", short_dump(*u), what));
+        if (!u->is_number() || !(u->get<double>() >= kMinPerCycle) || !std::isfinite(u->get<double>()) ||
+            u->get<double>() > 1e9) {
+          x.fail(key, fmt::format("{} is not valid; give {}, from {:g} (2^-20) to 1e+09", short_dump(*u), what, kMinPerCycle));
         }
         out = u->get<double>();
       }
@@ -633,6 +679,11 @@ CubeSpec read_cube(Obj o, bool allow_id) {
     c.pe.clock_hz = scale(c.pe.clock_hz);
     c.pe.mac.clock_hz = scale(c.pe.mac.clock_hz);
     c.pe.vector.clock_hz = scale(c.pe.vector.clock_hz);
+    const std::uint64_t slowest = std::min({c.pe.clock_hz, c.pe.mac.clock_hz, c.pe.vector.clock_hz});
+    if (slowest < 1) {
+      o.fail("clock_scale", fmt::format("{:g} is not valid: it scales a clock of the cube to 0 Hz (below 1 Hz); give a factor that leaves "
+                                        "every clock at least {:g} GHz (1 Hz)", c.clock_scale, kMinClockGHz));
+    }
   }
   return c;
 }
@@ -643,9 +694,9 @@ LinkFigures read_link_figures(Obj& o, const LinkFigures* dflt) {
   auto lat = o.get("latency_ns");
   auto ovh = o.get("overhead_ns");
   if (!dflt) {
-    if (!bw) o.ctx().fail(o.path(), "missing required field 'bandwidth_GBps' (per direction, GB/s)");
-    if (!lat) o.ctx().fail(o.path(), "missing required field 'latency_ns' (wire latency per hop, ns)");
-    if (!ovh) o.ctx().fail(o.path(), "missing required field 'overhead_ns' (port overhead per hop, ns)");
+    if (!bw) o.missing("bandwidth_GBps", "per direction, GB/s");
+    if (!lat) o.missing("latency_ns", "wire latency per hop, ns");
+    if (!ovh) o.missing("overhead_ns", "port overhead per hop, ns");
   } else {
     f = *dflt;
   }
@@ -723,7 +774,9 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
       const std::uint64_t s = Obj(ctx, o.schema("dims"), json::object(), o.at("dims")).as_positive_int(std::to_string(i), d[i], "cubes along this dimension", 1u << 16);
       t.dims.push_back(static_cast<int>(s));
       total *= s;
-      if (total > (1u << 20)) o.fail("dims", fmt::format("{} gives more than 2^20 cubes", short_dump(d)));
+      if (total > kMaxCubes) {
+        o.fail("dims", fmt::format("{} gives more than {} cubes; the limit is {} cubes", short_dump(d), kMaxCubes, kMaxCubes));
+      }
     }
   } else {
     o.forbid("dims", fmt::format("only mesh and torus networks have dims; this network is '{}'", kind));
@@ -739,6 +792,29 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
     }
   }
 
+  // The links this network and the host will have, bounded before any is made.
+  {
+    const auto cubes = static_cast<std::uint64_t>(n);
+    std::uint64_t count = doc.contains("host") ? 2 * cubes : 0;
+    switch (t.network) {
+      case NetworkKind::kNone: break;
+      case NetworkKind::kRing: count += 2 * cubes; break;
+      case NetworkKind::kMesh:
+      case NetworkKind::kTorus: count += 2 * t.dims.size() * cubes; break;
+      case NetworkKind::kFull: count += cubes * (cubes - 1); break;
+      case NetworkKind::kSwitch: count += 2 * cubes; break;
+      case NetworkKind::kExplicit: {
+        const json* ls = doc["network"].contains("links") ? &doc["network"]["links"] : nullptr;
+        if (ls && ls->is_array()) count += 2 * ls->size();
+        break;
+      }
+    }
+    if (count > kMaxLinks) {
+      ctx.fail("network", fmt::format("a {} network of {} cubes has up to {} link directions (host links included); the "
+                                      "limit is {}", kind, n, count, kMaxLinks));
+    }
+  }
+
   std::optional<LinkFigures> link;
   const bool needs_link = t.network != NetworkKind::kNone && t.network != NetworkKind::kExplicit;
   if (const json* l = o.get("link")) {
@@ -747,8 +823,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
     link = read_link_figures(lo, nullptr);
     lo.finish();
   } else if (needs_link) {
-    ctx.fail("network", fmt::format("missing required field 'link' (bandwidth_GBps, latency_ns, overhead_ns of every "
-                                    "link of the {} network)", kind));
+    o.missing("link", fmt::format("bandwidth_GBps, latency_ns, overhead_ns of every link of the {} network", kind));
   }
   if (t.network == NetworkKind::kSwitch) {
     Obj s = o.object("switch", "the switch: {\"latency_ns\": ...}");
@@ -838,8 +913,14 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   if (t.network == NetworkKind::kSwitch && t.switch_links_per_cube > 1) {
     // The cube's links to the switch carry its traffic together (striped over every link): one
     // link direction of their summed bandwidth.
+    const auto lpc = static_cast<std::uint64_t>(t.switch_links_per_cube);
     for (LinkSpec& l : t.links) {
-      l.figures.bandwidth.bytes_per_s *= static_cast<std::uint64_t>(t.switch_links_per_cube);
+      if (l.figures.bandwidth.bytes_per_s > static_cast<std::uint64_t>(1e18) / lpc) {
+        ctx.fail("network.switch.links_per_cube",
+                 fmt::format("{} links of {:g} GB/s sum to more than 1e+09 GB/s; give fewer or slower links",
+                             lpc, l.figures.bandwidth.gbps()));
+      }
+      l.figures.bandwidth.bytes_per_s *= lpc;
     }
   }
 }
@@ -910,6 +991,7 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
   if (it == doc.end()) return;
   if (!it->is_array()) ctx.fail("link_overrides", fmt::format("expected a list of {{\"from\", \"to\", ...}}, got {}", short_dump(*it)));
   const int n = static_cast<int>(t.cubes.size());
+  std::map<std::pair<int, int>, std::size_t> changed;  // link direction -> the entry that changes it
   for (std::size_t i = 0; i < it->size(); ++i) {
     Obj e(ctx, schema_at("link_overrides.*"), (*it)[i], child("link_overrides", i));
     const int from = read_node(e, "from", e.need("from", "cube id, \"host\" or \"switch\""), n, true);
@@ -940,9 +1022,20 @@ void read_link_overrides(const Ctx& ctx, const json& doc, Topology& t) {
                                        node_name(b), network_kind_name(t.network), node_name(a),
                                        out.empty() ? "none" : join(out)));
       }
+      if (auto [w, fresh] = changed.emplace(std::make_pair(a, b), i); !fresh) {
+        ctx.fail(e.path(), fmt::format("link {}->{} is changed by link_overrides.{} too (two entries would compound); "
+                                       "give each link direction once: merge the entries", node_name(a), node_name(b),
+                                       w->second));
+      }
       LinkFigures& f = t.links[static_cast<std::size_t>(li)].figures;
       if (bw) f.bandwidth = e.as_bandwidth("bandwidth_GBps", *bw);
-      if (scale) f.bandwidth = f.bandwidth.scaled(factor);
+      if (scale) {
+        f.bandwidth = f.bandwidth.scaled(factor);
+        if (f.bandwidth.bytes_per_s < 1) {
+          e.fail("bandwidth_scale", fmt::format("{} scales the link's bandwidth below {:g} GB/s (1 byte/s), to 0; give a "
+                                                "larger factor", short_dump(*scale), kMinBandwidthGBps));
+        }
+      }
       if (lat) f.latency = e.as_duration("latency_ns", *lat);
       if (ovh) f.overhead = e.as_duration("overhead_ns", *ovh);
     }
@@ -1127,12 +1220,98 @@ std::string env_or(const char* name, const char* dflt) {
   return v && *v ? std::string(v) : std::string(dflt);
 }
 
+// Reads a topology file: a regular file of at most kMaxTopologyFileBytes (a device such as /dev/zero,
+// a FIFO or a directory is refused before anything is read).
 std::string read_file(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec || !fs::exists(st)) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
+  if (!fs::is_regular_file(st)) {
+    throw TopologyError(fmt::format("topology file '{}' is not a regular file (a device, pipe or directory); give a "
+                                    ".json file of at most {} bytes", p.string(), kMaxTopologyFileBytes));
+  }
+  const std::uintmax_t size = fs::file_size(p, ec);
+  if (ec || size > kMaxTopologyFileBytes) {
+    throw TopologyError(fmt::format("topology file '{}' has {} bytes; the limit is {} bytes (16 MiB)", p.string(),
+                                    ec ? std::string("an unknown number of") : std::to_string(size), kMaxTopologyFileBytes));
+  }
   std::ifstream f(p, std::ios::binary);
   if (!f) throw TopologyError(fmt::format("cannot open topology file '{}'", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string text;
+  text.reserve(static_cast<std::size_t>(size));
+  char buf[65536];
+  while (text.size() <= kMaxTopologyFileBytes && f.read(buf, sizeof buf).gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(f.gcount()));
+  }
+  if (text.size() > kMaxTopologyFileBytes) {  // it grew since file_size
+    throw TopologyError(fmt::format("topology file '{}' has more than {} bytes; the limit is {} bytes (16 MiB)", p.string(),
+                                    kMaxTopologyFileBytes, kMaxTopologyFileBytes));
+  }
+  return text;
+}
+
+// "line L, column C (byte B)" of a byte offset in text.
+std::string text_position(const std::string& text, std::size_t offset) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return fmt::format("line {}, column {} (byte offset {})", line, col, offset);
+}
+
+// Before parsing: every byte is UTF-8 and arrays/objects nest at most kMaxJsonDepth deep (the
+// parser and every later walk of the document stay within that depth).
+void scan_text(const std::string& text, const std::string& origin) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  bool in_string = false;
+  int depth = 0;
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    std::size_t len = 1;
+    if (c >= 0x80) {
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (c >= 0xC2 && c <= 0xDF) len = 2;
+      else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+      } else {
+        len = 0;
+      }
+      bool ok = len != 0 && i + len <= n;
+      for (std::size_t k = 1; ok && k < len; ++k) {
+        const unsigned char x = b[i + k];
+        ok = k == 1 ? (x >= lo && x <= hi) : (x >= 0x80 && x <= 0xBF);
+      }
+      if (!ok) {
+        throw TopologyError(fmt::format("topology file '{}': byte 0x{:02X} at {} is not valid UTF-8; save the file as "
+                                        "UTF-8", origin, c, text_position(text, i)));
+      }
+    } else if (in_string) {
+      if (c == '\\' && i + 1 < n && b[i + 1] < 0x80) len = 2;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw TopologyError(fmt::format("topology file '{}': arrays and objects nest deeper than {} levels at {}; the "
+                                        "limit is {} levels", origin, kMaxJsonDepth, text_position(text, i), kMaxJsonDepth));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    i += len;
+  }
 }
 
 // Parses strict JSON, rejecting duplicate keys (with nlohmann the later one would silently win).
@@ -1175,9 +1354,15 @@ json parse_json(const std::string& text, const std::string& origin) {
     }
     return true;
   };
+  scan_text(text, origin);
   json j;
   try {
     j = json::parse(text, cb);
+  } catch (const json::out_of_range& e) {  // 406: a number beyond a double (1e999)
+    const std::string at = path();
+    throw TopologyError(fmt::format("topology file '{}': {}{}a number is out of range ({}); give a finite number, at most "
+                                    "{:g} in magnitude", origin, at, at.empty() ? "" : ": ", e.what(),
+                                    std::numeric_limits<double>::max()));
   } catch (const json::parse_error& e) {
     std::size_t line = 1, col = 1;
     for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
@@ -1191,6 +1376,9 @@ json parse_json(const std::string& text, const std::string& origin) {
     throw TopologyError(fmt::format("topology file '{}': invalid JSON at line {}, column {}: {} (JSON has no comments: "
                                     "put notes in \"_comment\", \"description\" or \"sources\")",
                                     origin, line, col, e.what()));
+  } catch (const json::exception& e) {
+    throw TopologyError(fmt::format("topology file '{}': {}{}invalid JSON: {}", origin, path(), path().empty() ? "" : ": ",
+                                    e.what()));
   }
   if (!dup.empty()) {
     throw TopologyError(fmt::format("topology file '{}': {}: duplicate key (the later value would silently win); give "
@@ -1202,17 +1390,42 @@ json parse_json(const std::string& text, const std::string& origin) {
   return j;
 }
 
+bool path_exists(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec) && !ec;
+}
+
+// A shipped name, or a path. A relative path that `extends` gives is looked up in the extending
+// file's directory (`relative_to`; for a document without a file, the topology directory) first,
+// then in the current directory.
 fs::path resolve_name(const std::string& name_or_path, const fs::path& relative_to) {
+  bool bad = name_or_path.empty() || name_or_path.size() > kMaxTopologyPathBytes;
+  std::size_t component = 0;
+  for (char ch : name_or_path) {
+    if (static_cast<unsigned char>(ch) < 0x20) bad = true;
+    component = ch == '/' ? 0 : component + 1;
+    if (component > 255) bad = true;
+  }
+  if (bad) {
+    std::string shown = name_or_path.substr(0, 40);
+    for (char& ch : shown) {
+      if (static_cast<unsigned char>(ch) < 0x20) ch = '?';
+    }
+    throw TopologyError(fmt::format("'{}{}' ({} bytes) is not a topology name or path; give a name of the topology "
+                                    "directory or a path of at most {} bytes, each part at most 255 bytes, without "
+                                    "control characters",
+                                    shown, name_or_path.size() > 40 ? "..." : "", name_or_path.size(), kMaxTopologyPathBytes));
+  }
   const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
                                (name_or_path.size() > 5 && name_or_path.ends_with(".json"));
   if (looks_like_path) {
     fs::path p(name_or_path);
-    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
-    if (!fs::exists(p)) throw TopologyError(fmt::format("topology file '{}' does not exist", p.string()));
+    if (p.is_relative() && !relative_to.empty() && path_exists(relative_to / p)) p = relative_to / p;
+    if (!path_exists(p)) throw TopologyError(fmt::format("topology file '{}' does not exist", p.string()));
     return p;
   }
   const fs::path p = fs::path(topology_dir()) / (name_or_path + ".json");
-  if (!fs::exists(p)) {
+  if (!path_exists(p)) {
     const std::vector<std::string> names = list_topologies();
     throw TopologyError(fmt::format("unknown topology '{}'{}: there is no {} (set CUBESIM_TOPOLOGY_DIR to use another "
                                     "directory, or give a path to a .json file); shipped topologies: {}",
@@ -1231,6 +1444,10 @@ json load_resolved(const fs::path& p, std::vector<std::string>& chain) {
     chain.push_back(key);
     throw TopologyError(fmt::format("topology file '{}': 'extends' forms a cycle: {}", p.string(), join(chain, " -> ")));
   }
+  if (chain.size() >= kMaxExtendsChain) {
+    throw TopologyError(fmt::format("topology file '{}': 'extends' chains more than {} files (the limit): {}", p.string(),
+                                    kMaxExtendsChain, join(chain, " -> ")));
+  }
   chain.push_back(key);
   json doc = parse_json(read_file(p), p.string());
   if (!doc.contains("name")) doc["name"] = p.stem().string();
@@ -1245,7 +1462,13 @@ void resolve_into(json& doc, const fs::path& dir, std::vector<std::string>& chai
       throw TopologyError(fmt::format("topology '{}': extends: expected a topology name or path, got {}", origin, short_dump(*e)));
     }
     const std::string base_name = e->get<std::string>();
-    json base = load_resolved(resolve_name(base_name, dir), chain);
+    fs::path base_path;
+    try {
+      base_path = resolve_name(base_name, dir);
+    } catch (const TopologyError& err) {
+      throw TopologyError(fmt::format("topology '{}': extends: {}", origin, err.what()));
+    }
+    json base = load_resolved(base_path, chain);
     json mine = doc;
     mine.erase("extends");
     mine.erase("set");
@@ -1281,6 +1504,22 @@ bool is_index(std::string_view s) {
 
 // ---------------------------------------------------------------- public API
 
+void check_json_depth(const json& doc, const std::string& origin) {
+  std::vector<std::pair<const json*, int>> todo{{&doc, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    if (depth > kMaxJsonDepth) {
+      throw TopologyError(fmt::format("{}: arrays and objects nest deeper than {} levels; the limit is {} levels", origin,
+                                      kMaxJsonDepth, kMaxJsonDepth));
+    }
+    for (const json& c : *v) {
+      if (c.is_structured()) todo.emplace_back(&c, depth + 1);
+    }
+  }
+}
+
 std::string topology_dir() { return env_or("CUBESIM_TOPOLOGY_DIR", CUBESIM_TOPOLOGY_DIR); }
 
 std::vector<std::string> list_topologies() {
@@ -1312,6 +1551,7 @@ Topology load_topology(const std::string& name_or_path, const std::vector<std::p
 }
 
 void apply_override(json& doc, std::string_view dotted_path, const json& value) {
+  check_json_depth(value, fmt::format("override path '{}'", std::string(dotted_path.substr(0, 200))));
   std::vector<std::string> seg;
   for (std::size_t start = 0;;) {
     const std::size_t dot = dotted_path.find('.', start);
@@ -1338,13 +1578,22 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     // make the count explicit, then turn it into per-cube override objects.
     if (schema == root && s == "cubes" && !cur->contains("cubes") && i + 1 < seg.size() && is_index(seg[i + 1])) {
       std::int64_t n = 1;
-      if (cur->contains("network") && (*cur)["network"].contains("dims") && (*cur)["network"]["dims"].is_array()) {
-        for (const json& d : (*cur)["network"]["dims"]) n *= d.is_number_integer() ? d.get<std::int64_t>() : 1;
+      if (cur->contains("network") && (*cur)["network"].is_object() && (*cur)["network"].contains("dims") &&
+          (*cur)["network"]["dims"].is_array()) {
+        for (const json& d : (*cur)["network"]["dims"]) {
+          const std::int64_t x = d.is_number_integer() ? d.get<std::int64_t>() : 1;
+          n = x < 1 ? n : x > static_cast<std::int64_t>(kMaxCubes) ? static_cast<std::int64_t>(kMaxCubes) + 1 : n * x;
+          n = std::min<std::int64_t>(n, static_cast<std::int64_t>(kMaxCubes) + 1);
+        }
       }
       (*cur)["cubes"] = n;
     }
     if (schema == cubes_node && cur->is_number_integer() && is_index(s)) {
       const std::int64_t n = cur->get<std::int64_t>();
+      if (n < 1 || n > static_cast<std::int64_t>(kMaxCubes)) {
+        throw TopologyError(fmt::format("override path '{}': cubes is {}; give a count from 1 to {} (the limit) before "
+                                        "overriding one cube", full, n, kMaxCubes));
+      }
       json arr = json::array();
       for (std::int64_t c = 0; c < n; ++c) arr.push_back(json{{"id", c}});
       *cur = std::move(arr);
@@ -1389,6 +1638,7 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
 }
 
 Topology topology_from_json(const json& input, const std::string& origin) {
+  check_json_depth(input, fmt::format("topology '{}'", origin));
   json doc = input;
   if (doc.is_object() && (doc.contains("extends") || doc.contains("set"))) {
     std::vector<std::string> chain;
@@ -1430,11 +1680,14 @@ Topology topology_from_json(const json& input, const std::string& origin) {
   const json* tmpl = top.get("cube");
   const json* cubes = top.get("cubes");
   const json* net = top.get("network");
-  if (!net) ctx.fail("", "missing required field 'network' ({\"kind\": \"none\", \"chunk_bytes\": ...} for one cube)");
+  if (!net) top.missing("network", "{\"kind\": \"none\", \"chunk_bytes\": ...} for one cube");
   const bool grid = net->is_object() && net->contains("kind") &&
                     ((*net)["kind"] == "mesh" || (*net)["kind"] == "torus");
   if (cubes && cubes->is_array()) {
     if (cubes->empty()) ctx.fail("cubes", "an empty list; give at least one cube");
+    if (cubes->size() > kMaxCubes) {
+      ctx.fail("cubes", fmt::format("a list of {} cubes; the limit is {} cubes", cubes->size(), kMaxCubes));
+    }
     if (tmpl && !tmpl->is_object()) ctx.fail("cube", fmt::format("expected an object, got {}", short_dump(*tmpl)));
     std::vector<std::string> where(cubes->size());
     t.cubes.resize(cubes->size());
@@ -1462,25 +1715,31 @@ Topology topology_from_json(const json& input, const std::string& origin) {
       t.cubes[id] = c;
     }
   } else {
-    if (!tmpl) ctx.fail("", "missing required field 'cube' (the description every cube shares)");
+    if (!tmpl) top.missing("cube", "the description every cube shares");
     std::uint64_t n = 1;
     if (cubes) {
-      n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes", 1u << 20);
+      n = top.as_positive_int("cubes", *cubes, "number of cubes, or a list of cubes; the limit is 65536", kMaxCubes);
     } else if (grid) {
       n = 0;  // from dims, below
     } else if (!(net->is_object() && net->contains("kind") && (*net)["kind"] == "none")) {
-      ctx.fail("", "missing required field 'cubes' (how many cubes share the 'cube' template)");
+      top.missing("cubes", "how many cubes share the 'cube' template");
     }
     const CubeSpec c = read_cube(top.object_at("cube", *tmpl), false);
     if (n == 0) {
       std::uint64_t prod = 1;
       if (net->contains("dims") && (*net)["dims"].is_array()) {
         for (const json& d : (*net)["dims"]) {
-          if (d.is_number_integer() && d.get<std::int64_t>() > 0) prod *= d.get<std::uint64_t>();
-          prod = std::min<std::uint64_t>(prod, 1u << 21);
+          if (d.is_number_integer() && d.get<std::int64_t>() > 0) {
+            prod = d.get<std::uint64_t>() > kMaxCubes ? kMaxCubes + 1 : prod * d.get<std::uint64_t>();
+          }
+          prod = std::min<std::uint64_t>(prod, kMaxCubes + 1);
         }
       }
-      n = std::min<std::uint64_t>(prod, 1u << 20);
+      if (prod > kMaxCubes) {
+        ctx.fail("network.dims", fmt::format("{} gives more than {} cubes; the limit is {} cubes",
+                                             short_dump((*net)["dims"]), kMaxCubes, kMaxCubes));
+      }
+      n = prod;
     }
     t.cubes.assign(n, c);
     for (std::size_t i = 0; i < t.cubes.size(); ++i) t.cubes[i].id = static_cast<int>(i);

@@ -270,6 +270,26 @@ struct Topology {
   int find_link(int from, int to) const;
 };
 
+// Limits of the loader, each checked before the work it bounds, the limit named in the error
+// (topologies/README.md, "Limits"):
+inline constexpr std::uint64_t kMaxTopologyFileBytes = 16ull << 20;  // one file (16 MiB); a regular file
+inline constexpr int kMaxJsonDepth = 64;                              // nested arrays/objects in a document
+inline constexpr std::size_t kMaxCubes = 1u << 16;                    // cubes in one topology (65536)
+inline constexpr std::size_t kMaxLinks = 1u << 21;                    // link directions, host links included
+inline constexpr std::size_t kMaxExtendsChain = 32;                   // files in one chain of "extends"
+inline constexpr std::size_t kMaxTopologyPathBytes = 4096;            // a name or path given to "extends"
+// The smallest figures the loader accepts: 1 byte/s and 1 Hz (below them a figure rounds to 0), and
+// 2^-20 operations (or bytes) per cycle (an operation of 2^44 then still counts < 2^64 cycles; a
+// larger count saturates in ComputeUnit::cycles and its time overflows with an error).
+inline constexpr double kMinBandwidthGBps = 1e-9;
+inline constexpr double kMinClockGHz = 1e-9;
+inline constexpr double kMinPerCycle = 1.0 / (1 << 20);
+
+// Throws TopologyError, its message starting with `what` ("topology 'x'"), when `doc` nests arrays
+// and objects deeper than kMaxJsonDepth (iteratively: safe on any depth). topology_from_json and
+// apply_override call it first; a binding that builds documents can call it too.
+void check_json_depth(const nlohmann::json& doc, const std::string& what);
+
 // The directory shipped names resolve in: $CUBESIM_TOPOLOGY_DIR if set, else the source tree's
 // topologies/ (a compile-time path).
 std::string topology_dir();

@@ -217,14 +217,59 @@ def test_topo_validate(capsys, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     rc, out, err = run_cli(capsys, "topo", "validate", str(bad))
-    assert rc == 1 and "invalid" in err and "at: network.link.latency_ns" in err
+    assert rc == 2 and "invalid" in err and "at: network.link.latency_ns" in err
     rc, out, err = run_cli(capsys, "topo", "validate", str(bad), "--json", "-")
     d = json.loads(out)
-    assert rc == 1 and d == {"file": str(bad), "valid": False, "path": "network.link.latency_ns", "message": d["message"]}
+    assert rc == 2 and d == {"file": str(bad), "valid": False, "path": "network.link.latency_ns", "message": d["message"]}
     broken = tmp_path / "broken.json"
     broken.write_text('{"name": "x",\n "cube": }')
     rc, _, err = run_cli(capsys, "topo", "validate", str(broken))
-    assert rc == 1 and "at: line 2, column" in err
+    assert rc == 2 and "at: line 2, column" in err
+
+
+def test_invalid_topology_exits_2_from_every_command(capsys, tmp_path):
+    """Issue 13: topo validate exited 1 where run and topo show exit 2 (README: bad input is 2)."""
+    doc = cs.load_topology_json("ring4")
+    doc["network"]["link"]["bandwidth_GBps"] = 1e-30  # positive, but rounds to 0 bytes/s
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    codes = {}
+    for argv in (("topo", "validate", str(bad)), ("topo", "show", str(bad)), ("run", "--topology", str(bad), *SMALL)):
+        rc, _, err = run_cli(capsys, *argv)
+        codes[argv[1]] = rc
+        assert "network.link.bandwidth_GBps" in err and "bad.json" in err, (argv, err)
+    assert codes == {"validate": 2, "show": 2, "--topology": 2}
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        (b'{"name": "x", "_comment": "caf\xe9"}', ["byte 0xE9", "byte offset 30", "not valid UTF-8"]),
+        (b'{"_comment": ' + b"[" * 100000 + b"]" * 100000 + b"}", ["deeper than 64 levels", "the limit is 64"]),
+        (b'{"cubes": 1e999}', ["cubes: a number is out of range", "give a finite number"]),
+        (b'{"extends": "' + b"x" * 300 + b'"}', ["extends:", "300 bytes", "each part at most 255 bytes"]),
+        (b'{"extends": "/dev/zero"}', ["/dev/zero", "not a regular file", "16777216 bytes"]),
+    ],
+)
+def test_topo_validate_names_the_file_for_hostile_input(capsys, tmp_path, text, expect):
+    """Issue 13: these crashed, or gave an empty or bare RuntimeError message; now exit 2 naming the file."""
+    f = tmp_path / "hostile.json"
+    f.write_bytes(text)
+    rc, _, err = run_cli(capsys, "topo", "validate", str(f))
+    assert rc == 2 and str(f) in err, err
+    for e in expect:
+        assert e in err, (e, err)
+
+
+def test_topo_validate_refuses_huge_cube_counts_at_once(capsys, tmp_path):
+    """Issue 13: 2^17 cubes took 11 s and 1.2 GB; 2^20 ran out of memory. Now refused from the count."""
+    for dims in ([512, 256], [1024, 1024]):
+        doc = cs.load_topology_json("mesh4x4")
+        doc["network"]["dims"] = dims
+        f = tmp_path / "big.json"
+        f.write_text(json.dumps(doc))
+        rc, _, err = run_cli(capsys, "topo", "validate", str(f))
+        assert rc == 2 and "at: network.dims" in err and "the limit is 65536 cubes" in err, err
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,23 @@
 // The topology loader: shipped files, extends/set, dotted overrides, and every validator error.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <typeinfo>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "sim/hw/compute_unit.h"
 #include "sim/hw/errors.h"
 #include "sim/hw/topology.h"
 #include "sim/hw/topology_schema.h"
@@ -568,6 +575,441 @@ TEST(Topology, LoadWithOverridesErrorsNameTheOverridePath) {
                         {"override path 'cubes.16.clock_scale'", "index 16 is out of range: cubes has 16 entries"});
   expect_error_contains([] { load_topology("ring4", {{"cube.id", 1}}); },
                         {"override path 'cube.id'", "cube has no field 'id'"});
+}
+
+
+// ---------------------------------------------------------------- hardening (issue 13)
+
+// A file whose text is small_doc() with `field` (a JSON text) added at the top level.
+std::string small_text_with(const std::string& extra) {
+  std::string text = small_doc().dump();
+  text.insert(text.size() - 1, "," + extra);
+  return text;
+}
+
+TEST(TopologyHardening, DeepNestingIsRefusedBeforeParsingNamingFileAndLimit) {
+  TempDir dir;
+  // Deep enough to overflow the stack of a recursive parser or destructor (issue 13 crashed here).
+  for (const std::string open_close : {"[]", "{}"}) {
+    std::string deep;
+    const int n = 200000;
+    for (int i = 0; i < n; ++i) deep += open_close[0] == '[' ? "[" : "{\"a\":";
+    deep += "1";
+    for (int i = 0; i < n; ++i) deep += open_close[1];
+    const std::string f = dir.write("deep.json", small_text_with("\"_comment\": " + deep));
+    expect_error_contains([&] { load_topology(f); }, {f, "deeper than 64 levels", "line 1, column"});
+  }
+  // At the limit it parses (and fails for what it is, not for depth).
+  std::string ok = "1";
+  for (int i = 0; i < kMaxJsonDepth - 2; ++i) ok = "[" + ok + "]";
+  const std::string f = dir.write("ok.json", small_text_with("\"_comment\": " + ok));
+  EXPECT_NO_THROW(load_topology(f));
+  // A document built in code (the Python API's way in) is checked too.
+  json d = 1;
+  for (int i = 0; i < 100; ++i) d = json::array({d});
+  json doc = small_doc();
+  doc["cube"]["_comment"] = d;
+  expect_error_contains([&] { topology_from_json(doc, "built"); }, {"topology 'built'", "deeper than 64 levels"});
+  expect_error_contains([&] { apply_override(doc, "cube.pes", d); }, {"cube.pes", "the limit is 64 levels"});
+}
+
+TEST(TopologyHardening, OutOfRangeNumbersAndLongExtendsNamesNameFileAndPath) {
+  TempDir dir;
+  json doc = small_doc();
+  std::string text = doc.dump();
+  const std::string from = "\"bandwidth_GBps\":1000";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"bandwidth_GBps\":1e999");
+  const std::string f = dir.write("huge.json", text);
+  expect_error_contains([&] { load_topology(f); }, {f, "cube.hbm.bandwidth_GBps", "out of range", "give a finite number"});
+  // A 300-character name (longer than a file name may be) and a NUL in it.
+  const std::string g = dir.write("long.json", R"({"extends": ")" + std::string(300, 'x') + R"("})");
+  expect_error_contains([&] { load_topology(g); }, {g, "extends", "300 bytes", "each part at most 255 bytes"});
+  const std::string h = dir.write("nul.json", R"({"extends": "ring\u00004"})");
+  expect_error_contains([&] { load_topology(h); }, {h, "extends", "control characters"});
+}
+
+TEST(TopologyHardening, NonUtf8BytesNameFileAndOffset) {
+  TempDir dir;
+  std::string text = small_text_with("\"_comment\": \"caf\xE9\"");
+  const std::size_t at = text.find('\xE9');
+  const std::string f = dir.write("latin1.json", text);
+  try {
+    load_topology(f);
+    ADD_FAILURE() << "no error";
+  } catch (const TopologyError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(f), std::string::npos) << m;
+    EXPECT_NE(m.find(fmt::format("byte offset {}", at)), std::string::npos) << m;
+    EXPECT_NE(m.find("0xE9"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\xE9'), std::string::npos) << "the message itself must be valid UTF-8";
+  }
+  // A truncated sequence at the end, an overlong encoding, a surrogate.
+  for (const std::string& bad : {std::string("\xC3"), std::string("\xC0\xAF"), std::string("\xED\xA0\x80")}) {
+    const std::string g = dir.write("bad.json", small_text_with("\"_comment\": \"" + bad + "\""));
+    expect_error_contains([&] { load_topology(g); }, {g, "is not valid UTF-8", "byte offset"});
+  }
+  // Valid multi-byte text passes.
+  const std::string ok = dir.write("utf8.json", small_text_with("\"_comment\": \"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\""));
+  EXPECT_NO_THROW(load_topology(ok));
+}
+
+TEST(TopologyHardening, FileSizeLimitAndNonRegularFiles) {
+  TempDir dir;
+  const std::string z = dir.write("zero.json", R"({"extends": "/dev/zero"})");
+  expect_error_contains([&] { load_topology(z); }, {"/dev/zero", "not a regular file", "16777216 bytes"});
+  expect_error_contains([&] { load_topology(dir.path.string() + "/"); }, {"not a regular file"});
+  // A file over the limit is refused from its size, before it is read.
+  std::string big = small_text_with("\"_comment\": \"" + std::string(kMaxTopologyFileBytes, 'x') + "\"");
+  const std::string b = dir.write("big.json", big);
+  expect_error_contains([&] { load_topology(b); }, {b, "the limit is 16777216 bytes"});
+}
+
+TEST(TopologyHardening, AMisspeltRequiredKeyIsNamedAsTheTypo) {
+  json d = small_doc();
+  d["network"]["link"].erase("bandwidth_GBps");
+  d["network"]["link"]["bandwdith_GBps"] = 100;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"network.link: missing required field 'bandwidth_GBps'", "unknown key 'bandwdith_GBps'",
+                         "did you mean 'bandwidth_GBps'?"});
+  d = small_doc();
+  d["cube"]["pe"]["tcm"].erase("latency_ns");
+  d["cube"]["pe"]["tcm"]["latncy_ns"] = 2;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"cube.pe.tcm: missing required field 'latency_ns'", "'latncy_ns'", "did you mean 'latency_ns'?"});
+  d = small_doc();
+  d["cube"]["hbm"].erase("capacity_MiB");
+  d["cube"]["hbm"]["capacity_MB"] = 64;
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"cube.hbm: missing required field", "'capacity_MB'", "did you mean 'capacity_"});
+  d = small_doc();
+  d["netwrok"] = d["network"];
+  d.erase("network");
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"missing required field 'network'", "'netwrok'", "did you mean 'network'?"});
+  // No hint when no unknown key is close.
+  d = small_doc();
+  d["cube"].erase("pes");
+  try {
+    topology_from_json(d, "t");
+    ADD_FAILURE();
+  } catch (const TopologyError& e) {
+    EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TopologyHardening, FiguresThatRoundToZeroOrOverflowAreRefusedAtLoad) {
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"network.link.bandwidth_GBps", 1e-30},     {"cube.hbm.bandwidth_GBps", 4e-10},
+      {"cube.pe.dma.read_GBps", 1e-12},           {"cube.pe.clock_GHz", 1e-30},
+      {"cube.pe.mac.clock_GHz", 4e-10},           {"cube.pe.mac.macs_per_cycle.bf16", 1e-30},
+      {"cube.pe.vector.ops_per_cycle.f32", 1e-7}, {"cube.clock_scale", 1e-30}};
+  for (const auto& [path, value] : bad) {
+    SCOPED_TRACE(path);
+    json d = small_doc();
+    apply_override(d, path, value);
+    expect_error_contains([&] { topology_from_json(d, "t"); }, {path, "is not valid"});
+  }
+  json d = small_doc();
+  apply_override(d, "network.link.bandwidth_GBps", 1e-30);
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"from 1e-09 (1 byte/s)"});
+  d = small_doc();
+  apply_override(d, "cube.pe.mac.macs_per_cycle.bf16", 1e-30);
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"from 9.53674e-07 (2^-20)"});
+  d = small_doc();
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 1e-12}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"link_overrides.0.bandwidth_scale", "1e-09 GB/s (1 byte/s)"});
+  // The smallest figures load.
+  d = small_doc();
+  apply_override(d, "network.link.bandwidth_GBps", kMinBandwidthGBps);
+  apply_override(d, "cube.pe.clock_GHz", kMinClockGHz);
+  apply_override(d, "cube.pe.mac.macs_per_cycle.bf16", kMinPerCycle);
+  const Topology t = topology_from_json(d, "t");
+  EXPECT_EQ(t.links[0].figures.bandwidth.bytes_per_s, 1u);
+  EXPECT_EQ(t.cubes[0].pe.clock_hz, 1u);
+}
+
+// A slower MAC rate never gives a shorter time: the cycle count saturates (and the time then
+// overflows with an error) instead of wrapping, even for a rate the loader would refuse.
+TEST(TopologyHardening, ASlowerUnitIsNeverFaster) {
+  const std::uint64_t n = 1ull << 40;
+  sim::Duration last = 0;
+  for (double r : {1024.0, 1.0, 1.0 / 1024, kMinPerCycle, 1e-9, 1e-30, 1e-300}) {
+    SCOPED_TRACE(r);
+    RateSpec spec;
+    spec.clock_hz = 1'000'000'000;
+    spec.per_cycle[static_cast<std::size_t>(DType::bf16)] = r;
+    ComputeUnit mac(UnitKind::mac, spec, 0, 0);
+    EXPECT_GE(mac.cycles(n, DType::bf16), static_cast<std::uint64_t>(std::min(1.8e19, static_cast<double>(n) / r)) / 2);
+    try {
+      const sim::Duration t = mac.time(n, DType::bf16);
+      EXPECT_GE(t, last);
+      last = t;
+    } catch (const std::exception&) {
+      last = sim::kTimeMax;  // too long to represent: an error, never a shorter time
+    }
+  }
+  EXPECT_EQ(last, sim::kTimeMax) << "the slowest rates overflow the time";
+}
+
+TEST(TopologyHardening, ExtendsResolvesAgainstTheExtendingFilesDirectoryFirst) {
+  TempDir dir;
+  fs::create_directories(dir.path / "here" / "sub");
+  fs::create_directories(dir.path / "there" / "sub");
+  json base = small_doc();
+  base["description"] = "right";
+  dir.write("there/sub/base.json", base.dump());
+  dir.write("there/plain.json", base.dump());
+  base["description"] = "decoy";
+  dir.write("here/sub/base.json", base.dump());
+  dir.write("here/plain.json", base.dump());
+  const std::string child = dir.write("there/child.json", R"({"extends": "sub/base.json"})");
+  const std::string child2 = dir.write("there/child2.json", R"({"extends": "plain.json"})");
+  const fs::path old = fs::current_path();
+  fs::current_path(dir.path / "here");  // the decoys are relative to the current directory
+  Topology t, t2;
+  try {
+    t = load_topology(child);
+    t2 = load_topology(child2);
+  } catch (...) {
+    fs::current_path(old);
+    throw;
+  }
+  fs::current_path(old);
+  EXPECT_EQ(t.description, "right");
+  EXPECT_EQ(t2.description, "right");
+  // Not next to the extending file: the current directory is the fallback.
+  fs::remove(dir.path / "there" / "plain.json");
+  fs::current_path(dir.path / "here");
+  try {
+    t2 = load_topology(child2);
+  } catch (...) {
+    fs::current_path(old);
+    throw;
+  }
+  fs::current_path(old);
+  EXPECT_EQ(t2.description, "decoy");
+}
+
+TEST(TopologyHardening, DuplicateLinkOverridesAreRefusedNamingBothEntries) {
+  json d = small_doc();
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 0.5},
+                                        {"from": 2, "to": 3, "latency_ns": 50},
+                                        {"from": 0, "to": 1, "bandwidth_scale": 0.5}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"link_overrides.2", "link c0->c1", "link_overrides.0", "give each link direction once"});
+  // both_directions covers the reverse direction too.
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "latency_ns": 30, "both_directions": true},
+                                        {"from": 1, "to": 0, "latency_ns": 50}])");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"link_overrides.1", "link c1->c0", "link_overrides.0"});
+  // Distinct links are fine.
+  d["link_overrides"] = json::parse(R"([{"from": 0, "to": 1, "bandwidth_scale": 0.5}, {"from": 1, "to": 0, "latency_ns": 50}])");
+  const Topology t = topology_from_json(d, "t");
+  EXPECT_EQ(t.links[static_cast<std::size_t>(t.find_link(0, 1))].figures.bandwidth, sim::Bandwidth::GBps(50));
+}
+
+TEST(TopologyHardening, CubeAndLinkLimitsAreEnforcedBeforeAnyWork) {
+  // 2^20 cubes used to be built (and run out of memory in Python); refused from the count.
+  for (const std::string count : {"131072", "1048576", "18446744073709551615"}) {
+    json d = small_doc();
+    d["cubes"] = json::parse(count);
+    expect_error_contains([&] { topology_from_json(d, "t"); }, {"cubes", "65536"});
+  }
+  json d = small_doc();
+  d.erase("cubes");
+  d["network"] = json::parse(R"({"kind": "torus", "dims": [1024, 1024, 1024], "chunk_bytes": 65536,
+                                 "link": {"bandwidth_GBps": 100, "latency_ns": 20, "overhead_ns": 5}})");
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"network.dims", "the limit is 65536 cubes"});
+  d["network"]["dims"] = json::array({512, 256});
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"network.dims", "the limit is 65536 cubes"});
+  d["network"]["dims"] = json::array({256, 256});  // exactly the limit: loads
+  EXPECT_EQ(topology_from_json(d, "t").cubes.size(), kMaxCubes);
+  // A per-cube override on a count beyond the limit is refused before the list is made.
+  d = small_doc();
+  d["cubes"] = 1ull << 40;
+  expect_error_contains([&] { apply_override(d, "cubes.3.clock_scale", 0.5); }, {"cubes.3.clock_scale", "65536"});
+  d = small_doc();
+  d.erase("cubes");
+  d["network"] = json::parse(R"({"kind": "mesh", "dims": [1000000, 1000000], "chunk_bytes": 65536,
+                                 "link": {"bandwidth_GBps": 100, "latency_ns": 20, "overhead_ns": 5}})");
+  expect_error_contains([&] { apply_override(d, "cubes.3.clock_scale", 0.5); }, {"cubes.3.clock_scale", "65536"});
+  // Links: a full network of 2048 cubes has 2048 x 2047 link directions.
+  d = small_doc();
+  d["cubes"] = 2048;
+  d["network"]["kind"] = "full";
+  expect_error_contains([&] { topology_from_json(d, "t"); },
+                        {"network: a full network of 2048 cubes", "4192256 link directions", "the limit is 2097152"});
+  d["cubes"] = 1024;  // 1024 x 1023 = 1047552: loads
+  EXPECT_EQ(topology_from_json(d, "t").links.size(), 1024u * 1023);
+  // A list of cubes longer than the limit.
+  d = small_doc();
+  d["cubes"] = json::array();
+  for (std::size_t i = 0; i <= kMaxCubes; ++i) d["cubes"].push_back(json::object());
+  expect_error_contains([&] { topology_from_json(d, "t"); }, {"cubes: a list of 65537 cubes; the limit is 65536"});
+}
+
+// ---------------------------------------------------------------- fuzzing (issue 13, Deliver 2)
+//
+// A seeded mutation fuzzer: mutants of the shipped topologies/*.json, as bytes (flips, deletions,
+// duplications, splices, deep nesting, huge numbers) loaded from a file, and as documents (a random
+// field replaced by a random value, the Python API's way in) given to topology_from_json. Each must
+// load or throw a TopologyError whose message is non-empty, valid UTF-8 and names the origin; any
+// other exception type fails the test (a crash or a hang fails the run). CUBESIM_FUZZ_ITERS sets the
+// mutants per kind (default 300: a second or two, also under ASan), CUBESIM_FUZZ_SEED the seed
+// (default 13); a failure prints both and the mutant's iteration so it can be replayed.
+
+std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
+}
+
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+std::string mutate_bytes(std::string text, const std::vector<std::string>& corpus, std::mt19937_64& rng) {
+  static const std::vector<std::string> kTokens = {
+      "{", "}", "[", "]", ",", ":", "\"", "null", "true", "-", "0", "1e999", "-1e999", "1e-30", "-1", "1e308",
+      "18446744073709551616", "9223372036854775807", "4294967297", "65537", "0.0", "NaN", "\\u0000", "\\ud800",
+      "\xff", "\xc3", "\xe2\x82", "\"extends\": \"/dev/zero\", ", "\"extends\": \"ring4\", ", "\"extends\": \"..\", ",
+      "\"set\": {\"cubes.3.clock_scale\": 0.5}, ", "\"cubes\": 1000000, ", "\"link_overrides\": [{\"from\": 0, \"to\": 1, \"latency_ns\": 1}], "};
+  auto pos = [&](std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(rng() % (n + 1)); };
+  const int mutations = 1 + static_cast<int>(rng() % 3);
+  for (int m = 0; m < mutations; ++m) {
+    const std::size_t at = pos(text.size());
+    switch (rng() % 7) {
+      case 0:  // flip a byte
+        if (!text.empty()) text[std::min(at, text.size() - 1)] = static_cast<char>(rng() % 256);
+        break;
+      case 1:  // delete a range
+        text.erase(at, 1 + rng() % 64);
+        break;
+      case 2: {  // duplicate a range
+        const std::string piece = text.substr(at, 1 + rng() % 256);
+        text.insert(pos(text.size()), piece);
+        break;
+      }
+      case 3: {  // deep nesting, around the limit or far past it
+        const std::size_t k = rng() % 2 ? 60 + rng() % 10 : 1000 + rng() % 100000;
+        const bool arr = rng() % 2;
+        std::string deep;
+        for (std::size_t i = 0; i < k; ++i) deep += arr ? "[" : "{\"_comment\":";
+        deep += "0";
+        deep += std::string(k, arr ? ']' : '}');
+        text.insert(at, deep);
+        break;
+      }
+      case 4: {  // a number replaced by an extreme one
+        const std::size_t d = text.find_first_of("0123456789", at);
+        if (d == std::string::npos) break;
+        const std::size_t e = text.find_first_not_of("0123456789.eE+-", d);
+        static const std::vector<std::string> kNums = {"1e999", "1e-30", "-1", "0", "1e308", "18446744073709551616",
+                                                       "4294967296", "65537", "2147483648", "1e-320", "131072", "0.5"};
+        text.replace(d, (e == std::string::npos ? text.size() : e) - d, kNums[rng() % kNums.size()]);
+        break;
+      }
+      case 5:  // a token
+        text.insert(at, kTokens[rng() % kTokens.size()]);
+        break;
+      case 6: {  // a splice from another file
+        const std::string& other = corpus[rng() % corpus.size()];
+        const std::size_t from = pos(other.size());
+        text.insert(at, other.substr(from, 1 + rng() % 512));
+        break;
+      }
+    }
+  }
+  return text;
+}
+
+// A random value of a random kind, for a document mutant.
+json random_value(std::mt19937_64& rng) {
+  switch (rng() % 12) {
+    case 0: return nullptr;
+    case 1: return -1;
+    case 2: return 0;
+    case 3: return std::numeric_limits<double>::max();
+    case 4: return 1e-30;
+    case 5: return std::numeric_limits<std::uint64_t>::max();
+    case 6: return static_cast<std::int64_t>(rng() % 200000) - 1000;
+    case 7: return "ring4";
+    case 8: return std::string(1 + rng() % 300, 'x');
+    case 9: return json::array({1, "a", nullptr});
+    case 10: return json::object({{"from", 0}, {"to", 1}, {"latency_ns", 5}});
+    default: {
+      json d = 0;
+      for (std::uint64_t i = 0, n = rng() % 100; i < n; ++i) d = json::array({d});
+      return d;
+    }
+  }
+}
+
+// Replaces (or adds, or deletes) a random field somewhere in doc.
+void mutate_doc(json& doc, std::mt19937_64& rng) {
+  json* cur = &doc;
+  for (int depth = 0; depth < 8; ++depth) {
+    if (!cur->is_structured() || cur->empty() || rng() % 4 == 0) break;
+    auto it = cur->begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % cur->size()));
+    if (!it->is_structured() || rng() % 3 == 0) {
+      if (cur->is_object() && rng() % 5 == 0) {
+        cur->erase(it.key());
+      } else {
+        *it = random_value(rng);
+      }
+      return;
+    }
+    cur = &*it;
+  }
+  if (cur->is_object()) (*cur)[rng() % 2 ? "_comment" : "extra_key"] = random_value(rng);
+  else if (cur->is_array()) cur->push_back(random_value(rng));
+}
+
+void expect_clean_outcome(const std::function<void()>& load, const std::string& origin, const std::string& what) {
+  try {
+    load();
+  } catch (const TopologyError& e) {
+    const std::string m = e.what();
+    EXPECT_FALSE(m.empty()) << what;
+    EXPECT_TRUE(valid_utf8(m)) << what << ": the message is not UTF-8";
+    EXPECT_NE(m.find(origin), std::string::npos) << what << ": the message does not name " << origin << ": " << m;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": " << typeid(e).name() << " instead of a TopologyError: " << e.what();
+  }
+}
+
+TEST(TopologyFuzz, MutantsOfTheShippedFilesLoadOrFailWithATopologyError) {
+  const std::uint64_t iters = env_u64("CUBESIM_FUZZ_ITERS", 300);
+  const std::uint64_t seed = env_u64("CUBESIM_FUZZ_SEED", 13);
+  std::vector<std::string> names = list_topologies(), corpus;
+  ASSERT_FALSE(names.empty());
+  for (const std::string& n : names) {
+    std::ifstream f(fs::path(topology_dir()) / (n + ".json"), std::ios::binary);
+    corpus.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  TempDir dir;
+  std::mt19937_64 rng(seed);
+  int loaded = 0;
+  for (std::uint64_t i = 0; i < iters && !HasFailure(); ++i) {
+    const std::string what = fmt::format("byte mutant {} (CUBESIM_FUZZ_SEED={})", i, seed);
+    const std::string path = dir.write("mutant.json", mutate_bytes(corpus[rng() % corpus.size()], corpus, rng));
+    expect_clean_outcome([&] { load_topology(path); ++loaded; }, path, what);
+  }
+  std::vector<json> docs;
+  for (const std::string& n : names) docs.push_back(load_topology_json(n));
+  for (std::uint64_t i = 0; i < iters && !HasFailure(); ++i) {
+    const std::string what = fmt::format("document mutant {} (CUBESIM_FUZZ_SEED={})", i, seed);
+    json doc = docs[rng() % docs.size()];
+    for (std::uint64_t m = 0, n = 1 + rng() % 3; m < n; ++m) mutate_doc(doc, rng);
+    expect_clean_outcome([&] { topology_from_json(doc, "fuzz-doc"); ++loaded; }, "fuzz-doc", what);
+  }
+  std::printf("fuzz: %d of %llu mutants loaded\n", loaded, static_cast<unsigned long long>(2 * iters));
+  EXPECT_GT(loaded, 0) << "no mutant loaded: the mutations are too destructive to test the validator";
 }
 
 }  // namespace
