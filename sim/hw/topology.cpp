@@ -137,6 +137,13 @@ std::string short_dump(const json& v) {
   return s;
 }
 
+// A user's string inside a message, cut to 80 characters (a 5000-character name must not make a
+// 5000-character error).
+std::string clip(std::string_view s) {
+  if (s.size() <= 80) return std::string(s);
+  return fmt::format("{}... ({} characters)", s.substr(0, 77), s.size());
+}
+
 std::string type_name(const json& v) {
   if (v.is_number_integer()) return "an integer";
   if (v.is_number()) return "a number";
@@ -167,7 +174,7 @@ struct Ctx {
   std::string name;
   std::string origin;
   [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
-    throw TopologyError(fmt::format("topology '{}' ({}): {}{}{}", name, origin, path, path.empty() ? "" : ": ", msg));
+    throw TopologyError(fmt::format("topology '{}' ({}): {}{}{}", clip(name), origin, path, path.empty() ? "" : ": ", msg));
   }
 };
 
@@ -340,7 +347,7 @@ class Obj {
     const std::vector<std::string> valid = node_.keys();
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (it.key() == "_comment" || node_.field(it.key())) continue;
-      ctx_.fail(path_, fmt::format("unknown key '{}'{}; valid keys here: {}", it.key(), did_you_mean(it.key(), valid),
+      ctx_.fail(path_, fmt::format("unknown key '{}'{}; valid keys here: {}", clip(it.key()), did_you_mean(it.key(), valid),
                                    join(valid)));
     }
     for (auto it = j_.begin(); it != j_.end(); ++it) {
@@ -761,7 +768,7 @@ void read_network(const Ctx& ctx, const json& doc, Topology& t) {
   if (k == kKinds.end()) {
     std::vector<std::string> names;
     for (const auto& [n, v] : kKinds) names.push_back(n);
-    o.fail("kind", fmt::format("'{}' is not a network kind{}; valid kinds: {}", kind, did_you_mean(kind, names), join(names)));
+    o.fail("kind", fmt::format("'{}' is not a network kind{}; valid kinds: {}", clip(kind), did_you_mean(kind, names), join(names)));
   }
   t.network = k->second;
   t.chunk_bytes = o.positive_int("chunk_bytes", "messages are cut into chunks of this many bytes", 1ull << 40);
@@ -1559,7 +1566,7 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     if (dot == std::string_view::npos) break;
     start = dot + 1;
   }
-  const std::string full(dotted_path);
+  const std::string full = clip(dotted_path);
   for (const std::string& s : seg) {
     if (s.empty()) throw TopologyError(fmt::format("override path '{}': empty component; write fields as a.b.c", full));
   }
@@ -1602,7 +1609,7 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
     const SchemaNode* next_schema = !schema ? nullptr : entry ? schema->item() : schema->field(s);
     if (cur->is_array()) {
       if (!is_index(s)) {
-        throw TopologyError(fmt::format("override path '{}': {} is a list; '{}' is not an index (0..{})", full, walked, s,
+        throw TopologyError(fmt::format("override path '{}': {} is a list; '{}' is not an index (0..{})", full, clip(walked), clip(s),
                                         cur->size() == 0 ? 0 : cur->size() - 1));
       }
       const std::size_t idx = std::stoul(s);
@@ -1621,15 +1628,15 @@ void apply_override(json& doc, std::string_view dotted_path, const json& value) 
           }
           std::sort(keys.begin(), keys.end());
           throw TopologyError(fmt::format("override path '{}': {} has no field '{}'{}; fields there: {}", full,
-                                          walked.empty() ? "the document" : walked, s, did_you_mean(s, keys),
+                                          walked.empty() ? "the document" : clip(walked), clip(s), did_you_mean(s, keys),
                                           keys.empty() ? "none" : join(keys)));
         }
         (*cur)[s] = last ? json() : json::object();
       }
       cur = &(*cur)[s];
     } else {
-      throw TopologyError(fmt::format("override path '{}': {} is {} ({}), it has no field '{}'", full, walked,
-                                      type_name(*cur), short_dump(*cur), s));
+      throw TopologyError(fmt::format("override path '{}': {} is {} ({}), it has no field '{}'", full, clip(walked),
+                                      type_name(*cur), short_dump(*cur), clip(s)));
     }
     schema = next_schema;
     walked = child(walked, s);

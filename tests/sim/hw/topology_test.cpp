@@ -1014,3 +1014,30 @@ TEST(TopologyFuzz, MutantsOfTheShippedFilesLoadOrFailWithATopologyError) {
 
 }  // namespace
 }  // namespace cubesim::hw
+
+namespace cubesim::hw {
+namespace {
+// A user's long string is cut in a message (the Python API fuzzer found 5000-character ones).
+TEST(TopologyHardening, LongUserStringsAreCutInMessages) {
+  const std::string kind(5000, 'a');
+  json doc = load_topology_json("ring4");
+  doc["network"]["kind"] = kind;
+  try {
+    topology_from_json(doc, "long");
+    FAIL() << "an unknown kind must be refused";
+  } catch (const TopologyError& e) {
+    const std::string m = e.what();
+    EXPECT_LT(m.size(), 400u) << m.substr(0, 300);
+    EXPECT_NE(m.find("(5000 characters)"), std::string::npos) << m.substr(0, 300);
+    EXPECT_NE(m.find("valid kinds: "), std::string::npos);
+  }
+  json other = load_topology_json("ring4");
+  try {
+    apply_override(other, "cube." + kind, 1);
+    FAIL() << "an unknown path must be refused";
+  } catch (const TopologyError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 600u);
+  }
+}
+}  // namespace
+}  // namespace cubesim::hw
