@@ -28,8 +28,11 @@ def cpu_seconds(pid):
 
 def test_ctrl_c_stops_cubesim_run_and_exits_130():
     env = dict(os.environ, PYTHONPATH=str(PKG_ROOT), CUBESIM_PROGRESS="0")
+    # The child gets SIGINT's default disposition even where this test runs with it ignored (a
+    # background job): an ignored SIGINT stays ignored, by design.
     p = subprocess.Popen([sys.executable, "-m", "cubesim", "run", *LONG], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Start-up (imports, the topology) takes well under a second of CPU; wait for the run.
         deadline = time.monotonic() + 120
@@ -46,7 +49,16 @@ def test_ctrl_c_stops_cubesim_run_and_exits_130():
     assert "Traceback" not in err and "simulated time:" not in out
 
 
-def test_ctrl_c_in_python_raises_keyboard_interrupt_and_the_context_runs_again():
+@pytest.fixture
+def python_sigint_handler():
+    """Python's own SIGINT handler for the test, whatever this process inherited (a background
+    job starts with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_python_raises_keyboard_interrupt_and_the_context_runs_again(python_sigint_handler):
     ctx = cs.Context("sim", topology="h200x8", world_size=8, timing_only=True, algorithm="nccl")
     main_pid = os.getpid()
     start = time.process_time()

@@ -158,6 +158,12 @@ TEST(Simulator, AnInterruptStopsTheRunAndTheSimulatorRunsAgain) {
 // A SigintScope installs its handler for its lifetime: a SIGINT raised inside sets the flag (and
 // the process survives); outside, the previous disposition is back.
 TEST(Simulator, ASigintScopeTurnsTheSignalIntoTheFlag) {
+  // From SIGINT's default disposition, whatever the test inherited (a background job ignores it,
+  // and an ignored SIGINT stays ignored by design).
+  struct sigaction inherited {}, dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, &inherited);
   struct sigaction before {};
   sigaction(SIGINT, nullptr, &before);
   clear_interrupt();
@@ -171,6 +177,7 @@ TEST(Simulator, ASigintScopeTurnsTheSignalIntoTheFlag) {
   struct sigaction after {};
   sigaction(SIGINT, nullptr, &after);
   EXPECT_EQ(after.sa_handler, before.sa_handler);
+  sigaction(SIGINT, &inherited, nullptr);
 }
 
 TEST(Simulator, ExceptionEndsRunNamingProcessAndTime) {
