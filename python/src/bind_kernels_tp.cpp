@@ -201,22 +201,34 @@ struct PyEquivalence {
   rt::RunReport run;
 };
 
+// The MLP arguments both jobs take, range-checked (a ValueError naming the argument).
+struct MlpArgs {
+  std::uint64_t seed, data_seed;
+  int tp;
+  std::int64_t tokens, hidden, ffn;
+};
+
+MlpArgs mlp_args(const py::object& tp_arg, const py::object& tokens_arg, const py::object& hidden_arg,
+                 const py::object& ffn_arg, const py::object& seed_arg, const py::object& data_seed_arg) {
+  return MlpArgs{.seed = u64_arg(seed_arg, "seed"),
+                 .data_seed = u64_arg(data_seed_arg, "data_seed"),
+                 .tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax)),
+                 .tokens = int_arg(tokens_arg, "tokens", 1, kI64Max),
+                 .hidden = int_arg(hidden_arg, "hidden", 1, kI64Max),
+                 .ffn = int_arg(ffn_arg, "ffn", 1, kI64Max)};
+}
+
 PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
-    const py::object& hidden_arg, const py::object& ffn_arg,
-                                const std::string& dtype, const std::string& gelu, bool bias, bool sp,
-                                const py::object& seed_arg, const py::object& data_seed_arg) {
-  const std::uint64_t seed = u64_arg(seed_arg, "seed");
-  const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
-  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
-  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
-  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
-  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
-  check_mlp_algorithm(*ctx, tpsize, sp, "check_mlp_equivalence");
+                                const py::object& hidden_arg, const py::object& ffn_arg, const std::string& dtype,
+                                const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
+                                const py::object& data_seed_arg) {
+  const MlpArgs a = mlp_args(tp_arg, tokens_arg, hidden_arg, ffn_arg, seed_arg, data_seed_arg);
+  check_mlp_algorithm(*ctx, a.tp, sp, "check_mlp_equivalence");
   tp::MlpCheckOptions o;
-  o.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed);
-  o.tokens = tokens;
-  o.tp = tpsize;
-  o.data_seed = data_seed;
+  o.mlp = mlp_opts(a.hidden, a.ffn, gelu, bias, sp, dtype, a.seed);
+  o.tokens = a.tokens;
+  o.tp = a.tp;
+  o.data_seed = a.data_seed;
   tp::EquivalenceReport rep;
   {
     ReleaseGil nogil;
@@ -226,20 +238,15 @@ PyEquivalence check_equivalence(const CtxPtr& ctx, const py::object& tp_arg, con
 }
 
 rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::object& tokens_arg,
-    const py::object& hidden_arg, const py::object& ffn_arg,
-                    const std::string& dtype, const std::string& gelu, bool bias, bool sp,
-                    const py::object& seed_arg, const py::object& data_seed_arg) {
-  const std::uint64_t seed = u64_arg(seed_arg, "seed");
-  const std::uint64_t data_seed = u64_arg(data_seed_arg, "data_seed");
-  const int tpsize = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
-  const std::int64_t tokens = int_arg(tokens_arg, "tokens", 1, kI64Max);
-  const std::int64_t hidden = int_arg(hidden_arg, "hidden", 1, kI64Max);
-  const std::int64_t ffn = int_arg(ffn_arg, "ffn", 1, kI64Max);
-  check_mlp_algorithm(*ctx, tpsize, sp, "run_mlp");
-  const tp::MlpStepOptions o{.mlp = mlp_opts(hidden, ffn, gelu, bias, sp, dtype, seed),
-                             .tokens = tokens,
-                             .tp = tpsize,
-                             .data_seed = data_seed};
+                      const py::object& hidden_arg, const py::object& ffn_arg, const std::string& dtype,
+                      const std::string& gelu, bool bias, bool sp, const py::object& seed_arg,
+                      const py::object& data_seed_arg) {
+  const MlpArgs a = mlp_args(tp_arg, tokens_arg, hidden_arg, ffn_arg, seed_arg, data_seed_arg);
+  check_mlp_algorithm(*ctx, a.tp, sp, "run_mlp");
+  const tp::MlpStepOptions o{.mlp = mlp_opts(a.hidden, a.ffn, gelu, bias, sp, dtype, a.seed),
+                             .tokens = a.tokens,
+                             .tp = a.tp,
+                             .data_seed = a.data_seed};
   rt::RunReport rep;
   {
     ReleaseGil nogil;

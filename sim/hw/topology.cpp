@@ -104,17 +104,8 @@ std::string closest(std::string_view s, const std::vector<std::string>& candidat
 
 // " (did you mean 'x'?)" when one candidate is close, else "".
 std::string did_you_mean(std::string_view s, const std::vector<std::string>& candidates) {
-  std::string best;
-  std::size_t best_d = std::numeric_limits<std::size_t>::max();
-  for (const std::string& c : candidates) {
-    const std::size_t d = edit_distance(s, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  if (best.empty() || best_d > std::max<std::size_t>(2, s.size() / 3)) return "";
-  return fmt::format(" (did you mean '{}'?)", best);
+  const std::string best = closest(s, candidates);
+  return best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best);
 }
 
 std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {

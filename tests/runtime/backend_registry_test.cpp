@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "collective_harness.h"
 #include "runtime/backend_registry.h"
 #include "runtime/collectives.h"
 #include "runtime/errors.h"
@@ -13,14 +14,7 @@
 namespace cubesim::rt {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(BackendRegistry, EveryRowHasANameSummaryAndMaker) {
   std::set<std::string> names;

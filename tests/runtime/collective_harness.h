@@ -4,6 +4,7 @@
 // a factory.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <random>
@@ -17,6 +18,16 @@
 namespace cubesim::rt::testing {
 
 using Factory = std::function<std::unique_ptr<Context>(int ranks)>;
+
+// What f throws (what()), or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // The host backend with `ranks` ranks: the reference every other backend is compared with.
 std::unique_ptr<Context> host_context(int ranks);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "collective_harness.h"
 #include "runtime/backend_registry.h"
 #include "runtime/collectives.h"
 #include "runtime/errors.h"
@@ -18,14 +19,7 @@
 namespace cubesim::rt {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // Bytes (or operations) each unit served in the run, by name.
 std::map<std::string, std::uint64_t> bytes_by_unit(const RunReport& rep) {

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "collective_harness.h"
 #include "runtime/backend_registry.h"
 #include "runtime/context.h"
 #include "runtime/collectives.h"
@@ -64,14 +65,7 @@ TEST(Tensor, BadShapesAndRanksAreClearErrors) {
   EXPECT_THROW(ctx.spawn(3, [](int) {}), RuntimeError);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // Issue 13: a shape whose bytes wrap 64 bits used to allocate 0 bytes and corrupt the next tensor.
 TEST(Tensor, ShapesPastTheByteLimitAreRefusedBeforeAllocating) {
