@@ -765,29 +765,26 @@ TEST(TopologyHardening, ExtendsResolvesAgainstTheExtendingFilesDirectoryFirst) {
   dir.write("here/plain.json", base.dump());
   const std::string child = dir.write("there/child.json", R"({"extends": "sub/base.json"})");
   const std::string child2 = dir.write("there/child2.json", R"({"extends": "plain.json"})");
-  const fs::path old = fs::current_path();
-  fs::current_path(dir.path / "here");  // the decoys are relative to the current directory
+  // The current directory for a scope (the decoys are relative to it), restored however it ends.
+  struct InDirectory {
+    fs::path old = fs::current_path();
+    explicit InDirectory(const fs::path& p) { fs::current_path(p); }
+    ~InDirectory() { fs::current_path(old); }
+  };
   Topology t, t2;
-  try {
+  {
+    InDirectory here(dir.path / "here");
     t = load_topology(child);
     t2 = load_topology(child2);
-  } catch (...) {
-    fs::current_path(old);
-    throw;
   }
-  fs::current_path(old);
   EXPECT_EQ(t.description, "right");
   EXPECT_EQ(t2.description, "right");
   // Not next to the extending file: the current directory is the fallback.
   fs::remove(dir.path / "there" / "plain.json");
-  fs::current_path(dir.path / "here");
-  try {
+  {
+    InDirectory here(dir.path / "here");
     t2 = load_topology(child2);
-  } catch (...) {
-    fs::current_path(old);
-    throw;
   }
-  fs::current_path(old);
   EXPECT_EQ(t2.description, "decoy");
 }
 
