@@ -103,13 +103,19 @@ class Backend {
   virtual void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
                     std::uint64_t n) = 0;
 
-  // A protocol's send (the nccl family, runtime/algorithms/nccl.h): waits `delay` on the calling
-  // process, then moves n bytes as copy() does, with `wire` bytes on every link per byte of
-  // payload. Backends without simulated time just copy.
-  virtual void protocol_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
-                             std::uint64_t n, sim::Duration delay, hw::WireScale wire) {
+  // Starts moving n bytes as copy() does, with `wire` bytes on every link per byte of payload (a
+  // protocol's flags, hw::WireScale), and returns without blocking; `landed` is called once they have landed, from an
+  // event of the backend's or, when the copy is done at once, before start_copy returns. The
+  // runtime's messages use it, so that no process waits on each message. A copy that cannot start
+  // (a hazard, an unwritten source) throws here. The default copies at once: backends without
+  // simulated time.
+  virtual void start_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
+                          std::uint64_t n, hw::WireScale wire, hw::OnLanded landed) {
     copy(src, src_off, dst, dst_off, n);
+    if (landed.fn) landed.fn(landed.arg);
   }
+  // Whether the backend keeps simulated time (sim): delays and protocol latencies take effect.
+  virtual bool simulates_time() const { return false; }
   // A fixed latency on `rank`'s timeline (blocks the calling process for d); `what` says what it
   // stands for. Nothing on backends without simulated time.
   virtual void delay(int rank, sim::Duration d, std::string_view what) {}

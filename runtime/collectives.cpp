@@ -289,12 +289,10 @@ namespace {
 struct P2p {
   Context& ctx;
   int rank;
-  int peer;
-  int tag;
-  std::uint64_t k;
-  int gid, src_i, dst_i;
+  int src_rank, dst_rank;
+  Context::MailKey key;
+  std::string what;  // for messages
   sim::Time t0;
-  Context::Mailbox& mailbox() { return ctx.mailbox(gid, k, src_i, dst_i, static_cast<std::uint64_t>(tag)); }
   void done() { ctx.add_comm(rank, ctx.simulator().now() - t0); }
 };
 
@@ -311,35 +309,35 @@ P2p p2p_begin(const char* what, bool sending, const Tensor& t, int peer, int tag
     throw RuntimeError(fmt::format("{} on rank {}: tensor {} must be a contiguous tensor of the calling rank", what, rank,
                                    t.describe()));
   }
-  const int src_i = g.index_of(sending ? rank : peer), dst_i = g.index_of(sending ? peer : rank);
+  const int src = sending ? rank : peer, dst = sending ? peer : rank;
+  const int src_i = g.index_of(src), dst_i = g.index_of(dst);
   const std::uint64_t k = ctx.next_p2p(sending, g.id(), src_i, dst_i, tag);
-  return P2p{ctx, rank, peer, tag, k, -1 - g.id(), src_i, dst_i, ctx.simulator().now()};
+  return P2p{ctx,
+             rank,
+             src,
+             dst,
+             Context::MailKey{-1 - g.id(), src_i, dst_i, k, static_cast<std::uint64_t>(tag)},
+             fmt::format("send/recv on group '{}' (tag {}, message #{} from rank {} to rank {})", g.name(), tag, k, src,
+                         dst),
+             ctx.simulator().now()};
 }
 }  // namespace
 
 void send(const Tensor& t, int dst, int tag, ProcessGroup* group) {
   P2p p = p2p_begin("send", true, t, dst, tag, group);
-  Context::Mailbox& mb = p.mailbox();
-  mb.posted.wait();
-  if (mb.dst.nbytes() != t.nbytes()) {
-    throw CollectiveError(fmt::format("send from rank {} to rank {} (tag {}, message #{}): {} bytes sent, but the "
-                                      "receiver's tensor holds {}",
-                                      p.rank, dst, tag, p.k, t.nbytes(), mb.dst.nbytes()));
-  }
-  mb.t_start = p.ctx.simulator().now();
-  p.ctx.backend().copy(t.storage(), t.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), t.nbytes());
-  mb.t_end = p.ctx.simulator().now();
-  mb.delivered.trigger();
+  Context::Mailbox& mb = p.ctx.join_mailbox(p.key);
+  const std::uint64_t generation = mb.generation;
+  offer(mb, nullptr, &p.what, p.src_rank, p.dst_rank, t.storage_ptr(), t.byte_offset(), t.nbytes());
+  wait_sent(mb, generation);  // the sender's reference went to the transfer
   p.done();
 }
 
 void recv(const Tensor& t, int src, int tag, ProcessGroup* group) {
   P2p p = p2p_begin("recv", false, t, src, tag, group);
-  Context::Mailbox& mb = p.mailbox();
-  mb.dst = t;
-  mb.posted.trigger();
+  Context::Mailbox& mb = p.ctx.join_mailbox(p.key);
+  post_into(mb, &p.what, p.src_rank, p.dst_rank, t.storage_ptr(), t.byte_offset(), t.nbytes());
   mb.delivered.wait();
-  p.ctx.drop_mailbox(p.gid, p.k, p.src_i, p.dst_i, static_cast<std::uint64_t>(tag));
+  p.ctx.release_mailbox(mb);
   p.done();
 }
 

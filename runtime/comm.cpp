@@ -2,12 +2,17 @@
 
 #include <cmath>
 #include <exception>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "runtime/errors.h"
 
 namespace cubesim::rt {
+
+namespace {
+std::string describe_message(const void* owner);
+}  // namespace
 
 Range chunk_range(std::int64_t n, int parts, int i) {
   const std::int64_t base = n / parts, rem = n % parts;
@@ -38,96 +43,292 @@ Comm::Comm(Context& ctx, ProcessGroup& g, const std::string& name, const std::st
         seq_, g.name(), rank_, mine, g.rank_at(p.first_index), p.signature));
   }
   p.arrived[static_cast<std::size_t>(me_)] = true;
+  idle_.set_detail(
+      [](const void* o) {
+        const auto* c = static_cast<const Comm*>(o);
+        std::string s = fmt::format("{} of {}'s sends in flight", c->outstanding_, c->name_);
+        int shown = 0;
+        for (const Context::Mailbox* m = c->in_flight_; m != nullptr && shown < 4; m = m->next_sent, ++shown) {
+          s += "; " + describe_message(m);
+        }
+        return s;
+      },
+      this);
 }
 
 Comm::~Comm() {
+  // Sends still in flight (a run being unwound) land without telling this Comm.
+  for (Context::Mailbox* m = in_flight_; m != nullptr; m = m->next_sent) m->sender = nullptr;
   if (std::uncaught_exceptions() == 0) ctx_.finish_pending(group_.id(), seq_, me_);
 }
+
+// ---------------------------------------------------------------- mailboxes
+
+namespace {
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::string describe_message(const void* owner) {
+  const auto* m = static_cast<const Context::Mailbox*>(owner);
+  return fmt::format("a message from rank {} to rank {} in {}: {}", m->src_rank, m->dst_rank,
+                     m->what ? *m->what : std::string("?"),
+                     m->offered ? (m->posted ? "in flight" : "sent, but the receiver has not posted its receive")
+                                : "the receive is posted, but nothing was sent");
+}
+
+void reset(Context::Mailbox& m) {
+  m.refs = 0;
+  ++m.generation;
+  m.sender = nullptr;
+  m.prev_sent = m.next_sent = nullptr;
+  m.delivered.reset();
+  m.sent.reset();
+  m.landed = false;
+  m.what = nullptr;
+  m.src_rank = m.dst_rank = -1;
+  m.posted = m.offered = false;
+  m.dst.reset();
+  m.src.reset();
+  m.dst_off = m.dst_bytes = m.src_off = m.src_bytes = 0;
+  m.delay = 0;
+  m.wire = {};
+  m.t_start = m.t_end = 0;
+}
+}  // namespace
+
+Context::Mailbox::Mailbox() {
+  delivered.set_detail(&describe_message, this);
+  sent.set_detail(&describe_message, this);
+}
+
+std::size_t Context::MailTable::hash(const MailKey& k) {
+  std::uint64_t h = mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.group)) << 32) |
+                        static_cast<std::uint32_t>(k.src));
+  h = mix(h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.dst)) << 32) ^ k.seq);
+  return static_cast<std::size_t>(mix(h ^ k.tag));
+}
+
+std::size_t Context::MailTable::find_slot(const MailKey& k) const {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash(k) & mask;
+  while (slots_[i] != nullptr && !(slots_[i]->key == k)) i = (i + 1) & mask;
+  return i;
+}
+
+Context::Mailbox& Context::MailTable::join(Context& ctx, const MailKey& k) {
+  if (slots_.empty()) slots_.assign(1024, nullptr);
+  std::size_t i = find_slot(k);
+  Mailbox* m = slots_[i];
+  if (m == nullptr) {
+    if (2 * (used_ + 1) > slots_.size()) {
+      std::vector<Mailbox*> old(2 * slots_.size(), nullptr);
+      old.swap(slots_);
+      for (Mailbox* x : old) {
+        if (x) slots_[find_slot(x->key)] = x;
+      }
+      i = find_slot(k);
+    }
+    if (free_.empty()) {
+      all_.push_back(std::make_unique<Mailbox>());
+      m = all_.back().get();
+    } else {
+      m = free_.back();
+      free_.pop_back();
+    }
+    m->key = k;
+    m->ctx = &ctx;
+    slots_[i] = m;
+    ++used_;
+  }
+  ++m->refs;
+  return *m;
+}
+
+void Context::MailTable::release(Mailbox& m) {
+  if (--m.refs > 0) return;
+  // Unfile it (linear probing's backward-shift deletion: no tombstones).
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = find_slot(m.key);
+  slots_[i] = nullptr;
+  for (std::size_t j = (i + 1) & mask; slots_[j] != nullptr; j = (j + 1) & mask) {
+    const std::size_t home = hash(slots_[j]->key) & mask;
+    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (stays) continue;
+    slots_[i] = slots_[j];
+    slots_[j] = nullptr;
+    i = j;
+  }
+  --used_;
+  reset(m);
+  free_.push_back(&m);
+}
+
+void Context::MailTable::clear() {
+  for (Mailbox*& m : slots_) {
+    if (m == nullptr) continue;
+    reset(*m);
+    free_.push_back(m);
+    m = nullptr;
+  }
+  used_ = 0;
+}
+
+namespace {
+// The transfer's end: it landed (error null) or failed to start after its delay.
+void finish(Context::Mailbox& m, std::exception_ptr error) {
+  m.landed = error == nullptr;
+  if (m.landed) {
+    m.t_end = m.ctx->simulator().now();
+    m.delivered.trigger();  // the receiver stays blocked on a failed one and is stopped with the run
+  }
+  m.src.reset();  // nothing per message outlives it
+  m.dst.reset();
+  m.sent.trigger();
+  if (m.sender) m.sender->send_finished(m, error);
+  m.ctx->release_mailbox(m);  // the transfer's reference
+}
+
+void landed(void* arg) { finish(*static_cast<Context::Mailbox*>(arg), nullptr); }
+
+void launch(Context::Mailbox& m) {
+  m.ctx->backend().start_copy(*m.src, m.src_off, *m.dst, m.dst_off, m.src_bytes, m.wire, hw::OnLanded{&landed, &m});
+}
+
+// A protocol's send starts its delay after both sides are there (an event, not a process).
+struct DelayedStart {
+  Context::Mailbox* m;
+  void operator()() const {
+    try {
+      launch(*m);
+    } catch (...) {
+      finish(*m, std::current_exception());  // the sender's wait rethrows it
+    }
+  }
+};
+
+// Both sides are there: check the sizes and start the transfer, which takes over the sender's
+// reference until it lands.
+void start(Context::Mailbox& m) {
+  if (m.src_bytes != m.dst_bytes) {
+    throw CollectiveError(fmt::format("{}: rank {} sends {} bytes to rank {}, which expects {} (tensor sizes differ "
+                                      "between ranks)",
+                                      m.what ? *m.what : std::string("a message"), m.src_rank, m.src_bytes, m.dst_rank,
+                                      m.dst_bytes));
+  }
+  Context& ctx = *m.ctx;
+  m.t_start = ctx.simulator().now();
+  if (m.delay > 0 && ctx.backend().simulates_time()) {
+    ctx.simulator().after(m.delay, DelayedStart{&m});
+  } else {
+    launch(m);
+  }
+}
+}  // namespace
+
+void offer(Context::Mailbox& m, Comm* sender, const std::string* what, int src_rank, int dst_rank,
+           std::shared_ptr<Storage> src, std::uint64_t src_off, std::uint64_t n, sim::Duration delay,
+           hw::WireScale wire) {
+  if (m.what == nullptr) m.what = what;
+  m.sender = sender;
+  m.src_rank = src_rank;
+  m.dst_rank = dst_rank;
+  m.offered = true;
+  m.src = std::move(src);
+  m.src_off = src_off;
+  m.src_bytes = n;
+  m.delay = delay;
+  m.wire = wire;
+  if (m.posted) start(m);
+}
+
+void post_into(Context::Mailbox& m, const std::string* what, int src_rank, int dst_rank, std::shared_ptr<Storage> dst,
+               std::uint64_t dst_off, std::uint64_t n) {
+  if (m.what == nullptr) m.what = what;
+  m.src_rank = src_rank;
+  m.dst_rank = dst_rank;
+  m.posted = true;
+  m.dst = std::move(dst);
+  m.dst_off = dst_off;
+  m.dst_bytes = n;
+  if (m.offered) start(m);
+}
+
+void wait_sent(Context::Mailbox& m, std::uint64_t generation) {
+  // A later generation: this message landed and its mailbox went back to the pool.
+  if (m.generation == generation && !m.landed) m.sent.wait();
+}
+
+// ---------------------------------------------------------------- Comm's messages
 
 Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) { return isend(to, region, tag, 0, {}); }
 
 Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag, sim::Duration delay, hw::WireScale wire) {
-  auto done = std::make_shared<sim::Event>("send done");  // the sending process's name says who and where
-  const int gid = group_.id();
-  const std::uint64_t seq = seq_;
-  const int me = me_;
-  Context* ctx = &ctx_;
-  const std::string name = name_;
-  const int to_rank = rank_of(to);
-  ctx_.spawn_for_rank(rank_, fmt::format("rank{}/send->{}", rank_, to_rank), [=] {
-    Context::Mailbox& mb = ctx->mailbox(gid, seq, me, to, tag);
-    mb.posted.wait();
-    if (mb.dst.nbytes() != region.nbytes()) {
-      throw CollectiveError(fmt::format("{}: rank {} sends {} bytes to rank {}, which expects {} (tensor sizes differ "
-                                        "between ranks)",
-                                        name, Context::current_rank("send"), region.nbytes(), to_rank, mb.dst.nbytes()));
-    }
-    mb.t_start = ctx->simulator().now();
-    if (delay == 0 && wire.identity()) {
-      ctx->backend().copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(), region.nbytes());
-    } else {
-      ctx->backend().protocol_copy(region.storage(), region.byte_offset(), mb.dst.storage(), mb.dst.byte_offset(),
-                                   region.nbytes(), delay, wire);
-    }
-    mb.t_end = ctx->simulator().now();
-    mb.delivered.trigger();
-    done->trigger();
-  });
-  sends_.push_back(Send{done});
-  return sends_.back();
+  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), me_, to, seq_, tag});
+  const Send handle{&mb, mb.generation};
+  // In this Comm's list of sends in flight before it can land (a copy may land at once).
+  mb.next_sent = in_flight_;
+  if (in_flight_) in_flight_->prev_sent = &mb;
+  in_flight_ = &mb;
+  ++outstanding_;
+  offer(mb, this, &name_, rank_, rank_of(to), region.storage_ptr(), region.byte_offset(), region.nbytes(), delay, wire);
+  return handle;
 }
 
-void Comm::wait(Send& s) { s.done->wait(); }
+void Comm::send_finished(Context::Mailbox& mb, std::exception_ptr error) {
+  if (mb.prev_sent) mb.prev_sent->next_sent = mb.next_sent; else in_flight_ = mb.next_sent;
+  if (mb.next_sent) mb.next_sent->prev_sent = mb.prev_sent;
+  mb.prev_sent = mb.next_sent = nullptr;
+  mb.sender = nullptr;
+  if (error && !send_error_) send_error_ = error;
+  if (--outstanding_ == 0) idle_.trigger();
+}
+
+void Comm::wait(Send& s) {
+  // A mailbox used again since (a later generation) was this send's once it had landed.
+  if (s.mb != nullptr && s.mb->generation == s.generation && !s.mb->landed) s.mb->sent.wait();
+  if (send_error_) std::rethrow_exception(send_error_);
+}
 
 void Comm::wait_all() {
-  // By index, holding each handle: another process of this rank (a second tree) may add sends
-  // while this one waits.
-  for (std::size_t i = 0; i < sends_.size(); ++i) {
-    std::shared_ptr<sim::Event> e = sends_[i].done;
-    e->wait();
+  // Another process of this rank (a second tree) may add sends while this one waits.
+  while (outstanding_ > 0) {
+    if (idle_.triggered()) idle_.reset();
+    idle_.wait();
   }
-  sends_.clear();
+  if (send_error_) std::rethrow_exception(send_error_);
 }
 
 void Comm::recv(int from, const Tensor& dst, std::uint64_t tag) {
-  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
-  mb.dst = dst;
-  mb.posted.trigger();
-  mb.delivered.wait();
-  ctx_.drop_mailbox(group_.id(), seq_, from, me_, tag);
+  complete(post(from, dst, tag));
 }
 
 void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
-  Tensor staged = scratch(dst.numel(), dst.dtype());
-  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
-  mb.dst = staged;
-  mb.posted.trigger();
-  mb.delivered.wait();
-  const sim::Duration streamed = mb.t_end - mb.t_start;
-  ctx_.drop_mailbox(group_.id(), seq_, from, me_, tag);
-  reduce_local(dst, staged, op, streamed);
+  complete(post_reduce(from, dst, op, tag));
 }
 
 Comm::Posted Comm::post(int from, const Tensor& dst, std::uint64_t tag) {
-  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
-  mb.dst = dst;
-  mb.posted.trigger();
-  return Posted{from, tag, dst, Tensor{}, ReduceOp::sum, false};
+  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
+  post_into(mb, &name_, rank_of(from), rank_, dst.storage_ptr(), dst.byte_offset(), dst.nbytes());
+  return Posted{&mb, dst, Tensor{}, ReduceOp::sum, false};
 }
 
 Comm::Posted Comm::post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
-  Posted r{from, tag, dst, scratch(dst.numel(), dst.dtype()), op, true};
-  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, from, me_, tag);
-  mb.dst = r.staged;
-  mb.posted.trigger();
+  Posted r{nullptr, dst, scratch(dst.numel(), dst.dtype()), op, true};
+  r.mb = &ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
+  post_into(*r.mb, &name_, rank_of(from), rank_, r.staged.storage_ptr(), r.staged.byte_offset(), r.staged.nbytes());
   return r;
 }
 
 void Comm::complete(const Posted& r) {
-  Context::Mailbox& mb = ctx_.mailbox(group_.id(), seq_, r.from, me_, r.tag);
+  Context::Mailbox& mb = *r.mb;
   mb.delivered.wait();
   const sim::Duration streamed = mb.t_end - mb.t_start;
-  ctx_.drop_mailbox(group_.id(), seq_, r.from, me_, r.tag);
+  ctx_.release_mailbox(mb);
   if (r.reduce) reduce_local(r.dst, r.staged, r.op, streamed);
 }
 

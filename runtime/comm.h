@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,11 +32,71 @@ struct Context::Pending {
   int finished_count = 0;
 };
 
+// One message: the k-th send from one member to another with one tag in one collective (or
+// point-to-point call), filed in the Context's MailTable under its MailKey. Whichever side comes
+// second starts the transfer (Backend::start_copy): no process per message. Pooled: a mailbox
+// goes back to the table's pool once the receiver has its data, the sender has waited and the
+// transfer has landed (refs counts those still holding it).
+class Comm;
+
+struct Context::MailKey {
+  int group = 0;  // the group's id, or -(id + 1) for point-to-point messages
+  int src = 0, dst = 0;  // indices in the group
+  std::uint64_t seq = 0;  // the collective's number (point to point: the message's)
+  std::uint64_t tag = 0;
+  bool operator==(const MailKey&) const = default;
+};
+
 struct Context::Mailbox {
-  sim::Event posted{"recv posted"};
-  sim::Event delivered{"data delivered"};
-  Tensor dst;
-  sim::Time t_start = 0, t_end = 0;
+  Mailbox();
+  MailKey key;
+  // Who still needs it filed: the receiver until it has its data, the sender until its transfer
+  // starts, then the transfer until it lands.
+  int refs = 0;
+  std::uint64_t generation = 0;  // counts its uses: a Send handle of an earlier use sees it landed
+  Context* ctx = nullptr;
+  Comm* sender = nullptr;  // told when the transfer lands (or fails); null once that Comm is gone
+  Mailbox* prev_sent = nullptr;  // in the sender's list of its sends in flight
+  Mailbox* next_sent = nullptr;
+  sim::Event delivered{"message delivered"};  // the receiver waits: the bytes have landed
+  sim::Event sent{"message sent"};            // the sender's wait(): landed, or failed
+  bool landed = false;
+  const std::string* what = nullptr;          // "all_reduce #3 on group 'world'", for messages
+  int src_rank = -1, dst_rank = -1;
+  // The receiver's side, once posted.
+  bool posted = false;
+  std::shared_ptr<Storage> dst;
+  std::uint64_t dst_off = 0, dst_bytes = 0;
+  // The sender's side, once sent.
+  bool offered = false;
+  std::shared_ptr<Storage> src;
+  std::uint64_t src_off = 0, src_bytes = 0;
+  sim::Duration delay = 0;  // the transfer starts this long after both sides are there
+  hw::WireScale wire;
+  sim::Time t_start = 0, t_end = 0;  // both sides there; landed
+};
+
+// The mailboxes of the messages in flight: open addressing on the MailKey, mailboxes from a pool.
+class Context::MailTable {
+ public:
+  MailTable() = default;
+  MailTable(const MailTable&) = delete;
+  MailTable& operator=(const MailTable&) = delete;
+  // The mailbox filed under k, made if there is none; the caller holds one more reference.
+  Mailbox& join(Context& ctx, const MailKey& k);
+  // Drops one reference; the last one unfiles the mailbox and returns it to the pool.
+  void release(Mailbox& m);
+  void clear();  // every mailbox back to the pool (a new run)
+  std::size_t size() const { return used_; }
+  std::size_t made() const { return all_.size(); }
+
+ private:
+  static std::size_t hash(const MailKey& k);
+  std::size_t find_slot(const MailKey& k) const;  // k's slot, or the empty slot where it would go
+  std::vector<Mailbox*> slots_;  // power-of-two size, linear probing, at most half full
+  std::size_t used_ = 0;
+  std::vector<std::unique_ptr<Mailbox>> all_;
+  std::vector<Mailbox*> free_;
 };
 
 class Comm {
@@ -59,8 +120,10 @@ class Comm {
   std::uint64_t region = 0;  // the backend's begin_region token for this collective (0: none)
   std::string plan;          // what the algorithm chose ("nccl ring/Simple x16"), for op records
 
+  // A send of this Comm, for wait(): its message's mailbox in the use it had then.
   struct Send {
-    std::shared_ptr<sim::Event> done;
+    Context::Mailbox* mb = nullptr;
+    std::uint64_t generation = 0;
   };
   Send isend(int to, const Tensor& region, std::uint64_t tag);
   // A protocol's send (nccl.h): the transfer starts `delay` after the receiver posted, with `wire`
@@ -68,6 +131,8 @@ class Comm {
   Send isend(int to, const Tensor& region, std::uint64_t tag, sim::Duration delay, hw::WireScale wire);
   void wait(Send& s);
   void wait_all();  // every isend of this Comm so far
+  // The message plumbing's report that one of this Comm's sends landed (error: it failed to start).
+  void send_finished(Context::Mailbox& mb, std::exception_ptr error);
 
   void recv(int from, const Tensor& dst, std::uint64_t tag);
   void recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag);
@@ -76,8 +141,7 @@ class Comm {
   // start; complete() waits for the data and, for a reducing receive, combines it into dst as
   // recv_reduce() does. post + complete = recv / recv_reduce, same bits.
   struct Posted {
-    int from = 0;
-    std::uint64_t tag = 0;
+    Context::Mailbox* mb = nullptr;
     Tensor dst, staged;  // staged: the reducing receive's staging buffer
     ReduceOp op = ReduceOp::sum;
     bool reduce = false;
@@ -98,8 +162,27 @@ class Comm {
   int me_;
   int rank_;
   std::uint64_t seq_;
-  std::vector<Send> sends_;
+  // The sends in flight (an intrusive list through their mailboxes: nothing per message lives
+  // here once it has landed), how many, and what wait_all() waits on.
+  Context::Mailbox* in_flight_ = nullptr;
+  int outstanding_ = 0;
+  sim::Event idle_{"sends landed"};
+  std::exception_ptr send_error_;
 };
+
+// Message plumbing the collectives and point-to-point calls share (comm.cpp). The calling process
+// is a rank's; `what` names the call for messages and outlives the message.
+// The sender's side: offers n bytes of src; starts the transfer if the receiver has posted. The
+// sender's reference passes to the transfer; `sender` (if any) hears when it lands.
+void offer(Context::Mailbox& mb, Comm* sender, const std::string* what, int src_rank, int dst_rank,
+           std::shared_ptr<Storage> src, std::uint64_t src_off, std::uint64_t n, sim::Duration delay = 0,
+           hw::WireScale wire = {});
+// The receiver's side: posts where the bytes go; starts the transfer if the sender has offered.
+void post_into(Context::Mailbox& mb, const std::string* what, int src_rank, int dst_rank, std::shared_ptr<Storage> dst,
+               std::uint64_t dst_off, std::uint64_t n);
+// A sender without a Comm (point to point) waits until its bytes have landed: `generation` is the
+// mailbox's before offer().
+void wait_sent(Context::Mailbox& mb, std::uint64_t generation);
 
 // [begin, begin + count) of chunk i when n elements are cut into `parts` chunks: the first n % parts
 // chunks hold one element more. Every algorithm that chunks uses this.

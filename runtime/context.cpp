@@ -46,6 +46,7 @@ Context::Context(ContextOptions opts, std::unique_ptr<Backend> backend) : opts_(
   groups_.push_back(std::make_unique<ProcessGroup>(0, all, "world"));
   timelines_.resize(static_cast<std::size_t>(world_size_));
   for (int r = 0; r < world_size_; ++r) slots_.push_back(std::make_unique<RankSlot>(RankSlot{this, r}));
+  mail_ = std::make_unique<MailTable>();
 }
 
 Context::~Context() {
@@ -143,7 +144,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   for (auto& t : timelines_) t = RankTimeline{};
   for (int r = 0; r < world_size_; ++r) timelines_[static_cast<std::size_t>(r)].rank = r;
   pending_.clear();
-  mail_.clear();
+  mail_->clear();
   p2p_count_.clear();
   extensions_.clear();  // fresh per-rank state, as spawn() starts fresh processes
   for (auto& g : groups_) g->reset_sequences();
@@ -252,7 +253,7 @@ void Context::rethrow_as_rank_error(const std::exception& e, bool deadlock) {
     }
   }
   pending_.clear();
-  mail_.clear();
+  mail_->clear();
   throw RankError(msg, std::move(failures));
 }
 
@@ -325,18 +326,14 @@ void Context::finish_pending(int group_id, std::uint64_t seq, int index) {
   }
 }
 
-Context::Mailbox& Context::mailbox(int group_id, std::uint64_t seq, int src, int dst, std::uint64_t tag) {
-  auto& m = mail_[{group_id, seq, src, dst, tag}];
-  if (!m) m = std::make_unique<Mailbox>();
-  return *m;
-}
+Context::Mailbox& Context::join_mailbox(const MailKey& key) { return mail_->join(*this, key); }
+
+void Context::release_mailbox(Mailbox& mb) { mail_->release(mb); }
+std::size_t Context::messages_in_flight() const { return mail_->size(); }
+std::size_t Context::mailboxes_made() const { return mail_->made(); }
 
 std::uint64_t Context::next_p2p(bool sending, int group_id, int src, int dst, int tag) {
   return p2p_count_[{sending, group_id, src, dst, tag}]++;
-}
-
-void Context::drop_mailbox(int group_id, std::uint64_t seq, int src, int dst, std::uint64_t tag) {
-  mail_.erase({group_id, seq, src, dst, tag});
 }
 
 }  // namespace cubesim::rt

@@ -170,9 +170,15 @@ class Context {
   struct Pending;
   Pending& pending(int group_id, std::uint64_t seq);
   void finish_pending(int group_id, std::uint64_t seq, int index);
+  // Messages (comm.h): the mailbox of a key, joined (one more reference), and released.
+  struct MailKey;
   struct Mailbox;
-  Mailbox& mailbox(int group_id, std::uint64_t seq, int src_index, int dst_index, std::uint64_t tag);
-  void drop_mailbox(int group_id, std::uint64_t seq, int src_index, int dst_index, std::uint64_t tag);
+  class MailTable;
+  Mailbox& join_mailbox(const MailKey& key);
+  void release_mailbox(Mailbox& mb);
+  // Messages filed now, and the mailboxes ever made (the most in flight at once: the pool's size).
+  std::size_t messages_in_flight() const;
+  std::size_t mailboxes_made() const;
   // Point to point: the k-th send from src to dst with a tag pairs with the k-th recv (mailboxes of
   // group id -(g+1), sequence k).
   std::uint64_t next_p2p(bool sending, int group_id, int src_index, int dst_index, int tag);
@@ -189,7 +195,7 @@ class Context {
   std::vector<RankTimeline> timelines_;
   std::vector<std::pair<sim::Trace::TrackId, sim::Trace::TrackId>> tracks_;
   std::map<std::pair<int, std::uint64_t>, std::unique_ptr<Pending>> pending_;
-  std::map<std::tuple<int, std::uint64_t, int, int, std::uint64_t>, std::unique_ptr<Mailbox>> mail_;
+  std::unique_ptr<MailTable> mail_;
   std::map<std::tuple<bool, int, int, int, int>, std::uint64_t> p2p_count_;
   std::map<std::string, std::shared_ptr<void>> extensions_;
   std::vector<OpRecord> op_records_;

@@ -102,13 +102,11 @@ void SimBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, s
   system_->transfer(s.at(src_off), d.at(dst_off), n);
 }
 
-void SimBackend::protocol_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
-                               std::uint64_t n, sim::Duration delay, hw::WireScale wire) {
-  if (delay > 0) sim::this_process::sleep(delay);
+void SimBackend::start_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off,
+                            std::uint64_t n, hw::WireScale wire, hw::OnLanded landed) {
   const auto& s = static_cast<const SimStorage&>(src);
   auto& d = static_cast<SimStorage&>(dst);
-  if (n == 0) return;
-  system_->start_transfer(s.at(src_off), d.at(dst_off), n, wire).wait();
+  system_->start_transfer(s.at(src_off), d.at(dst_off), n, wire, landed);
 }
 
 void SimBackend::delay(int, sim::Duration d, std::string_view) {

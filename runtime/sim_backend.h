@@ -76,8 +76,9 @@ class SimBackend final : public Backend {
   std::string describe() const override;
   std::shared_ptr<Storage> allocate(int rank, std::uint64_t bytes, std::string_view what) override;
   void copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) override;
-  void protocol_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n,
-                     sim::Duration delay, hw::WireScale wire) override;
+  void start_copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n,
+                  hw::WireScale wire, hw::OnLanded landed) override;
+  bool simulates_time() const override { return true; }
   void delay(int rank, sim::Duration d, std::string_view what) override;
   void charge(int rank, const OpCost& cost, sim::Duration overlapped_with) override;
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.

@@ -25,6 +25,14 @@ class Event {
   bool triggered() const { return triggered_; }
   const std::string& name() const { return name_; }
   std::size_t waiting() const { return waiters_.count; }
+  // Makes a triggered event waitable again (pooled events: a message's). Nobody may be waiting.
+  void reset();
+  // A line of state a deadlock report adds after the name ("from rank 3 to rank 4, ..."), made
+  // only when a report needs it.
+  void set_detail(std::string (*detail)(const void* owner), const void* owner) {
+    waiters_.detail = detail;
+    waiters_.owner = owner;
+  }
 
  private:
   friend std::size_t wait_any_impl(Event* const*, std::size_t, bool);

@@ -1,4 +1,5 @@
 // Event, Resource, Barrier and wait_all/wait_any: the blocking primitives over waiter.h.
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,6 +21,13 @@ void Event::wait() {
   Process& p = caller("Event::wait()");
   if (triggered_) return;
   wait_on(p.simulator(), p, waiters_);
+}
+
+void Event::reset() {
+  if (!waiters_.empty()) {
+    throw std::logic_error(fmt::format("cubesim: Event '{}' reset while {} process(es) wait on it", name_, waiters_.count));
+  }
+  triggered_ = false;
 }
 
 void Event::trigger() {

@@ -50,6 +50,7 @@ struct TransferRecord : TransferInfo {
   Path* path = nullptr;
   std::uint64_t bytes = 0, chunk = 0;
   WireScale wire;  // on the links (arrival-ordered stages)
+  OnLanded landed_cb;
   Time first_inject = 0;
   bool done = true;
   std::optional<sim::Event> event;
@@ -408,12 +409,17 @@ TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t byte
                         Region::contiguous(dst.addr, bytes));
 }
 
-TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire) {
+TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire, OnLanded landed) {
   if (wire.data == 0 || wire.wire < wire.data) {
     throw TransferError(fmt::format("transfer: wire scale {}/{} is not valid; give wire >= data >= 1", wire.wire, wire.data));
   }
   TransferHandle h = start_transfer(src, dst, bytes);
-  if (h.rec_) h.rec_->wire = wire;  // read from the first chunk's injection on, which comes later
+  if (h.rec_) {
+    h.rec_->wire = wire;  // read from the first chunk's injection on, which comes later
+    h.rec_->landed_cb = landed;
+  } else if (landed.fn) {
+    landed.fn(landed.arg);  // nothing to move
+  }
   return h;
 }
 
@@ -485,6 +491,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   r->path = &p;
   r->bytes = bytes;
   r->wire = WireScale{};
+  r->landed_cb = OnLanded{};
   r->chunk = p.chunk;
   r->nchunks = (bytes + p.chunk - 1) / p.chunk;
   r->landed = 0;
@@ -597,8 +604,10 @@ void System::land(TransferRecord* r) {
   bytes_moved_ += r->bytes;
   r->done = true;
   r->event->trigger();
+  const OnLanded cb = r->landed_cb;
   r->next_free = free_records_;
   free_records_ = r;
+  if (cb.fn) cb.fn(cb.arg);  // after the record is free: the callback may start transfers
 }
 
 }  // namespace cubesim::hw

@@ -117,8 +117,9 @@ class System {
   void transfer(MemRef src, MemRef dst, std::uint64_t bytes) { start_transfer(src, dst, bytes).wait(); }
   // Starts a transfer and returns at once (from a process or a callback).
   TransferHandle start_transfer(MemRef src, MemRef dst, std::uint64_t bytes);
-  // The same with `wire` bytes on every link per byte of payload (a protocol's flags, transfer.h).
-  TransferHandle start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire);
+  // The same with `wire` bytes on every link per byte of payload (a protocol's flags, transfer.h),
+  // calling `landed` once the bytes have landed (a transfer of 0 bytes calls it at once).
+  TransferHandle start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire, OnLanded landed = {});
   // Strided: src_region and dst_region hold the same number of bytes, in any row shapes (a tile
   // gathered from a matrix into a contiguous TCM buffer, and back).
   TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region);

@@ -80,6 +80,14 @@ struct WireScale {
   std::uint64_t of(std::uint64_t payload) const { return identity() ? payload : (payload * wire + data - 1) / data; }
 };
 
+// What a transfer calls once it has landed (after waking the processes that wait on its handle),
+// from its landing event: completion-driven code that keeps no process per transfer (the runtime's
+// messages). fn == nullptr: nothing.
+struct OnLanded {
+  void (*fn)(void* arg) = nullptr;
+  void* arg = nullptr;
+};
+
 class TransferHandle {
  public:
   TransferHandle() = default;  // an empty transfer: already done

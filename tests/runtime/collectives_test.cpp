@@ -226,6 +226,64 @@ TEST(CollectiveErrors, AContextRunsCollectivesAgainAfterAFailedRun) {
   EXPECT_EQ(got, std::vector<float>(4, 6.0f));
 }
 
+TEST(CollectiveErrors, PointToPointSizeMismatchNamesBothRanksAndTheMessage) {
+  for (bool recv_first : {false, true}) {
+    auto ctx = host_context(2);
+    const std::string m = error_of([&] {
+      ctx->spawn(2, [&](int r) {
+        Tensor t = ctx->zeros(r, {r == 0 ? 4 : 2}, DType::f32);
+        // The side that comes second arrives a nanosecond later.
+        if (r == 0) {
+          if (recv_first) sim::this_process::sleep(sim::ns(1));
+          send(t, 1, 5);
+        } else {
+          if (!recv_first) sim::this_process::sleep(sim::ns(1));
+          recv(t, 0, 5);
+        }
+      });
+    });
+    // Whichever side comes second finds the mismatch; the message says who sent what to whom.
+    EXPECT_NE(m.find("send/recv on group 'world' (tag 5, message #0 from rank 0 to rank 1)"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 sends 16 bytes to rank 1, which expects 8"), std::string::npos) << m;
+  }
+}
+
+TEST(CollectiveErrors, AnUnmatchedMessageIsNamedInTheDeadlockReport) {
+  auto ctx = host_context(2);
+  std::string m = error_of([&] {
+    ctx->spawn(2, [&](int r) {
+      Tensor t = ctx->zeros(r, {4}, DType::f32);
+      if (r == 0) send(t, 1, 3);  // rank 1 never receives
+    });
+  });
+  EXPECT_NE(m.find("deadlocked"), std::string::npos) << m;
+  EXPECT_NE(m.find("a message from rank 0 to rank 1 in send/recv on group 'world' (tag 3, message #0"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("sent, but the receiver has not posted its receive"), std::string::npos) << m;
+  m = error_of([&] {
+    ctx->spawn(2, [&](int r) {
+      Tensor t = ctx->zeros(r, {4}, DType::f32);
+      if (r == 1) recv(t, 0, 3);  // rank 0 never sends
+    });
+  });
+  EXPECT_NE(m.find("the receive is posted, but nothing was sent"), std::string::npos) << m;
+}
+
+// Nothing that lives per message outlives it: a ring all-reduce over p ranks sends 2p(p-1)
+// messages, but only a few per rank are ever filed at once, and none after the run.
+TEST(Collectives, MessagesInFlightStayFewPerRank) {
+  const int p = 32;
+  auto ctx = host_context(p);
+  ctx->spawn(p, [&](int r) {
+    Tensor t = ctx->zeros(r, {p * 8}, DType::f32);
+    all_reduce(t);
+    all_reduce(t);
+  });
+  EXPECT_EQ(ctx->messages_in_flight(), 0u);
+  EXPECT_LE(ctx->mailboxes_made(), static_cast<std::size_t>(3 * p)) << "made " << ctx->mailboxes_made();
+}
+
 TEST(Collectives, AsyncSubgroupsAndPointToPoint) {
   auto ctx = host_context(4);
   std::vector<std::vector<float>> got(4);
