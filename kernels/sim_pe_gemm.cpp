@@ -121,7 +121,9 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
   }
   hw::TransferHandle loads[2][3];
   hw::TransferHandle writes[2];
-  std::vector<float> acc(static_cast<std::size_t>(sh.tm * sh.tn));
+  // Values only in a functional run: a timing-only one keeps nothing per tile (8 PEs x 1024 cubes
+  // of 16 KiB accumulators would be most of a large sweep's memory).
+  std::vector<float> acc(sh.functional ? static_cast<std::size_t>(sh.tm * sh.tn) : 0);
   std::vector<std::uint8_t> a_host, b_host, c_host, bias_host;
   auto issue = [&](std::size_t s) {
     const Step& st = steps[s];
@@ -148,7 +150,7 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
     const int slot = static_cast<int>(s % 2);
     if (s + 1 < steps.size()) issue(s + 1);  // prefetch into the other buffer
     for (auto& h : loads[slot]) h.wait();
-    if (st.k0 == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+    if (st.k0 == 0 && sh.functional) std::fill(acc.begin(), acc.end(), 0.0f);
     if (st.kt > 0) {
       if (sh.functional) {
         const TileXfer ta = tile_xfer(A, st.m0, st.k0, st.mt, st.kt, a_buf[slot]);

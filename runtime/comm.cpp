@@ -304,11 +304,35 @@ void Comm::wait_all() {
 }
 
 void Comm::recv(int from, const Tensor& dst, std::uint64_t tag) {
-  complete(post(from, dst, tag));
+  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
+  post_into(mb, &name_, rank_of(from), rank_, dst.storage_ptr(), dst.byte_offset(), dst.nbytes());
+  mb.delivered.wait();
+  ctx_.release_mailbox(mb);
 }
 
 void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
-  complete(post_reduce(from, dst, op, tag));
+  Tensor staged = staging(dst.numel(), dst.dtype());
+  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
+  post_into(mb, &name_, rank_of(from), rank_, staged.storage_ptr(), staged.byte_offset(), staged.nbytes());
+  mb.delivered.wait();
+  const sim::Duration streamed = mb.t_end - mb.t_start;
+  ctx_.release_mailbox(mb);
+  reduce_local(dst, staged, op, streamed);
+  spare_.push_back(std::move(staged));
+}
+
+Tensor Comm::staging(std::int64_t numel, DType dtype) {
+  // A staging buffer this collective used before and gave back, else a fresh one: a ring's steps
+  // alternate between two chunk sizes, so it allocates two buffers, not one per step.
+  for (std::size_t i = 0; i < spare_.size(); ++i) {
+    if (spare_[i].numel() == numel && spare_[i].dtype() == dtype) {
+      Tensor t = std::move(spare_[i]);
+      spare_[i] = std::move(spare_.back());
+      spare_.pop_back();
+      return t;
+    }
+  }
+  return scratch(numel, dtype);
 }
 
 Comm::Posted Comm::post(int from, const Tensor& dst, std::uint64_t tag) {
@@ -318,18 +342,22 @@ Comm::Posted Comm::post(int from, const Tensor& dst, std::uint64_t tag) {
 }
 
 Comm::Posted Comm::post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
-  Posted r{nullptr, dst, scratch(dst.numel(), dst.dtype()), op, true};
+  Posted r{nullptr, dst, staging(dst.numel(), dst.dtype()), op, true};
   r.mb = &ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
   post_into(*r.mb, &name_, rank_of(from), rank_, r.staged.storage_ptr(), r.staged.byte_offset(), r.staged.nbytes());
   return r;
 }
 
-void Comm::complete(const Posted& r) {
+void Comm::complete(Posted& r) {
   Context::Mailbox& mb = *r.mb;
   mb.delivered.wait();
   const sim::Duration streamed = mb.t_end - mb.t_start;
   ctx_.release_mailbox(mb);
-  if (r.reduce) reduce_local(r.dst, r.staged, r.op, streamed);
+  r.mb = nullptr;
+  if (r.reduce) {
+    reduce_local(r.dst, r.staged, r.op, streamed);
+    spare_.push_back(std::move(r.staged));
+  }
 }
 
 void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped) {

@@ -148,12 +148,14 @@ class Comm {
   };
   Posted post(int from, const Tensor& dst, std::uint64_t tag);
   Posted post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag);
-  void complete(const Posted& r);
+  void complete(Posted& r);  // once: the staging buffer goes back to this Comm
 
   // Local, on this rank: dst = op(dst, src); dst = src (timed device copy).
   void reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::Duration overlapped = 0);
   void copy_local(const Tensor& dst, const Tensor& src);
   Tensor scratch(std::int64_t numel, DType dtype);
+  // A reducing receive's staging buffer: one given back earlier in this collective, or scratch().
+  Tensor staging(std::int64_t numel, DType dtype);
 
  private:
   Context& ctx_;
@@ -164,6 +166,7 @@ class Comm {
   std::uint64_t seq_;
   // The sends in flight (an intrusive list through their mailboxes: nothing per message lives
   // here once it has landed), how many, and what wait_all() waits on.
+  std::vector<Tensor> spare_;  // staging buffers given back (staging())
   Context::Mailbox* in_flight_ = nullptr;
   int outstanding_ = 0;
   sim::Event idle_{"sends landed"};
