@@ -19,6 +19,7 @@
 #include "runtime/process_group.h"
 #include "runtime/tensor.h"
 #include "sim/core/event.h"
+#include "sim/hw/errors.h"
 
 namespace cubesim::rt {
 
@@ -122,10 +123,14 @@ struct Device {
       std::size_t fr = 0, total = 0;
       cudaMemGetInfo(&fr, &total);
       cudaGetLastError();
-      throw RuntimeError(fmt::format("allocation '{}' of {} bytes on rank {} ({}, GPU {}): cudaMalloc failed: {} ({}); "
-                                     "the allocator holds {} bytes in use and {} cached; the GPU has {} of {} bytes free",
-                                     what, cls, rank, name, id, cudaGetErrorName(e), cudaGetErrorString(e),
-                                     stats.in_use_bytes, stats.cached_bytes, fr, total));
+      const std::string msg = fmt::format(
+          "allocation '{}' of {} bytes on rank {} ({}, GPU {}): cudaMalloc failed: {} ({}); the allocator holds {} "
+          "bytes in use and {} cached; the GPU has {} of {} bytes free",
+          what, cls, rank, name, id, cudaGetErrorName(e), cudaGetErrorString(e), stats.in_use_bytes,
+          stats.cached_bytes, fr, total);
+      // Out of memory is the same error as a simulated memory's (Python: cubesim.OutOfMemoryError).
+      if (e == cudaErrorMemoryAllocation) throw hw::OutOfMemoryError(msg);
+      throw RuntimeError(msg);
     }
     ++stats.device_mallocs;
     stats.in_use_bytes += cls;

@@ -29,8 +29,9 @@ float32 (bf16/f16 widen exactly), or as bit patterns with bits=True.
 Errors raised in C++ arrive as Python exceptions with the same message: ValueError for bad
 arguments (shapes, dtypes, ranks, ints out of range: the message names the argument and the valid
 range), TypeError for a value of the wrong type, TopologyError (a ValueError) naming the JSON path,
-RankError naming the failing ranks, CollectiveError, BackendUnavailableError, MemoryError when the
-host cannot hold a tensor.
+RankError naming the failing ranks, CollectiveError, BackendUnavailableError, OutOfMemoryError (a
+RuntimeError, as torch's is) when a device memory (simulated HBM, a GPU) cannot hold an allocation,
+MemoryError when the host cannot hold a tensor.
 
 Limits: a tensor holds at most 2^48 bytes; a document or override value given as Python objects
 nests at most 64 dicts and lists and must not contain itself. Tensors belong to the Context that
@@ -43,6 +44,7 @@ from ._cubesim import (
     CollectiveError,
     CollectiveResult,
     Context,
+    OutOfMemoryError,
     ProcessGroup,
     RankError,
     RankTimeline,

@@ -35,6 +35,7 @@ PyObject* g_topology_error = nullptr;
 PyObject* g_rank_error = nullptr;
 PyObject* g_collective_error = nullptr;
 PyObject* g_backend_error = nullptr;
+PyObject* g_oom_error = nullptr;
 PyObject* g_unwind = nullptr;
 
 PyObject* new_exception(py::module_& m, const char* name, PyObject* base, const char* doc) {
@@ -383,6 +384,10 @@ void register_exceptions(py::module_& m) {
                                "is the Python exception a rank function raised, if any.");
   g_collective_error = new_exception(m, "CollectiveError", PyExc_RuntimeError,
                                      "Ranks called mismatched collectives (the message names both calls).");
+  g_oom_error = new_exception(m, "OutOfMemoryError", PyExc_RuntimeError,
+                              "A device memory (a simulated HBM or TCM, a GPU's memory) cannot hold an allocation; "
+                              "the message names the memory, the allocation and the memory's statistics. A "
+                              "RuntimeError, as torch.OutOfMemoryError is.");
   g_backend_error = new_exception(m, "BackendUnavailableError", PyExc_RuntimeError,
                                   "The backend asked for is not part of this build (e.g. cuda).");
   g_unwind = new_exception(m, "_Unwind", PyExc_BaseException,
@@ -399,6 +404,8 @@ void register_exceptions(py::module_& m) {
       set_rank_error(e, py::handle());
     } catch (const rt::CollectiveError& e) {
       PyErr_SetString(g_collective_error, e.what());
+    } catch (const hw::OutOfMemoryError& e) {
+      PyErr_SetString(g_oom_error, e.what());
     } catch (const rt::BackendUnavailableError& e) {
       PyErr_SetString(g_backend_error, e.what());
     } catch (const rt::InterruptedError& e) {

@@ -478,3 +478,26 @@ def test_host_out_of_memory_names_the_allocation():
     with pytest.raises(MemoryError, match=r"allocation 'empty' on rank 0: the host backend cannot allocate "
                                           r"281474976710656 bytes of host memory"):
         h.empty(0, [2**46])  # exactly the tensor byte limit: allowed, but no host has it
+
+
+def test_device_out_of_memory_is_an_out_of_memory_error_naming_the_memory():
+    """A simulated HBM that cannot hold an allocation was a bare RuntimeError; now cubesim.OutOfMemoryError
+    (a RuntimeError, as torch.OutOfMemoryError is), inside a rank function too."""
+    ctx = cs.Context("sim", topology="single_cube")
+    with pytest.raises(cs.OutOfMemoryError, match=r"cube0\.hbm: out of memory: cannot allocate 4\.00 TiB .* for "
+                                                  r"'empty': capacity 16\.00 GiB"):
+        ctx.empty(0, [2**40])
+    assert issubclass(cs.OutOfMemoryError, RuntimeError)
+    seen = []
+
+    def fn(rank):
+        try:
+            ctx.zeros(rank, [2**40])
+        except cs.OutOfMemoryError as e:
+            seen.append(str(e))
+            raise
+
+    with pytest.raises(cs.RankError, match=r"rank 0: OutOfMemoryError: cube0\.hbm: out of memory") as e:
+        ctx.spawn(fn, 1)
+    assert len(seen) == 1 and isinstance(e.value.__cause__, cs.OutOfMemoryError)
+    ctx.spawn(lambda rank: ctx.zeros(rank, [1024]), 1)  # the context is still usable
