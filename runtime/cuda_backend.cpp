@@ -524,6 +524,17 @@ bool CudaBackend::collective(const CollectiveRequest& r) {
   return true;
 }
 
+void CudaBackend::abandon_run() {
+  // No NCCL call of a half-joined rendezvous was issued (issue() runs once every member has
+  // arrived), so no GPU waits on a peer that never comes: dropping them is enough.
+  impl_->rendezvous.clear();
+  for (auto& d : impl_->devs) {
+    cudaSetDevice(d->id);
+    cudaStreamSynchronize(d->stream);
+  }
+  cudaGetLastError();
+}
+
 std::uint64_t CudaBackend::begin_region(int rank, std::string_view kind) {
   if (!impl_->opts.measure || rank < 0 || rank >= impl_->ranks) return 0;
   Device& d = impl_->dev(rank);

@@ -83,6 +83,10 @@ class CudaBackend final : public Backend {
   std::uint64_t begin_region(int rank, std::string_view kind) override;
   void end_region(std::uint64_t token) override;
   double measured_seconds(std::uint64_t token) override;
+  // A failed run: forget the NCCL rendezvous its collectives left half-joined (a rank that failed
+  // before calling one), so the next run's calls with the same numbers do not pair with them, and
+  // wait for the work already queued on every GPU.
+  void abandon_run() override;
   bool measures_time() const override { return true; }
 
   const CudaBackendOptions& options() const;

@@ -291,6 +291,35 @@ TEST(CudaBackendTiming, EveryGemmAndCollectiveIsMeasured) {
   EXPECT_EQ(colls, 2);
 }
 
+// ---------------------------------------------------------------- a failed run
+// A run in which one rank fails before an NCCL collective that the others joined leaves the context
+// usable: the next run's collectives (same group, same call numbers) pair among themselves and give
+// the right values (issue 13: the half-joined rendezvous of the failed run used to be joined).
+TEST(CudaBackendErrors, AFailedRunLeavesAUsableContext) {
+  NEED_GPUS(2);
+  for (const Factory& make : {cuda_nccl, cuda_ring}) {
+    auto ctx = make(2);
+    EXPECT_THROW(ctx->spawn(2, [&](int r) {
+      Tensor t = ctx->zeros(r, {4096}, DType::f32);
+      if (r == 1) throw std::runtime_error("rank 1 stops before the collective");
+      all_reduce(t);
+    }),
+                 RankError);
+    std::mt19937_64 rng(7);
+    const auto a = random_values(4096, DType::f32, rng), b = random_values(4096, DType::f32, rng);
+    std::vector<std::vector<float>> got(2);
+    ctx->spawn(2, [&](int r) {
+      Tensor t = ctx->from_host_f32(r, {4096}, DType::f32, r == 0 ? a : b);
+      all_reduce(t);
+      got[static_cast<std::size_t>(r)] = t.to_host_f32();
+    });
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(got[0][i], a[i] + b[i]) << "element " << i;  // two addends: one rounding, any order
+      ASSERT_EQ(got[1][i], got[0][i]) << "element " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- errors
 TEST(CudaBackendErrors, NoGpuOrTooFewGpusNameTheCounts) {
   const int n = cuda_device_count();
