@@ -38,7 +38,36 @@ void reduce_loop(void* dst, const void* src, std::int64_t count, ReduceOp op, Lo
 }
 }  // namespace
 
+namespace detail {
+#if defined(CUBESIM_KERNELS_AVX2)
+std::int64_t reduce_values_avx2(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
+#endif
+}  // namespace detail
+
+bool reduce_simd_available() {
+#if defined(CUBESIM_KERNELS_AVX2)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
+#if defined(CUBESIM_KERNELS_AVX2)
+  if (reduce_simd_available() && count >= 8) {
+    // Eight lanes at a time with the scalar step's bits (reduce_avx2.cpp); the scalar loop does the rest.
+    const std::int64_t done = detail::reduce_values_avx2(dst, src, dtype, count, op);
+    const std::size_t e = dtype_size(dtype);
+    reduce_values_scalar(static_cast<std::uint8_t*>(dst) + done * e, static_cast<const std::uint8_t*>(src) + done * e,
+                         dtype, count - done, op);
+    return;
+  }
+#endif
+  reduce_values_scalar(dst, src, dtype, count, op);
+}
+
+void reduce_values_scalar(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
   switch (dtype) {
     case DType::f32:
       reduce_loop(dst, src, count, op, [](const void* p, std::int64_t i) { return static_cast<const float*>(p)[i]; },

@@ -25,7 +25,12 @@ std::string_view reduce_op_name(ReduceOp op);  // "sum", "max"
 // "sum" | "max"; anything else throws std::invalid_argument naming the input and the valid ops.
 ReduceOp parse_reduce_op(std::string_view s);
 
-// dst[i] = op(dst[i], src[i]) for i < count, rounding once to dtype.
+// dst[i] = op(dst[i], src[i]) for i < count, rounding once to dtype. Eight elements at a time with
+// AVX2 (F16C for f16) where the CPU has them, with exactly the bits of the scalar loop.
 void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
+// The scalar loop: the definition the vector path is tested against.
+void reduce_values_scalar(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
+// Whether reduce_values uses the vector path on this CPU.
+bool reduce_simd_available();
 
 }  // namespace cubesim::kernels
