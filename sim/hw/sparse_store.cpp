@@ -16,11 +16,17 @@ constexpr std::uint64_t word_mask(std::uint64_t lo, std::uint64_t hi) {
 }
 }  // namespace
 
-SparseStore::Page& SparseStore::page_for_write(std::uint64_t index) {
+SparseStore::Page& SparseStore::page_for_write(std::uint64_t index, bool whole) {
   auto [it, inserted] = pages_.try_emplace(index);
   if (inserted) {
-    it->second.data = std::make_unique<std::byte[]>(kPageBytes);  // zeroed: unwritten reads as 0
-    it->second.written = std::make_unique<std::uint64_t[]>(kWords);
+    if (whole) {
+      // The caller writes every byte next: nothing to zero, nothing to track.
+      it->second.data = std::make_unique_for_overwrite<std::byte[]>(kPageBytes);
+      it->second.written_bytes = kPageBytes;
+    } else {
+      it->second.data = std::make_unique<std::byte[]>(kPageBytes);  // zeroed: unwritten reads as 0
+      it->second.written = std::make_unique<std::uint64_t[]>(kWords);
+    }
   }
   return it->second;
 }
@@ -49,7 +55,7 @@ void SparseStore::write(std::uint64_t addr, const std::byte* src, std::uint64_t 
   while (len > 0) {
     const std::uint64_t off = addr % kPageBytes;
     const std::uint64_t n = std::min(len, kPageBytes - off);
-    Page& p = page_for_write(addr / kPageBytes);
+    Page& p = page_for_write(addr / kPageBytes, n == kPageBytes);
     std::memcpy(p.data.get() + off, src, n);
     mark_written(p, off, off + n);
     addr += n;
@@ -62,7 +68,7 @@ void SparseStore::fill(std::uint64_t addr, std::uint64_t len, std::byte value) {
   while (len > 0) {
     const std::uint64_t off = addr % kPageBytes;
     const std::uint64_t n = std::min(len, kPageBytes - off);
-    Page& p = page_for_write(addr / kPageBytes);
+    Page& p = page_for_write(addr / kPageBytes, n == kPageBytes);
     std::memset(p.data.get() + off, static_cast<int>(value), n);
     mark_written(p, off, off + n);
     addr += n;
@@ -91,7 +97,7 @@ void SparseStore::copy_from(const SparseStore& src, std::uint64_t src_addr, std:
     const std::uint64_t soff = src_addr % kPageBytes;
     const std::uint64_t doff = dst_addr % kPageBytes;
     const std::uint64_t n = std::min({len, kPageBytes - soff, kPageBytes - doff});
-    Page& d = page_for_write(dst_addr / kPageBytes);
+    Page& d = page_for_write(dst_addr / kPageBytes, n == kPageBytes);
     if (const Page* s = src.find(src_addr / kPageBytes)) {
       std::memcpy(d.data.get() + doff, s->data.get() + soff, n);
     } else {

@@ -50,7 +50,9 @@ class SparseStore {
     std::unique_ptr<std::uint64_t[]> written;
     std::uint64_t written_bytes = 0;
   };
-  Page& page_for_write(std::uint64_t index);
+  // The page at `index`, made if absent: zeroed with a written-bitmap, or (whole: the caller is
+  // about to write all of it) left as it comes and marked written.
+  Page& page_for_write(std::uint64_t index, bool whole);
   const Page* find(std::uint64_t index) const {
     auto it = pages_.find(index);
     return it == pages_.end() ? nullptr : &it->second;

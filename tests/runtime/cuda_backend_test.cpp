@@ -17,6 +17,7 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/errors.h"
 #include "runtime/ops.h"
+#include "sim/hw/errors.h"
 #include "tp/equivalence.h"
 
 namespace cubesim::rt::testing {
@@ -348,7 +349,7 @@ TEST(CudaBackendErrors, FailedCudaCallNamesTheCallAndTheError) {
   try {
     ctx->backend().allocate(0, std::uint64_t{1} << 50, "a petabyte");
     FAIL() << "a 1 PiB allocation succeeded";
-  } catch (const RuntimeError& e) {
+  } catch (const hw::OutOfMemoryError& e) {  // as a simulated memory's (Python: cubesim.OutOfMemoryError)
     const std::string m = e.what();
     EXPECT_NE(m.find("a petabyte"), std::string::npos) << m;
     EXPECT_NE(m.find("cudaMalloc failed"), std::string::npos) << m;
