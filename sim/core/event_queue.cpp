@@ -57,6 +57,11 @@ std::uint64_t EventQueue::insert_slow(Time t, int priority, std::uintptr_t item)
     lane_head_ = 0;
     lane_tail_ = live;
     lane_[lane_tail_++] = Entry{t, key, item};
+  } else if (hole_) {
+    // The popped root's slot is free: the new entry goes there and sifts down.
+    hole_ = false;
+    heap_.front() = Entry{t, key, item};
+    sift_down(0);
   } else {
     heap_.push_back(Entry{t, key, item});
     sift_up(heap_.size() - 1);
@@ -64,14 +69,20 @@ std::uint64_t EventQueue::insert_slow(Time t, int priority, std::uintptr_t item)
   return seq;
 }
 
-std::uintptr_t EventQueue::pop_heap() {
-  const Entry top = heap_.front();
+void EventQueue::settle_slow() const {
+  hole_ = false;
   const Entry last = heap_.back();
   heap_.pop_back();
   if (!heap_.empty()) {
     heap_.front() = last;
-    sift_down(0);
+    const_cast<EventQueue*>(this)->sift_down(0);
   }
+}
+
+std::uintptr_t EventQueue::pop_heap() {
+  settle();
+  const Entry top = heap_.front();
+  hole_ = true;  // removed when the next push or read of the heap comes (settle())
   note(top);
   return top.item;
 }
@@ -91,6 +102,11 @@ void EventQueue::throw_resume_without_handler() {
 }
 
 void EventQueue::clear() {
+  if (hole_) {
+    heap_.front() = heap_.back();  // the popped root is not pending any more
+    heap_.pop_back();
+    hole_ = false;
+  }
   for (Entry& e : heap_) drop(e.item);
   heap_.clear();
   for (std::size_t i = lane_head_; i < lane_tail_; ++i) drop(lane_[i].item);

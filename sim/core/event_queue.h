@@ -50,8 +50,8 @@ class EventQueue {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
-  bool empty() const { return heap_.empty() && lane_head_ == lane_tail_; }
-  std::size_t size() const { return heap_.size() + (lane_tail_ - lane_head_); }
+  bool empty() const { return heap_.size() == (hole_ ? 1u : 0u) && lane_head_ == lane_tail_; }
+  std::size_t size() const { return heap_.size() - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
   Time next_time() const { return lane_has_next() ? now_ : heap_.front().time; }
   Time now() const { return now_; }
 
@@ -70,7 +70,7 @@ class EventQueue {
       if (now_ > limit) return false;
       item = pop_lane();
     } else {
-      if (heap_.empty() || heap_.front().time > limit) return false;
+      if (heap_.empty() || heap_.front().time > limit) return false;  // lane_has_next() settled the heap
       item = pop_heap();
     }
     dispatch(item, resume);
@@ -154,11 +154,22 @@ class EventQueue {
   void sift_down(std::size_t i);
   void grow_pool();
   // True when the next event to run is the front of the now-lane rather than the heap's top.
+  // (Settles a pending root removal first: after it heap_.front() is the heap's true minimum.)
   bool lane_has_next() const {
+    settle();
     return lane_head_ != lane_tail_ && (heap_.empty() || before(lane_[lane_head_], heap_.front()));
   }
+  // pop_heap() leaves the popped root in place (hole_) so that an event pushed while the popped
+  // one runs (a callback scheduling its successor: the common case) takes the root's place with
+  // one sift-down, instead of the last leaf sifting down now and the new entry sifting up later.
+  // Anything else that reads the heap settles the hole first: the last leaf takes the root.
+  void settle() const {
+    if (hole_) [[unlikely]] settle_slow();
+  }
+  void settle_slow() const;
 
-  std::vector<Entry> heap_;  // 4-ary min-heap
+  mutable std::vector<Entry> heap_;  // 4-ary min-heap (heap_[0] stale while hole_)
+  mutable bool hole_ = false;
   // Events pushed for the current time at the default priority (wake-ups, mostly) skip the heap:
   // they arrive in sequence order, so this FIFO is already sorted, and popping takes the smaller of
   // its front and the heap's top. The total order is unchanged; the common case is O(1).
