@@ -38,7 +38,7 @@ asan-test: deps
 	  -DCUBESIM_BUILD_PYTHON=ON -DCUBESIM_BUILD_BENCHES=OFF -DCUBESIM_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
-	LD_PRELOAD="$(ASAN_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	CUBESIM_FUZZ_CASES=3000 LD_PRELOAD="$(ASAN_PRELOAD)" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  PYTHONPATH=build-asan/python $(PYTHON) -m pytest -q -p no:cacheprovider \
 	  tests/python/test_fuzz_api.py tests/python/test_api_hardening.py
 
