@@ -282,10 +282,7 @@ void Context::check_owned(const Tensor& t, std::string_view op) const {
 
 Tensor Context::zeros(int rank, Shape shape, DType dtype, std::string_view what) {
   Tensor t = empty(rank, std::move(shape), dtype, what);
-  if (!backend_->timing_only()) {
-    std::vector<std::uint8_t> z(t.nbytes(), 0);
-    t.copy_from_host_bytes(z.data(), z.size());
-  }
+  if (!backend_->timing_only()) t.storage().write_zeros(t.byte_offset(), t.nbytes());  // fresh: contiguous
   return t;
 }
 

@@ -174,6 +174,13 @@ class CudaStorage final : public Storage {
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(ptr_ + offset, src, n, cudaMemcpyHostToDevice, dev_->stream));
     CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));  // the caller may free src on return
   }
+  void write_zeros(std::uint64_t offset, std::uint64_t n) override {
+    if (n == 0) return;
+    check(offset, n, "write");
+    dev_->use();
+    CUBESIM_CUDA_CHECK(cudaMemsetAsync(ptr_ + offset, 0, n, dev_->stream));  // stream-ordered like write
+    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
+  }
   std::string where() const override {
     return fmt::format("GPU {} ({}) @ {}", dev_->id, dev_->name, static_cast<const void*>(ptr_));
   }

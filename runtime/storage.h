@@ -26,6 +26,17 @@ class Storage {
 
   virtual void read(std::uint64_t offset, void* dst, std::uint64_t n) const = 0;
   virtual void write(std::uint64_t offset, const void* src, std::uint64_t n) = 0;
+  // Writes n zero bytes, a bounded piece at a time (no host buffer the size of the tensor); a
+  // backend with a faster way (cudaMemset) overrides it.
+  virtual void write_zeros(std::uint64_t offset, std::uint64_t n) {
+    static constexpr std::uint8_t kZeros[64 * 1024] = {};
+    while (n > 0) {
+      const std::uint64_t k = n < sizeof(kZeros) ? n : sizeof(kZeros);
+      write(offset, kZeros, k);
+      offset += k;
+      n -= k;
+    }
+  }
   // A host pointer to the bytes when they live in host memory (host backend), else nullptr.
   virtual void* host_ptr() { return nullptr; }
   // Where the bytes live, for messages and traces ("cube2.hbm @ 0x4000").

@@ -79,7 +79,17 @@ std::int64_t Tensor::numel() const {
   return n;
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_) || numel() <= 1; }
+bool Tensor::is_contiguous() const {
+  // Row-major strides, compared in place (no vector per call: the collectives ask per message).
+  std::int64_t expect = 1, n = 1;
+  bool row_major = true;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (strides_[i] != expect) row_major = false;
+    expect *= shape_[i];
+    n *= shape_[i];
+  }
+  return row_major || n <= 1;
+}
 
 std::string Tensor::describe() const {
   return fmt::format("{}{} on rank {}", dtype_name(dtype_), shape_str(shape_), device());
