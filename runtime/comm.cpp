@@ -228,15 +228,19 @@ void start(Context::Mailbox& m) {
     launch(m);
   }
 }
+// Who the message is between and in which call (for messages; either side may come first).
+void name_parties(Context::Mailbox& m, const std::string* what, int src_rank, int dst_rank) {
+  if (m.what == nullptr) m.what = what;
+  m.src_rank = src_rank;
+  m.dst_rank = dst_rank;
+}
 }  // namespace
 
 void offer(Context::Mailbox& m, Comm* sender, const std::string* what, int src_rank, int dst_rank,
            std::shared_ptr<Storage> src, std::uint64_t src_off, std::uint64_t n, sim::Duration delay,
            hw::WireScale wire) {
-  if (m.what == nullptr) m.what = what;
+  name_parties(m, what, src_rank, dst_rank);
   m.sender = sender;
-  m.src_rank = src_rank;
-  m.dst_rank = dst_rank;
   m.offered = true;
   m.src = std::move(src);
   m.src_off = src_off;
@@ -248,9 +252,7 @@ void offer(Context::Mailbox& m, Comm* sender, const std::string* what, int src_r
 
 void post_into(Context::Mailbox& m, const std::string* what, int src_rank, int dst_rank, std::shared_ptr<Storage> dst,
                std::uint64_t dst_off, std::uint64_t n) {
-  if (m.what == nullptr) m.what = what;
-  m.src_rank = src_rank;
-  m.dst_rank = dst_rank;
+  name_parties(m, what, src_rank, dst_rank);
   m.posted = true;
   m.dst = std::move(dst);
   m.dst_off = dst_off;
@@ -303,20 +305,24 @@ void Comm::wait_all() {
   if (send_error_) std::rethrow_exception(send_error_);
 }
 
-void Comm::recv(int from, const Tensor& dst, std::uint64_t tag) {
+Context::Mailbox& Comm::post_to(int from, const Tensor& into, std::uint64_t tag) {
   Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
-  post_into(mb, &name_, rank_of(from), rank_, dst.storage_ptr(), dst.byte_offset(), dst.nbytes());
-  mb.delivered.wait();
-  ctx_.release_mailbox(mb);
+  post_into(mb, &name_, rank_of(from), rank_, into.storage_ptr(), into.byte_offset(), into.nbytes());
+  return mb;
 }
 
-void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
-  Tensor staged = staging(dst.numel(), dst.dtype());
-  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
-  post_into(mb, &name_, rank_of(from), rank_, staged.storage_ptr(), staged.byte_offset(), staged.nbytes());
+sim::Duration Comm::await_delivery(Context::Mailbox& mb) {
   mb.delivered.wait();
   const sim::Duration streamed = mb.t_end - mb.t_start;
   ctx_.release_mailbox(mb);
+  return streamed;
+}
+
+void Comm::recv(int from, const Tensor& dst, std::uint64_t tag) { await_delivery(post_to(from, dst, tag)); }
+
+void Comm::recv_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
+  Tensor staged = staging(dst.numel(), dst.dtype());
+  const sim::Duration streamed = await_delivery(post_to(from, staged, tag));
   reduce_local(dst, staged, op, streamed);
   spare_.push_back(std::move(staged));
 }
@@ -336,23 +342,17 @@ Tensor Comm::staging(std::int64_t numel, DType dtype) {
 }
 
 Comm::Posted Comm::post(int from, const Tensor& dst, std::uint64_t tag) {
-  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
-  post_into(mb, &name_, rank_of(from), rank_, dst.storage_ptr(), dst.byte_offset(), dst.nbytes());
-  return Posted{&mb, dst, Tensor{}, ReduceOp::sum, false};
+  return Posted{&post_to(from, dst, tag), dst, Tensor{}, ReduceOp::sum, false};
 }
 
 Comm::Posted Comm::post_reduce(int from, const Tensor& dst, ReduceOp op, std::uint64_t tag) {
   Posted r{nullptr, dst, staging(dst.numel(), dst.dtype()), op, true};
-  r.mb = &ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
-  post_into(*r.mb, &name_, rank_of(from), rank_, r.staged.storage_ptr(), r.staged.byte_offset(), r.staged.nbytes());
+  r.mb = &post_to(from, r.staged, tag);
   return r;
 }
 
 void Comm::complete(Posted& r) {
-  Context::Mailbox& mb = *r.mb;
-  mb.delivered.wait();
-  const sim::Duration streamed = mb.t_end - mb.t_start;
-  ctx_.release_mailbox(mb);
+  const sim::Duration streamed = await_delivery(*r.mb);
   r.mb = nullptr;
   if (r.reduce) {
     reduce_local(r.dst, r.staged, r.op, streamed);

@@ -166,6 +166,11 @@ class Comm {
   std::uint64_t seq_;
   // The sends in flight (an intrusive list through their mailboxes: nothing per message lives
   // here once it has landed), how many, and what wait_all() waits on.
+  // A receive from `from` into `into`, posted (its mailbox joined); then its data awaited and the
+  // mailbox released, giving the time the transfer streamed (for the reduction it overlaps).
+  Context::Mailbox& post_to(int from, const Tensor& into, std::uint64_t tag);
+  sim::Duration await_delivery(Context::Mailbox& mb);
+
   std::vector<Tensor> spare_;  // staging buffers given back (staging())
   Context::Mailbox* in_flight_ = nullptr;
   int outstanding_ = 0;
