@@ -17,8 +17,15 @@
 // comparison with real NCCL's busbw.
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <stdexcept>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -50,7 +57,24 @@ struct Row {
   std::uint64_t bytes = 0;
   double sim_time_us = 0, algbw = 0, busbw = 0, wall_s = 0;
   bool functional = false;
+  bool flow = false;  // timed at the flow level
+  double peak_rss_mb = 0;  // the run's own peak (run_isolated), 0 when not measured
 };
+
+// Least-squares slope of log(y) on log(x): the exponent of y ~ x^k.
+double fitted_exponent(const std::vector<double>& x, const std::vector<double>& y) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double lx = std::log(x[i]), ly = std::log(std::max(y[i], 1e-9));
+    sx += lx;
+    sy += ly;
+    sxx += lx * lx;
+    sxy += lx * ly;
+  }
+  const double den = n * sxx - sx * sx;
+  return den != 0 ? (n * sxy - sx * sy) / den : 0;
+}
 
 // Random finite bf16/f16 bit patterns, cheaply: a splitmix stream per rank.
 void random_input(int rank, std::span<std::uint8_t> bytes) {
@@ -64,11 +88,12 @@ void random_input(int rank, std::span<std::uint8_t> bytes) {
 }
 
 Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nlohmann::json>>& overrides,
-            const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional) {
+            const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional,
+            hw::TimingModel timing = hw::TimingModel::chunk) {
   ContextOptions o;
   o.stack_size = 64 * 1024;
   const hw::Topology topology = hw::load_topology(topo, overrides);
-  auto ctx = make_sim_context(o, topology, {.timing_only = !functional});
+  auto ctx = make_sim_context(o, topology, {.timing_only = !functional, .timing = timing});
   const int p = ctx->world_size();
   const std::int64_t elems = std::max<std::int64_t>(1, static_cast<std::int64_t>(bytes / dtype_size(d)));
   const bool whole = coll == "all_reduce" || coll == "broadcast";
@@ -95,6 +120,7 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
   row.busbw = row.algbw * bus_factor(coll, p);
   row.wall_s = res.wall_s;
   row.functional = functional;
+  row.flow = timing == hw::TimingModel::flow;
   if (a == Algorithm::nccl) {
     const hw::NcclSpec& spec = topology.nccl.present ? topology.nccl : hw::NcclSpec::defaults();
     const algo::NcclPlan plan = algo::nccl_plan(c.collective, p, row.bytes, spec);
@@ -108,7 +134,8 @@ nlohmann::json to_json(const Row& r) {
   nlohmann::json j = {{"topology", r.topology}, {"collective", r.collective}, {"algorithm", r.algorithm},
                       {"ranks", r.ranks},       {"bytes", r.bytes},           {"sim_time_us", r.sim_time_us},
                       {"algbw_GBps", r.algbw},  {"busbw_GBps", r.busbw},      {"wall_s", r.wall_s},
-                      {"functional", r.functional}};
+                      {"functional", r.functional}, {"timing", r.flow ? "flow" : "chunk"}};
+  if (r.peak_rss_mb > 0) j["peak_rss_MB"] = r.peak_rss_mb;
   if (!r.nccl_plan.empty()) {
     j["nccl_plan"] = r.nccl_plan;
     j["nccl_predicted_us"] = r.nccl_predicted_us;
@@ -126,43 +153,147 @@ std::string human_bytes(std::uint64_t b) {
   return fmt::format("{}", b);
 }
 
+
+// Runs fn in a child process and returns its Row with the child's own peak RSS: each scaling point's
+// memory, not the bench process's peak so far.
+template <class F>
+Row run_isolated(F&& fn) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("bench_collectives: pipe failed");
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("bench_collectives: fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    int rc = 0;
+    std::string msg;
+    try {
+      msg = to_json(fn()).dump();
+    } catch (const std::exception& e) {
+      msg = nlohmann::json{{"error", e.what()}}.dump();
+      rc = 1;
+    }
+    for (std::size_t off = 0; off < msg.size();) {
+      const ssize_t w = write(fds[1], msg.data() + off, msg.size() - off);
+      if (w <= 0) break;
+      off += static_cast<std::size_t>(w);
+    }
+    close(fds[1]);
+    _exit(rc);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  rusage u{};
+  wait4(pid, &status, 0, &u);
+  const nlohmann::json j = msg.empty() ? nlohmann::json{{"error", "the child process died"}} : nlohmann::json::parse(msg);
+  if (j.contains("error")) throw std::runtime_error(j["error"].get<std::string>());
+  Row r;
+  r.topology = j["topology"];
+  r.collective = j["collective"];
+  r.algorithm = j["algorithm"];
+  r.ranks = j["ranks"];
+  r.bytes = j["bytes"];
+  r.sim_time_us = j["sim_time_us"];
+  r.algbw = j["algbw_GBps"];
+  r.busbw = j["busbw_GBps"];
+  r.wall_s = j["wall_s"];
+  r.functional = j["functional"];
+  r.flow = j["timing"] == "flow";
+  r.peak_rss_mb = static_cast<double>(u.ru_maxrss) / 1024.0;
+  return r;
+}
+
+std::string pct(double x) { return fmt::format("{:+.2f}%", x); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_collectives");
   std::vector<std::string> topologies;
-  bool sweep = true, targets = true;
+  bool sweep = true, targets = true, big = false;
+  std::string timing = "chunk";
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
     if (args.rest[i] == "--topology" && i + 1 < args.rest.size()) topologies.push_back(args.rest[++i]);
     else if (args.rest[i] == "--no-sweep") sweep = false;
     else if (args.rest[i] == "--no-targets") targets = false;
-    else {
+    else if (args.rest[i] == "--big") big = true;
+    else if (args.rest[i] == "--timing" && i + 1 < args.rest.size()) {
+      timing = args.rest[++i];
+      if (timing != "chunk" && timing != "flow" && timing != "both") {
+        fmt::print(stderr, "bench_collectives: --timing {}: use chunk, flow or both\n", timing);
+        return 2;
+      }
+    } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets)\n", args.rest[i]);
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big)\n", args.rest[i]);
       return 2;
     }
   }
   if (topologies.empty()) topologies = {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"};
   const std::uint64_t max_bytes = args.quick ? (4ull << 20) : (1ull << 30);
   nlohmann::json out = {{"bench", "bench_collectives"}, {"rows", nlohmann::json::array()}};
+  const hw::TimingModel sweep_timing = timing == "flow" ? hw::TimingModel::flow : hw::TimingModel::chunk;
+  const bool compare = timing == "both";
 
   if (sweep) {
-    Table t({"topology", "ranks", "collective", "algorithm", "bytes", "sim_time_us", "algbw_GBps", "busbw_GBps", "wall_s"});
+    std::vector<std::string> head = {"topology", "ranks", "collective", "algorithm", "bytes", "sim_time_us",
+                                     "algbw_GBps", "busbw_GBps", "wall_s"};
+    if (compare) {
+      for (const char* h : {"flow_time_us", "flow_error", "flow_wall_s"}) head.emplace_back(h);
+    }
+    Table t(head);
+    // Flow against chunk level: the largest |error| per topology and collective, from 1 MiB up and below.
+    struct Worst {
+      double large = 0, small = 0;
+    };
+    std::map<std::pair<std::string, std::string>, Worst> worst;
+    double worst_large = 0;
+    auto add_row = [&](const Row& r, const Row* f) {
+      std::vector<std::string> cells = {r.topology, std::to_string(r.ranks), r.collective, algorithm_cell(r),
+                                        human_bytes(r.bytes), fmt::format("{:.2f}", r.sim_time_us),
+                                        fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
+                                        fmt::format("{:.3f}", r.wall_s)};
+      nlohmann::json j = to_json(r);
+      if (f) {
+        const double err = r.sim_time_us > 0 ? (f->sim_time_us / r.sim_time_us - 1.0) * 100.0 : 0.0;
+        cells.push_back(fmt::format("{:.2f}", f->sim_time_us));
+        cells.push_back(pct(err));
+        cells.push_back(fmt::format("{:.3f}", f->wall_s));
+        j["flow_time_us"] = f->sim_time_us;
+        j["flow_error_pct"] = err;
+        j["flow_wall_s"] = f->wall_s;
+        Worst& w = worst[{r.topology + " (" + std::to_string(r.ranks) + ")", r.collective + " " + r.algorithm}];
+        if (r.bytes >= (1ull << 20)) {
+          w.large = std::max(w.large, std::abs(err));
+          worst_large = std::max(worst_large, std::abs(err));
+        } else {
+          w.small = std::max(w.small, std::abs(err));
+        }
+      }
+      t.row(cells);
+      out["rows"].push_back(j);
+    };
+    auto run_pair = [&](const std::string& topo, const std::vector<std::pair<std::string, nlohmann::json>>& ov,
+                        const std::string& coll, Algorithm a, std::uint64_t b) {
+      const Row r = run_one(topo, ov, coll, a, b, DType::bf16, false, sweep_timing);
+      if (!compare) return add_row(r, nullptr);
+      const Row f = run_one(topo, ov, coll, a, b, DType::bf16, false, hw::TimingModel::flow);
+      add_row(r, &f);
+    };
     for (const auto& topo : topologies) {
       for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
         for (Algorithm a : supported_algorithms(coll)) {
           for (std::uint64_t b = 1024; b <= max_bytes; b *= 4) {
-            Row r;
             try {
-              r = run_one(topo, {}, coll, a, b, DType::bf16, false);
+              run_pair(topo, {}, coll, a, b);
             } catch (const std::exception& e) {  // e.g. halving_doubling on a non-power-of-two group
               if (b == 1024) fmt::print(stderr, "skip {} {} {}: {}\n", topo, coll, algorithm_name(a), e.what());
               break;
             }
-            t.row({r.topology, std::to_string(r.ranks), r.collective, algorithm_cell(r), human_bytes(r.bytes),
-                   fmt::format("{:.2f}", r.sim_time_us), fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
-                   fmt::format("{:.3f}", r.wall_s)});
-            out["rows"].push_back(to_json(r));
           }
         }
       }
@@ -170,39 +301,68 @@ int main(int argc, char** argv) {
     // nccl on 2 of h200x4's GPUs too: real NCCL's busbw is measured on 2 and 4 GPUs.
     if (std::find(topologies.begin(), topologies.end(), "h200x4") != topologies.end()) {
       for (const char* coll : {"all_reduce", "reduce_scatter", "all_gather"}) {
-        for (std::uint64_t b = 1024; b <= max_bytes; b *= 4) {
-          const Row r = run_one("h200x4", {{"cubes", 2}}, coll, Algorithm::nccl, b, DType::bf16, false);
-          t.row({r.topology, std::to_string(r.ranks), r.collective, algorithm_cell(r), human_bytes(r.bytes),
-                 fmt::format("{:.2f}", r.sim_time_us), fmt::format("{:.1f}", r.algbw), fmt::format("{:.1f}", r.busbw),
-                 fmt::format("{:.3f}", r.wall_s)});
-          out["rows"].push_back(to_json(r));
-        }
+        for (std::uint64_t b = 1024; b <= max_bytes; b *= 4) run_pair("h200x4", {{"cubes", 2}}, coll, Algorithm::nccl, b);
       }
     }
     t.print();
+    if (compare) {
+      fmt::print("\nflow level against chunk level: largest |error| of the simulated time (target <= 2% from 1 MiB)\n");
+      Table w({"topology", "collective", ">= 1 MiB", "< 1 MiB"});
+      for (const auto& [k, v] : worst) w.row({k.first, k.second, fmt::format("{:.2f}%", v.large), fmt::format("{:.2f}%", v.small)});
+      w.print();
+      fmt::print("largest from 1 MiB: {:.2f}% ({})\n", worst_large, worst_large <= 2.0 ? "met" : "NOT met");
+      out["flow_worst_error_pct_from_1MiB"] = worst_large;
+    }
   }
 
   if (targets) {
     fmt::print("\nsimulator speed\n");
-    Table t({"run", "ranks", "bytes", "sim_time_us", "wall_s", "target", "ok"});
+    Table t({"run", "timing", "ranks", "bytes", "sim_time_us", "wall_s", "peak_rss_MB", "target", "ok"});
     const std::uint64_t fbytes = args.quick ? (4ull << 20) : (64ull << 20);
     Row f = run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true);
-    t.row({"functional ring all_reduce", std::to_string(f.ranks), human_bytes(f.bytes), fmt::format("{:.1f}", f.sim_time_us),
-           fmt::format("{:.2f}", f.wall_s), args.quick ? "(quick)" : "<= 5 s", f.wall_s <= 5 ? "yes" : "NO"});
+    t.row({"functional ring all_reduce", "chunk", std::to_string(f.ranks), human_bytes(f.bytes),
+           fmt::format("{:.1f}", f.sim_time_us), fmt::format("{:.2f}", f.wall_s), "", args.quick ? "(quick)" : "<= 3 s",
+           f.wall_s <= 3 ? "yes" : "NO"});
     nlohmann::json jf = to_json(f);
     jf["target"] = "functional_64rank_64MiB";
     out["targets"].push_back(jf);
-    const std::vector<int> scale = args.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024};
-    const std::uint64_t tbytes = args.quick ? (64ull << 20) : (1ull << 30);
-    for (int p : scale) {
-      Row r = run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false);
-      const bool is_target = p == 1024;
-      t.row({"timing-only ring all_reduce", std::to_string(p), human_bytes(r.bytes), fmt::format("{:.1f}", r.sim_time_us),
-             fmt::format("{:.2f}", r.wall_s), is_target ? "<= 10 s" : "", is_target ? (r.wall_s <= 10 ? "yes" : "NO") : ""});
-      nlohmann::json j = to_json(r);
-      j["target"] = is_target ? "timing_only_1024rank_1GiB" : "scaling";
-      out["targets"].push_back(j);
+    std::vector<int> scale = args.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024};
+    if (big && !args.quick) {
+      scale.push_back(2048);
+      scale.push_back(4096);
     }
+    const std::uint64_t tbytes = args.quick ? (64ull << 20) : (1ull << 30);
+    nlohmann::json fits = nlohmann::json::object();
+    for (hw::TimingModel tm : {hw::TimingModel::flow, hw::TimingModel::chunk}) {
+      const char* tname = tm == hw::TimingModel::flow ? "flow" : "chunk";
+      std::vector<double> xs, walls, rss;
+      for (int p : scale) {
+        Row r = run_isolated([&] { return run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false, tm); });
+        std::string target;
+        double limit = 0;
+        if (p == 1024) limit = tm == hw::TimingModel::flow ? 1 : 3;
+        if (p == 4096) limit = tm == hw::TimingModel::flow ? 10 : 30;
+        if (limit > 0) target = fmt::format("<= {} s{}", limit, p == 4096 ? ", 1 GiB" : "");
+        const bool ok = r.wall_s <= limit && (p != 4096 || r.peak_rss_mb <= 1024);
+        t.row({"timing-only ring all_reduce", tname, std::to_string(p), human_bytes(r.bytes), fmt::format("{:.1f}", r.sim_time_us),
+               fmt::format("{:.2f}", r.wall_s), fmt::format("{:.0f}", r.peak_rss_mb), target,
+               limit > 0 ? (ok ? "yes" : "NO") : ""});
+        nlohmann::json j = to_json(r);
+        j["target"] = limit > 0 ? fmt::format("timing_only_{}rank_1GiB_{}", p, tname) : "scaling";
+        out["targets"].push_back(j);
+        xs.push_back(p);
+        walls.push_back(r.wall_s);
+        rss.push_back(r.peak_rss_mb);
+      }
+      // Exponents over the larger half, where fixed costs no longer dominate.
+      const std::size_t from = xs.size() / 2;
+      auto tail = [&](const std::vector<double>& v) { return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end()); };
+      const double kw = fitted_exponent(tail(xs), tail(walls)), km = fitted_exponent(tail(xs), tail(rss));
+      fits[tname] = {{"wall_exponent", kw}, {"rss_exponent", km}, {"from_ranks", xs[from]}};
+      t.row({fmt::format("fit over {}..{} ranks", xs[from], xs.back()), tname, "", "", "",
+             fmt::format("wall ~ p^{:.2f}", kw), fmt::format("rss ~ p^{:.2f}", km), "", ""});
+    }
+    out["scaling_fit"] = fits;
     t.print();
   }
   write_json(args, out);

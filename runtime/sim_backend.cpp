@@ -44,6 +44,12 @@ void check_placement(const std::vector<int>& cubes, const hw::Topology& topo, st
 
 SimBackend::SimBackend(hw::Topology topo, SimBackendOptions opts) : topo_(std::move(topo)), opts_(std::move(opts)) {
   check_placement(opts_.cubes, topo_, "backend 'sim': option cubes (ranks_on in Python, --cubes in the CLI)");
+  if (opts_.timing == hw::TimingModel::flow && !opts_.timing_only) {
+    throw RuntimeError(
+        "backend 'sim': timing 'flow' needs timing_only: the flow level times a message as one flow sharing its "
+        "links and memories, and moves no bytes, so it cannot give values; add timing_only=True (--timing-only), or "
+        "use timing 'chunk' (the default) for a run with values");
+  }
 }
 
 void SimBackend::declare_tracks(int ranks) {
@@ -58,6 +64,7 @@ void SimBackend::attach(sim::Simulator& sim) {
   so.functional = !opts_.timing_only;
   so.check_uninitialized = opts_.check_uninitialized;
   so.hazards = opts_.hazards;
+  so.timing = opts_.timing;
   system_ = std::make_unique<hw::System>(sim, topo_, so);
 }
 
@@ -82,7 +89,8 @@ void SimBackend::abandon_run() {
 }
 
 std::string SimBackend::describe() const {
-  return fmt::format("simulated '{}' ({} cubes{})", topo_.name, topo_.cubes.size(), opts_.timing_only ? ", timing only" : "");
+  return fmt::format("simulated '{}' ({} cubes{}{})", topo_.name, topo_.cubes.size(),
+                     opts_.timing_only ? ", timing only" : "", opts_.timing == hw::TimingModel::flow ? ", flow level" : "");
 }
 
 std::shared_ptr<Storage> SimBackend::allocate(int rank, std::uint64_t bytes, std::string_view what) {
@@ -196,6 +204,7 @@ std::unique_ptr<Context> make_sim(ContextOptions o, const BackendArgs& a) {
   OptionReader r("sim", a.options);
   SimBackendOptions so;
   so.timing_only = r.flag("timing_only", false);
+  so.timing = hw::parse_timing_model(r.choice("timing", "chunk", {"chunk", "flow"}));
   so.check_uninitialized = r.flag("check_uninitialized", false);
   so.hazards = hw::parse_hazard_mode(r.choice("hazards", "throw", {"throw", "record", "off"}));
   so.cubes = r.int_list("cubes");
@@ -209,7 +218,8 @@ extern const BackendInfo kSimBackendInfo;
 const BackendInfo kSimBackendInfo{
     .name = "sim",
     .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
-    .options = "timing_only (bool), check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), cubes (list of "
+    .options = "timing_only (bool), timing ('chunk' | 'flow': flows sharing links max-min fairly, timing only), "
+               "check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), cubes (list of "
                "cube ids: rank r on cubes[r]; default rank r on cube r); a topology (default single_cube)",
     .simulates = true,
     .devices = [] { return -1; },

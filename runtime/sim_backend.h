@@ -6,7 +6,9 @@
 // hw::System transfer through the simulated route; GEMMs run tile by tile on the cube's PEs
 // (operands through TCM by DMA, kernels/sim_pe_gemm.h); other compute is done on the host by the
 // same kernels as the host backend (so the values are bit-identical) and its time is charged from
-// the cube's figures (a roofline of the PEs' vector rate against HBM). With timing_only, no values are kept and every time is unchanged.
+// the cube's figures (a roofline of the PEs' vector rate against HBM). With timing_only, no values are kept and every time is unchanged;
+// timing = flow (timing only) times transfers as flows sharing links max-min fairly instead of chunk
+// by chunk: faster for large messages, within a few percent (docs/PERFORMANCE.md has the table).
 //
 //   auto ctx = make_sim_context({.trace = true}, hw::load_topology("ring4"));
 //   // sweeps: make_sim_context({}, hw::load_topology("ring4", {{"network.link.bandwidth_GBps", 64}}),
@@ -33,6 +35,9 @@ inline constexpr const char* kDefaultTopology = "single_cube";
 // hw::load_topology with any overrides, by whoever chose it).
 struct SimBackendOptions {
   bool timing_only = false;
+  // How transfers are timed: chunk by chunk (the reference) or as flows sharing links max-min
+  // fairly (hw::TimingModel; flow needs timing_only, RuntimeError otherwise).
+  hw::TimingModel timing = hw::TimingModel::chunk;
   bool check_uninitialized = false;  // reading HBM never written is an error
   hw::HazardMode hazards = hw::HazardMode::kThrow;
   // Rank placement: rank r runs on cube cubes[r]; empty: rank r on cube r, one rank per cube.
@@ -84,6 +89,7 @@ class SimBackend final : public Backend {
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool timing_only() const override { return opts_.timing_only; }
+  hw::TimingModel timing() const { return opts_.timing; }
   std::shared_ptr<const std::vector<hw::UnitInfo>> units() const override { return system_->units(); }
   std::vector<hw::UnitCounters> counters() const override { return system_->counters(); }
   void declare_tracks(int ranks) override;

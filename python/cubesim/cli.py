@@ -396,6 +396,10 @@ def cmd_run(args):
     if args.timing_only and not backend["simulates"]:
         raise UsageError(f"--timing-only needs --backend {' or '.join(simulating)} (backend '{args.backend}' keeps "
                          "values)")
+    if args.timing != "chunk" and not (backend["simulates"] and args.timing_only):
+        raise UsageError(f"--timing {args.timing} needs --timing-only on a simulating backend "
+                         f"({' or '.join(simulating)}): a flow-level run moves no bytes, so it cannot give the values "
+                         "the check compares; add --timing-only, or leave --timing at chunk")
     if args.dtype not in cs.DTYPES:
         raise UsageError(f"--dtype {args.dtype}: use one of {', '.join(cs.DTYPES)}")
     for flag in ("hidden", "ffn", "tokens"):
@@ -439,6 +443,7 @@ def cmd_run(args):
         world_size=tp,
         topology=topo,  # the Topology loaded above (loaded and validated once); None unless simulating
         timing_only=True if args.timing_only else None,  # a backend option: simulating backends take it
+        timing=args.timing if args.timing != "chunk" else None,
         trace=bool(args.trace),  # the hardware table comes from the units' counters, not from a trace
         algorithm=args.algorithm,
         record_ops=True,  # a record per GEMM and collective: what backends that measure time report
@@ -493,6 +498,7 @@ def cmd_run(args):
         "cubes": cubes,  # rank r ran on cubes[r] (sim); None on backends without cubes
         "algorithm": args.algorithm,
         "timing_only": args.timing_only,
+        "timing": args.timing if sim else None,
         "mlp": {k: model[k] for k in ("tokens", "hidden", "ffn", "dtype", "gelu", "bias", "sequence_parallel", "seed")},
         "check": None
         if eq is None
@@ -524,6 +530,8 @@ def cmd_run(args):
 
 def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
     what = "checked against the host reference" if eq is not None else "timing only (no values, no check)"
+    if args.timing == "flow":
+        what += ", flow-level transfers"
     out.say(f"cubesim run: ParallelMLP forward + backward, {what}")
     out.say()
     if topo:
@@ -878,6 +886,10 @@ def build_parser():
                      help="collective algorithm (default ring; see cubesim algorithms)")
     run.add_argument("--timing-only", action="store_true",
                      help="sim only: move no values (same simulated time, much faster); skips the check")
+    run.add_argument("--timing", default="chunk", choices=["chunk", "flow"],
+                     help="sim, with --timing-only: how transfers are timed; chunk (default): every chunk through "
+                     "every link and memory; flow: each message one flow sharing links max-min fairly, events only "
+                     "where flows start or end (faster for large messages; docs/PERFORMANCE.md has its error)")
     run.add_argument("--no-hardware-stats", action="store_true",
                      help="sim: skip the per-track hardware statistics (they record a trace in memory; large runs "
                      "save memory and time without it)")

@@ -58,7 +58,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
                                           const py::object& hierarchy_arg, const py::object& stack_size_arg,
                                           bool record_ops, std::optional<std::string> gemm_mode,
                                           std::optional<std::string> cuda_collectives,
-                                          std::optional<std::vector<int>> ranks_on) {
+                                          std::optional<std::vector<int>> ranks_on, std::optional<std::string> timing) {
   const int world_size = static_cast<int>(int_arg(world_size_arg, "Context: world_size", 0, 1 << 20));
   const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "Context: hierarchy", 0, 1 << 20));
   const auto stack_size =
@@ -74,6 +74,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
   o.record_ops = record_ops;
   rt::BackendArgs args;
   if (timing_only) args.options["timing_only"] = *timing_only;
+  if (timing) args.options["timing"] = *timing;
   if (check_uninitialized) args.options["check_uninitialized"] = *check_uninitialized;
   if (hazards) args.options["hazards"] = *hazards;
   if (gemm_mode) args.options["gemm_mode"] = *gemm_mode;
@@ -554,7 +555,8 @@ void bind_runtime(py::module_& m) {
                                   "cube. topology (sim only): a name, a path or a Topology (from load_topology; "
                                   "default single_cube); overrides (dict of dotted paths) go with a name or path. "
                                   "Backend options (None: the backend's default; a backend rejects those it does not "
-                                  "take): timing_only (no values, same times), check_uninitialized, hazards ('throw' "
+                                  "take): timing_only (no values, same times), timing ('chunk' | 'flow': transfers as flows sharing "
+                                  "links max-min fairly, faster for large messages; needs timing_only), check_uninitialized, hazards ('throw' "
                                   "| 'record' | 'off') and ranks_on (a list of cube ids: rank r runs on cube ranks_on[r]; default rank r "
                                   "on cube r) for sim; gemm_mode ('exact' | 'tensor_core') and "
                                   "cuda_collectives ('ring' | 'nccl') for cuda. trace records spans for save_trace(). "
@@ -566,10 +568,18 @@ void bind_runtime(py::module_& m) {
            py::arg("check_uninitialized") = py::none(), py::arg("hazards") = py::none(), py::arg("trace") = false,
            py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
            py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = py::none(),
-           py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none())
+           py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none(), py::arg("timing") = py::none())
       .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })
+      .def_property_readonly(
+          "timing",
+          [](rt::Context& c) -> py::object {
+            auto* sb = dynamic_cast<rt::SimBackend*>(&c.backend());
+            if (!sb) return py::none();
+            return py::str(std::string(hw::timing_model_name(sb->timing())));
+          },
+          "How transfers are timed on a sim context: 'chunk' or 'flow' (None on backends that simulate nothing).")
       .def_property_readonly("measures_time", [](rt::Context& c) { return c.backend().measures_time(); },
                              "Whether the backend measures real time (cuda: CUDA events; see measured_totals()).")
       .def_property_readonly("trace_enabled", [](rt::Context& c) { return c.trace().enabled(); })

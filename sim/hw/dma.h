@@ -47,6 +47,7 @@ class DmaChannel final : public PathUnit {
  private:
   static const char* suffix(Direction d) { return d == Direction::read ? ".dma.read" : ".dma.write"; }
   void count(UnitCounters& u) const override { count_server(server, u); }
+  Server& flow_server() override { return server; }
 };
 
 struct DmaEngine {

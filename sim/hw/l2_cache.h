@@ -113,6 +113,7 @@ class L2Cache final : public PathUnit {
     std::uint64_t addr, len;
   };
   void count(UnitCounters& u) const override;
+  Server& flow_server() override { return server_; }
   struct Probe {
     std::uint64_t line;
     std::uint64_t set;

@@ -52,6 +52,7 @@ class Link final : public PathUnit {
 
  private:
   void count(UnitCounters& u) const override { count_server(server_, u); }
+  Server& flow_server() override { return server_; }
   int index_;
   LinkSpec spec_;
   sim::Duration pre_;

@@ -136,6 +136,7 @@ class Memory final : public PathUnit {
  private:
   friend class System;  // moves bytes when a transfer lands, and keeps in_flight_
   void count(UnitCounters& u) const override;
+  Server& flow_server() override { return stripe_; }  // a flow spreads over every channel
   sim::Simulator* sim_;
   HazardTracker* hazards_;
   MemoryKind kind_;

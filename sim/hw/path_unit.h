@@ -69,8 +69,18 @@ class PathUnit : public Unit {
   // The unit's figures for the alpha-beta model of a path (PathFigures): bandwidth of all channels
   // together, channel count and interleave. name and fixed are the stage's and left empty here.
   virtual StageFigures figures() const = 0;
+  // Flow level (SystemOptions::timing): counts a whole transfer at once, on the server that stands
+  // for the unit: its bytes, the chunks it stands for, and the time it occupies the unit at full rate
+  // (a memory counts it as striped over its channels).
+  void account_flow(std::uint64_t bytes, std::uint64_t pieces, sim::Duration busy) {
+    Server& s = flow_server();
+    s.bytes += bytes;
+    s.chunks += pieces;
+    s.busy += busy;
+  }
 
  protected:
+  virtual Server& flow_server() = 0;
   // Records a chunk's span [start, end) on server s's track (made on first use:
   // track_name_of(channel) in this unit's track group), clipped to start after the track's last
   // span: split bookings can overlap in [first, last], and a track's spans must not.

@@ -49,6 +49,7 @@ class SwitchPort final : public PathUnit {
 
  private:
   void count(UnitCounters& u) const override { count_server(server_, u); }
+  Server& flow_server() override { return server_; }
   int cube_;
   bool in_;
   Server server_;

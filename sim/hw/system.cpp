@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/hw/engine.h"
 #include "sim/hw/errors.h"
 #include "sim/hw/format.h"
 
@@ -20,42 +21,7 @@ namespace cubesim::hw {
 using sim::Duration;
 using sim::Time;
 
-// ---------------------------------------------------------------- engine structures
-
-// One stage of a path: a unit, and the fixed delays of this use of it.
-struct Stage {
-  PathUnit* unit = nullptr;
-  Duration pre = 0;       // before the chunk occupies the unit (read latency, port overhead)
-  Duration post = 0;      // after it leaves (wire latency)
-  bool src_side = false;  // a memory read: addresses come from the source region
-  bool arrival = false;   // served at the head's arrival (PathUnit::Order::arrival)
-  L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
-  std::string label;      // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
-};
-
-struct Path {
-  std::vector<Stage> stages;
-  DmaChannel* injector = nullptr;  // requests through it serialize
-  Duration injector_overhead = 0;
-  std::uint64_t chunk = 0;
-  Duration pace = 0;   // a full chunk at the slowest stage
-  Duration d_pre = 0;  // fixed delays before the first link (0 without links)
-  PathFigures figures;
-};
-
-struct TransferRecord : TransferInfo {
-  System* sys = nullptr;
-  Memory* src = nullptr;
-  Memory* dst = nullptr;
-  Path* path = nullptr;
-  std::uint64_t bytes = 0, chunk = 0;
-  WireScale wire;  // on the links (arrival-ordered stages)
-  OnLanded landed_cb;
-  Time first_inject = 0;
-  bool done = true;
-  std::optional<sim::Event> event;
-  TransferRecord* next_free = nullptr;
-};
+// ---------------------------------------------------------------- chunk-level events
 
 // The simulator events: small enough for the event queue's inline callbacks.
 struct ChunkInject {
@@ -118,6 +84,11 @@ void wait_all(std::span<TransferHandle> transfers) {
 
 System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
     : sim_(&sim), topo_(std::move(topology)), opts_(options), hazard_tracker_(sim, options.hazards), router_(topo_) {
+  if (opts_.timing == TimingModel::flow && opts_.functional) {
+    throw std::invalid_argument(
+        "flow-level timing keeps no values: a flow is a rate through the path, its bytes never move chunk by chunk; "
+        "use it with functional = false (timing only), or chunk-level timing for values");
+  }
   auto memory = [&](MemorySetup setup) {
     setup.functional = opts_.functional;
     setup.check_uninitialized = opts_.check_uninitialized;
@@ -187,6 +158,18 @@ System::System(sim::Simulator& sim, Topology topology, SystemOptions options)
       }
     }
   }
+  if (opts_.timing == TimingModel::flow) flows_ = std::make_unique<FlowEngine>(*this);
+}
+
+std::string_view timing_model_name(TimingModel m) { return m == TimingModel::flow ? "flow" : "chunk"; }
+
+TimingModel parse_timing_model(std::string_view s, std::string_view what) {
+  if (s == "chunk") return TimingModel::chunk;
+  if (s == "flow") return TimingModel::flow;
+  throw std::invalid_argument(fmt::format("{} '{}' is not a timing model; use 'chunk' (every chunk through every "
+                                          "stage, the reference) or 'flow' (flows sharing links max-min fairly, "
+                                          "timing only)",
+                                          what, s));
 }
 
 SwitchPort& System::switch_port(int cube, bool in) {
@@ -413,17 +396,15 @@ TransferHandle System::start_transfer(MemRef src, MemRef dst, std::uint64_t byte
   if (wire.data == 0 || wire.wire < wire.data) {
     throw TransferError(fmt::format("transfer: wire scale {}/{} is not valid; give wire >= data >= 1", wire.wire, wire.data));
   }
-  TransferHandle h = start_transfer(src, dst, bytes);
-  if (h.rec_) {
-    h.rec_->wire = wire;  // read from the first chunk's injection on, which comes later
-    h.rec_->landed_cb = landed;
-  } else if (landed.fn) {
-    landed.fn(landed.arg);  // nothing to move
-  }
+  if (!src.memory || !dst.memory) throw TransferError("transfer: a MemRef with no memory (use memory.at(addr))");
+  TransferHandle h = start_transfer(*src.memory, Region::contiguous(src.addr, bytes), *dst.memory,
+                                    Region::contiguous(dst.addr, bytes), wire, landed);
+  if (!h.rec_ && landed.fn) landed.fn(landed.arg);  // nothing to move
   return h;
 }
 
-TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst, const Region& dr) {
+TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst, const Region& dr, WireScale wire,
+                                      OnLanded landed) {
   if (&src.hazard_tracker() != &hazard_tracker_ || &dst.hazard_tracker() != &hazard_tracker_) {
     throw TransferError(fmt::format("transfer {} -> {}: a memory of another System", src.name(), dst.name()));
   }
@@ -490,8 +471,8 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   Path& p = const_cast<Path&>(path(src, dst));
   r->path = &p;
   r->bytes = bytes;
-  r->wire = WireScale{};
-  r->landed_cb = OnLanded{};
+  r->wire = wire;
+  r->landed_cb = landed;
   r->chunk = p.chunk;
   r->nchunks = (bytes + p.chunk - 1) / p.chunk;
   r->landed = 0;
@@ -517,6 +498,11 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
     dst.in_flight_.add(r, dr, true);
   }
   ++started_;
+  if (flows_) {
+    guard.r = nullptr;
+    flows_->start(r);
+    return TransferHandle(r, r->id);
+  }
   sim_->at(first + p.d_pre, ChunkInject{r, 0});
   guard.r = nullptr;
   return TransferHandle(r, r->id);
@@ -524,6 +510,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
 
 void System::abandon_transfers() {
   for (auto& m : memories_) m->in_flight_.clear();
+  if (flows_) flows_->abandon();
   completed_ = started_;  // none is in flight any more (bytes_transferred() counts landed ones only)
 }
 
@@ -580,6 +567,14 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
   }
   r->landing = std::max(r->landing, tail);
   if (++r->landed == r->nchunks) sim_->at(r->landing, TransferLanded{r});
+}
+
+void System::land_after(TransferRecord* r, Duration d) {
+  if (d == 0) {
+    land(r);
+  } else {
+    sim_->at(sim_->now() + d, TransferLanded{r});
+  }
 }
 
 void System::land(TransferRecord* r) {

@@ -27,6 +27,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -45,6 +46,15 @@
 
 namespace cubesim::hw {
 
+// How transfers are timed (engine.h): chunk by chunk through every stage (the reference), or as
+// flows sharing each unit's bandwidth max-min fairly, with events only where a flow starts or ends
+// (faster for large messages; timing-only: values move chunk by chunk).
+enum class TimingModel : std::uint8_t { chunk, flow };
+// "chunk", "flow"
+std::string_view timing_model_name(TimingModel m);
+// Parses "chunk" or "flow"; std::invalid_argument naming `what` and the valid values otherwise.
+TimingModel parse_timing_model(std::string_view s, std::string_view what = "timing");
+
 struct SystemOptions {
   // false: timing-only. Memories keep no values (reads give zeros, transfers copy nothing); every
   // simulated time is identical to a functional run.
@@ -53,12 +63,15 @@ struct SystemOptions {
   // UninitializedReadError. Off: they read as zero.
   bool check_uninitialized = true;
   HazardMode hazards = HazardMode::kThrow;
+  // flow needs functional = false (std::invalid_argument otherwise).
+  TimingModel timing = TimingModel::chunk;
 };
 
 // The transfer engine's internals, visible so the chunk events can be small structs.
 struct Stage;
 struct Path;
 struct TransferRecord;
+class FlowEngine;
 
 class System {
  public:
@@ -122,7 +135,9 @@ class System {
   TransferHandle start_transfer(MemRef src, MemRef dst, std::uint64_t bytes, WireScale wire, OnLanded landed = {});
   // Strided: src_region and dst_region hold the same number of bytes, in any row shapes (a tile
   // gathered from a matrix into a contiguous TCM buffer, and back).
-  TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region);
+  TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region) {
+    return start_transfer(src, src_region, dst, dst_region, WireScale{}, OnLanded{});
+  }
   void transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region) {
     start_transfer(src, src_region, dst, dst_region).wait();
   }
@@ -147,6 +162,7 @@ class System {
   friend struct ChunkStep;
   friend struct ChunkInject;
   friend struct TransferLanded;
+  friend class FlowEngine;
 
   const Path& path(Memory& src, Memory& dst);
   Path& path_of(Memory& src, Memory& dst);  // from paths_, built on first use
@@ -155,6 +171,10 @@ class System {
   void advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, sim::Time head, sim::Time tail);
   void inject(TransferRecord* r, std::uint64_t chunk);
   void land(TransferRecord* r);
+  void land_after(TransferRecord* r, sim::Duration d);  // now (d == 0) or by an event d later
+  // Every start_transfer ends here.
+  TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region,
+                                WireScale wire, OnLanded landed);
   void register_unit(Unit& u);  // gives u the next UnitId
   // Registers a unit that belongs to no cube, PE or link and keeps it (units a topology adds to
   // a path: the constructor builds them, build_path places them).
@@ -185,6 +205,7 @@ class System {
   std::uint64_t next_transfer_id_ = 1;
   std::uint64_t started_ = 0, completed_ = 0, bytes_moved_ = 0;
   sim::Duration lookback_ = 0;
+  std::unique_ptr<FlowEngine> flows_;  // SystemOptions::timing == flow
 };
 
 }  // namespace cubesim::hw

@@ -510,3 +510,15 @@ def test_run_refuses_an_unwritable_output_path_before_running(capsys, tmp_path, 
         assert rc == 2, err
         assert f"{flag} {bad}" in err and why in err
         assert "simulated time" not in out and "check:" not in out  # nothing ran
+
+
+def test_run_flow_level_timing(capsys, tmp_path):
+    path = tmp_path / "flow.json"
+    rc, out, err = run_cli(capsys, "run", "--topology", "ring4", "--tp", "4", "--timing-only", "--timing", "flow",
+                           "--json", str(path), *SMALL)
+    assert rc == 0, err
+    assert "flow-level transfers" in out
+    d = json.loads(path.read_text())
+    assert d["timing"] == "flow" and d["timing_only"] and d["sim_time_ps"] > 0
+    rc, out, err = run_cli(capsys, "run", "--topology", "ring4", "--tp", "4", "--timing", "flow", *SMALL)
+    assert rc == 2 and "--timing flow needs --timing-only" in err and "cannot give the values" in err

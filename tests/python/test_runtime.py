@@ -573,3 +573,28 @@ def test_nccl_plan_and_runs(rng):
     ref = cs.Context("host", world_size=4).run_collective("all_reduce", xs, dtype="bf16", algorithm="ring", bits=True)
     for a, b in zip(got.outputs, ref.outputs):
         assert np.array_equal(a, b)
+
+
+def test_flow_level_timing_is_opt_in_close_to_chunk_level_and_refused_with_values():
+    def all_reduce_time(**kw):
+        ctx = cs.Context("sim", topology="ring4", timing_only=True, **kw)
+
+        def fn(rank):
+            t = ctx.empty(rank, [4 << 20], "bf16")  # 8 MiB per rank: ring messages of 2 MiB
+            cs.all_reduce(t)
+
+        return ctx, ctx.spawn(fn)
+
+    chunk_ctx, chunk = all_reduce_time()
+    flow_ctx, flow = all_reduce_time(timing="flow")
+    assert chunk_ctx.timing == "chunk" and flow_ctx.timing == "flow"
+    assert "flow level" in flow_ctx.describe()
+    assert abs(flow.sim_time_ps / chunk.sim_time_ps - 1) <= 0.02, (flow.sim_time_ps, chunk.sim_time_ps)
+    assert flow.events < chunk.events / 4  # one flow per message instead of a chunk event per link
+    with pytest.raises(ValueError, match=r"timing 'flow' needs timing_only.*timing 'chunk'"):
+        cs.Context("sim", topology="ring4", timing="flow")
+    with pytest.raises(ValueError, match=r"timing.*'chunk'.*'flow'|one of"):
+        cs.Context("sim", topology="ring4", timing_only=True, timing="packet")
+    with pytest.raises(ValueError, match="no option 'timing'"):
+        cs.Context("host", world_size=2, timing="flow")
+    assert cs.Context("host", world_size=2).timing is None

@@ -1,0 +1,137 @@
+// engine.h — the transfer engine's internals, shared by system.cpp (paths, the chunk level) and
+// flow.cpp (the flow level). Not part of the API: include system.h.
+//
+// A transfer is a TransferRecord (pooled by the System) moving along a Path (a chain of Stages,
+// built once per pair of memories). Which model times it is SystemOptions::timing:
+//   chunk  the message is cut into chunks; each chunk is served by every stage in turn (transfer.h)
+//   flow   the message is one flow through the path's units, which share each unit's bandwidth
+//          max-min fairly with the other flows on it; rates change only when a flow starts or
+//          ends (FlowEngine below)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/core/event.h"
+#include "sim/core/time.h"
+#include "sim/core/trace.h"
+#include "sim/hw/hazard.h"
+#include "sim/hw/path_unit.h"
+#include "sim/hw/server.h"
+#include "sim/hw/transfer.h"
+
+namespace cubesim::hw {
+
+class System;
+class L2Cache;
+class DmaChannel;
+class Memory;
+struct FlowResource;
+
+// One stage of a path: a unit, and the fixed delays of this use of it.
+struct Stage {
+  PathUnit* unit = nullptr;
+  sim::Duration pre = 0;   // before the chunk occupies the unit (read latency, port overhead)
+  sim::Duration post = 0;  // after it leaves (wire latency)
+  bool src_side = false;   // a memory read: addresses come from the source region
+  bool arrival = false;    // served at the head's arrival (PathUnit::Order::arrival)
+  L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
+  std::string label;       // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
+};
+
+struct Path {
+  std::vector<Stage> stages;
+  DmaChannel* injector = nullptr;  // requests through it serialize
+  sim::Duration injector_overhead = 0;
+  std::uint64_t chunk = 0;
+  sim::Duration pace = 0;   // a full chunk at the slowest stage
+  sim::Duration d_pre = 0;  // fixed delays before the first link (0 without links)
+  PathFigures figures;
+};
+
+// A flow's use of one unit: the share of the unit's time one byte per picosecond of the flow takes
+// (wire bytes per payload byte over the unit's bandwidth), and where the flow sits in the unit's list.
+struct FlowLeg {
+  FlowResource* res = nullptr;
+  double weight = 0;
+  std::uint32_t slot = 0;
+};
+
+struct TransferRecord : TransferInfo {
+  System* sys = nullptr;
+  Memory* src = nullptr;
+  Memory* dst = nullptr;
+  Path* path = nullptr;
+  std::uint64_t bytes = 0, chunk = 0;
+  WireScale wire;  // on the links (arrival-ordered stages)
+  OnLanded landed_cb;
+  sim::Time first_inject = 0;
+  bool done = true;
+  std::optional<sim::Event> event;
+  TransferRecord* next_free = nullptr;
+
+  // ---- flow level (flow.cpp) ----
+  std::vector<FlowLeg> legs;     // one per distinct unit of the path
+  double cap = 0;                // bytes per ps on an idle path: bytes / full
+  double rate = 0;               // bytes per ps now (0 until the flow starts)
+  double remaining = 0;          // bytes not yet through at `updated`
+  double fill = 0;               // scratch of the max-min computation
+  sim::Duration full = 0;        // the flow's time through an idle path, fixed delays aside
+  sim::Time started = 0, updated = 0;
+  std::uint32_t generation = 0;  // its end event is current only while this matches (never reset)
+  std::uint32_t mark = 0;        // visit stamp of the max-min computation
+  bool frozen = false;           // scratch: its rate is settled
+};
+
+// The flow level's view of a unit: its flows and the figures the max-min computation needs.
+struct FlowResource {
+  PathUnit* unit = nullptr;
+  double ps_per_byte = 0;  // 1 / the unit's bandwidth (all channels together)
+  struct Entry {
+    TransferRecord* flow;
+    double weight;
+  };
+  std::vector<Entry> flows;
+  double demand = 0;        // sum of weight x cap over its flows: > 1 means it can limit them
+  double used = 0, wsum = 0;  // scratch of the max-min computation
+  bool saturated = false;
+  std::uint32_t mark = 0;
+  sim::Trace::TrackId track = Server::kNoTrack;
+  sim::Time traced_until = 0;
+};
+
+// Flow-level timing (SystemOptions::timing = flow). A transfer occupies its path's units from the
+// time the chunk level would inject its first chunk for `full` at its idle rate; while other flows
+// share a unit, each unit's bandwidth is shared max-min fairly (progressive filling: every flow's
+// rate grows alike until a unit it crosses is full or it reaches its idle rate). Rates are
+// recomputed when a flow starts or ends, only for the flows that can be affected: those on the
+// changed flow's units and, transitively, on units whose flows could together exceed them (units
+// with less demand than bandwidth limit nobody). One event per rate change of a flow (its new end;
+// the old one is ignored), one when it lands, the path's fixed delays after its end.
+class FlowEngine {
+ public:
+  explicit FlowEngine(System& sys);
+  // Starts r's flow now (the record is set up, r->first_inject <= now).
+  void start(TransferRecord* r);
+  // r's end event: current when `generation` matches.
+  void end(TransferRecord* r, std::uint32_t generation);
+  // After a failed run: forgets every flow (their events are gone).
+  void abandon();
+
+ private:
+  FlowResource& resource(PathUnit& u);
+  void reshare(const std::vector<FlowLeg>& from);  // recompute rates around the units in `from`
+  void reschedule(TransferRecord* f);
+  static void refresh_demand(FlowResource& e);
+  void trace_flow(TransferRecord* r);
+
+  System* sys_;
+  std::vector<FlowResource> res_;  // by UnitId, made on first use
+  std::uint32_t stamp_ = 0;
+  std::vector<TransferRecord*> comp_flows_;  // scratch
+  std::vector<FlowResource*> comp_res_;      // scratch
+};
+
+}  // namespace cubesim::hw

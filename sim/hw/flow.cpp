@@ -1,0 +1,276 @@
+// Flow-level timing: a transfer is one flow sharing its path's units max-min fairly (engine.h).
+//
+// Each unit is a constraint: the sum over its flows of weight x rate is at most 1 (a weight is the
+// unit's time per payload byte of that flow: wire bytes over bandwidth). Each flow is also capped at
+// its idle rate, bytes / full, where full is exactly the chunk level's time for the transfer on an
+// idle path less its fixed delays: so an uncontended transfer lands when the chunk level says, and
+// contended ones share as the chunk level's FIFO interleaving does, up to the pipelining the flow
+// level leaves out (the chunks of a message filling a path one after another).
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "sim/hw/engine.h"
+#include "sim/hw/system.h"
+
+namespace cubesim::hw {
+
+namespace {
+
+// Float slack: a unit is full, a flow at its cap, within this relative margin. Rates are doubles
+// computed in a fixed order, so the same run gives the same bits; the margin only keeps rounding from
+// counting a unit one flow fills exactly as one that limits.
+constexpr double kSlack = 1e-9;
+
+struct FlowStart {
+  FlowEngine* e;
+  TransferRecord* r;
+  void operator()() const { e->start(r); }
+};
+struct FlowEnd {
+  FlowEngine* e;
+  TransferRecord* r;
+  std::uint32_t generation;
+  void operator()() const { e->end(r, generation); }
+};
+
+// The time `bytes` occupy stage s of path p (on a link: the wire bytes).
+sim::Duration stage_time(const Path& p, std::size_t s, std::uint64_t bytes, WireScale wire) {
+  return p.figures.stages[s].time(p.stages[s].arrival ? wire.of(bytes) : bytes);
+}
+
+}  // namespace
+
+FlowEngine::FlowEngine(System& sys) : sys_(&sys) {}
+
+FlowResource& FlowEngine::resource(PathUnit& u) {
+  if (res_.empty()) res_.resize(static_cast<std::size_t>(sys_->num_units()));
+  FlowResource& e = res_[u.id().value];
+  if (!e.unit) {
+    e.unit = &u;
+    const std::uint64_t bw = u.figures().bandwidth.bytes_per_s;
+    e.ps_per_byte = static_cast<double>(sim::kPsPerS) / static_cast<double>(bw);
+  }
+  return e;
+}
+
+void FlowEngine::refresh_demand(FlowResource& e) {
+  double d = 0;
+  for (const FlowResource::Entry& x : e.flows) d += x.weight * x.flow->cap;
+  e.demand = d;
+}
+
+void FlowEngine::start(TransferRecord* r) {
+  sim::Simulator& sim = sys_->simulator();
+  if (r->first_inject > sim.now()) {
+    sim.at(r->first_inject, FlowStart{this, r});
+    return;
+  }
+  const Path& p = *r->path;
+  // The idle time: every full chunk at the pace of the slowest stage, the last at its own.
+  const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+  sim::Duration pace = 0, slowest = 0;
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    pace = std::max(pace, stage_time(p, s, r->chunk, r->wire));
+    slowest = std::max(slowest, stage_time(p, s, last, r->wire));
+  }
+  r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + slowest);
+  r->cap = static_cast<double>(r->bytes) / static_cast<double>(r->full);
+  r->rate = 0;
+  r->remaining = static_cast<double>(r->bytes);
+  r->started = r->updated = sim.now();
+  r->legs.clear();
+  for (const Stage& st : p.stages) {
+    FlowResource& e = resource(*st.unit);
+    const double w = e.ps_per_byte * (st.arrival && !r->wire.identity()
+                                          ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
+                                          : 1.0);
+    auto it = std::find_if(r->legs.begin(), r->legs.end(), [&](const FlowLeg& l) { return l.res == &e; });
+    if (it != r->legs.end()) {
+      it->weight += w;  // a copy within one memory reads and writes it
+    } else {
+      r->legs.push_back(FlowLeg{&e, w, 0});
+    }
+  }
+  for (FlowLeg& l : r->legs) {
+    l.slot = static_cast<std::uint32_t>(l.res->flows.size());
+    l.res->flows.push_back({r, l.weight});
+    l.res->demand += l.weight * r->cap;
+  }
+  reshare(r->legs);
+}
+
+void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
+  if (r->generation != generation) return;  // its rate changed since: a later event ends it
+  sim::Simulator& sim = sys_->simulator();
+  r->remaining = 0;
+  r->rate = 0;
+  ++r->generation;
+  for (const FlowLeg& l : r->legs) {
+    auto& v = l.res->flows;
+    v[l.slot] = v.back();
+    v.pop_back();
+    if (l.slot < v.size()) {
+      // The flow moved into the slot: point its leg here.
+      TransferRecord* moved = v[l.slot].flow;
+      for (FlowLeg& ml : moved->legs) {
+        if (ml.res == l.res) {
+          ml.slot = l.slot;
+          break;
+        }
+      }
+    }
+    refresh_demand(*l.res);
+  }
+  // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for,
+  // and the time it takes the unit at full rate.
+  const Path& p = *r->path;
+  const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    const Stage& st = p.stages[s];
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * stage_time(p, s, r->chunk, r->wire) +
+                               stage_time(p, s, last, r->wire);
+    st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
+  }
+  if (sim.trace().enabled()) trace_flow(r);
+  reshare(r->legs);
+  // The bytes land once the path's fixed delays have passed (the injection overhead was paid
+  // before the flow started).
+  const sim::Duration delays = p.figures.alpha - p.injector_overhead;
+  r->landing = sim.now() + delays;
+  r->landed = r->nchunks;
+  sys_->land_after(r, delays);
+}
+
+void FlowEngine::abandon() {
+  for (FlowResource& e : res_) {
+    e.flows.clear();
+    e.demand = 0;
+  }
+}
+
+void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
+  // The flows whose rates may change: every flow on the changed flow's units, then, through units
+  // that can limit (demand above bandwidth), every flow those reach.
+  if (++stamp_ == 0) {
+    for (FlowResource& e : res_) e.mark = 0;
+    stamp_ = 1;
+  }
+  comp_flows_.clear();
+  comp_res_.clear();
+  auto take_flows = [&](FlowResource& e) {
+    for (const FlowResource::Entry& x : e.flows) {
+      if (x.flow->mark != stamp_) {
+        x.flow->mark = stamp_;
+        comp_flows_.push_back(x.flow);
+      }
+    }
+  };
+  auto limits = [](const FlowResource& e) { return e.demand > 1.0 + kSlack; };
+  for (const FlowLeg& l : from) {
+    FlowResource& e = *l.res;
+    if (e.mark == stamp_) continue;
+    e.mark = stamp_;
+    if (limits(e)) comp_res_.push_back(&e);
+    take_flows(e);
+  }
+  for (std::size_t i = 0; i < comp_flows_.size(); ++i) {
+    for (const FlowLeg& l : comp_flows_[i]->legs) {
+      FlowResource& e = *l.res;
+      if (e.mark == stamp_ || !limits(e)) continue;
+      e.mark = stamp_;
+      comp_res_.push_back(&e);
+      take_flows(e);
+    }
+  }
+  if (comp_flows_.empty()) return;
+
+  // Progressive filling: every unsettled flow's rate grows alike until a limiting unit is full
+  // (its flows settle) or the flow reaches its cap (it settles).
+  for (TransferRecord* f : comp_flows_) {
+    f->fill = 0;
+    f->frozen = false;
+  }
+  for (FlowResource* e : comp_res_) {
+    e->used = 0;
+    e->saturated = false;
+  }
+  std::size_t unsettled = comp_flows_.size();
+  while (unsettled > 0) {
+    double delta = std::numeric_limits<double>::infinity();
+    for (const TransferRecord* f : comp_flows_) {
+      if (!f->frozen) delta = std::min(delta, f->cap - f->fill);
+    }
+    for (FlowResource* e : comp_res_) {
+      e->wsum = 0;
+      if (e->saturated) continue;
+      for (const FlowResource::Entry& x : e->flows) {
+        if (!x.flow->frozen) e->wsum += x.weight;
+      }
+      if (e->wsum > 0) delta = std::min(delta, (1.0 - e->used) / e->wsum);
+    }
+    delta = std::max(delta, 0.0);
+    for (TransferRecord* f : comp_flows_) {
+      if (!f->frozen) f->fill += delta;
+    }
+    for (FlowResource* e : comp_res_) {
+      if (e->wsum == 0) continue;
+      e->used += delta * e->wsum;
+      if (e->used >= 1.0 - kSlack) {
+        e->saturated = true;
+        for (const FlowResource::Entry& x : e->flows) {
+          if (!x.flow->frozen) {
+            x.flow->frozen = true;
+            --unsettled;
+          }
+        }
+      }
+    }
+    for (TransferRecord* f : comp_flows_) {
+      if (!f->frozen && f->fill >= f->cap * (1.0 - kSlack)) {
+        f->fill = f->cap;
+        f->frozen = true;
+        --unsettled;
+      }
+    }
+  }
+  const sim::Time now = sys_->simulator().now();
+  for (TransferRecord* f : comp_flows_) {
+    if (f->rate > 0 && std::abs(f->fill - f->rate) <= kSlack * f->rate) continue;  // unchanged: its end stands
+    f->remaining = std::max(0.0, f->remaining - f->rate * static_cast<double>(now - f->updated));
+    f->updated = now;
+    f->rate = f->fill;
+    reschedule(f);
+  }
+}
+
+void FlowEngine::reschedule(TransferRecord* f) {
+  sim::Simulator& sim = sys_->simulator();
+  const sim::Time now = sim.now();
+  sim::Duration left;
+  if (f->rate == f->cap && f->remaining == static_cast<double>(f->bytes)) {
+    left = f->full;  // idle all along so far: exactly the chunk level's time
+  } else {
+    left = static_cast<sim::Duration>(std::ceil(f->remaining / f->rate * (1.0 - 1e-12)));
+  }
+  sim.at(now + left, FlowEnd{this, f, ++f->generation});
+}
+
+void FlowEngine::trace_flow(TransferRecord* r) {
+  sim::Trace& tr = sys_->simulator().trace();
+  const sim::Time now = sys_->simulator().now();
+  for (const FlowLeg& l : r->legs) {
+    FlowResource& e = *l.res;
+    if (e.track == Server::kNoTrack) e.track = tr.track(e.unit->track_name(), e.unit->track_group());
+    // A track's spans must not overlap: a flow sharing the unit shows from where the last one ended.
+    const sim::Time from = std::max(r->started, e.traced_until);
+    if (now <= from) continue;
+    e.traced_until = now;
+    tr.span(e.track, fmt::format("t{}", r->id), from, now,
+            {{"bytes", r->bytes}, {"from", *r->src_name}, {"to", *r->dst_name}, {"flow", std::int64_t{1}}});
+  }
+}
+
+}  // namespace cubesim::hw

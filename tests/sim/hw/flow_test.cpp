@@ -1,0 +1,236 @@
+// Flow-level timing (SystemOptions::timing = flow) against the chunk level, the reference: exact on an
+// idle path, max-min fair sharing of links under contention, counters, determinism, refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "sim/hw/system.h"
+#include "test_util.h"
+
+namespace cubesim::hw {
+namespace {
+
+using sim::Duration;
+using sim::Time;
+
+// A transfer of a pattern: from one cube's HBM (or a PE's TCM) to another's, issued at `at`.
+struct Xfer {
+  int src = 0, dst = 0;
+  std::uint64_t bytes = 0;
+  Time at = 0;
+  int dst_pe = -1;  // >= 0: into that PE's TCM of the destination cube
+  WireScale wire = {};
+};
+
+struct Outcome {
+  std::vector<Time> landed;  // per transfer
+  std::uint64_t events = 0;
+  std::vector<UnitCounters> counters;
+  std::vector<UnitKind> kinds;
+};
+
+Outcome run_pattern(const Topology& t, TimingModel timing, const std::vector<Xfer>& xs) {
+  sim::Simulator sim;
+  SystemOptions o;
+  o.functional = false;
+  o.timing = timing;
+  System sys(sim, t, o);
+  Outcome out;
+  out.landed.assign(xs.size(), 0);
+  std::uint64_t base = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    // Disjoint addresses per transfer (source, then destination), so the hazard checker has nothing
+    // to say; each starts on a channel boundary.
+    const std::uint64_t src_at = base, dst_at = base + (xs[i].bytes + 4095) / 4096 * 4096;
+    base = dst_at + (xs[i].bytes + 4095) / 4096 * 4096;
+    sim.spawn(fmt::format("x{}", i), [&, i, src_at, dst_at] {
+      const Xfer& x = xs[i];
+      sim::this_process::sleep(x.at);
+      MemRef dst = x.dst_pe >= 0 ? sys.tcm(x.dst, x.dst_pe).at(0) : sys.hbm(x.dst).at(dst_at);
+      sys.start_transfer(sys.hbm(x.src).at(src_at), dst, x.bytes, x.wire).wait();
+      out.landed[i] = sim.now();
+    });
+  }
+  sim.run();
+  out.events = sim.events_executed();
+  out.counters = sys.counters();
+  for (const UnitInfo& u : *sys.units()) out.kinds.push_back(u.kind);
+  return out;
+}
+
+Duration relative_gap(Time a, Time b) { return a > b ? a - b : b - a; }
+
+TEST(FlowTiming, AnIdlePathTakesExactlyTheChunkLevelTime) {
+  for (const char* name : {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8", "h200x8", "single_cube"}) {
+    const Topology t = load_topology(name);
+    const int far = static_cast<int>(t.cubes.size()) - 1;
+    for (std::uint64_t bytes : {std::uint64_t{64}, std::uint64_t{5000}, std::uint64_t{1} << 20, (std::uint64_t{3} << 20) + 17}) {
+      SCOPED_TRACE(fmt::format("{} {} bytes", name, bytes));
+      const std::vector<Xfer> one = {{.src = 0, .dst = far, .bytes = bytes}};
+      const Time flow = run_pattern(t, TimingModel::flow, one).landed[0];
+      const Time chunk = run_pattern(t, TimingModel::chunk, one).landed[0];
+      if (far > 0) {
+        // Between cubes: exactly the alpha-beta figures, which the chunk level meets on whole chunks.
+        sim::Simulator sim;
+        System sys(sim, t, {.functional = false});
+        EXPECT_EQ(flow, sys.path_figures(sys.hbm(0), sys.hbm(far)).time(bytes)) << "chunk level " << chunk;
+        EXPECT_LE(relative_gap(flow, chunk), chunk / 10000) << "flow " << flow << " chunk " << chunk;
+      } else if (bytes >= (1u << 20)) {
+        // Within one HBM the copy reads and writes the same channels: half the bandwidth each way.
+        EXPECT_LE(relative_gap(flow, chunk), chunk / 10000) << "flow " << flow << " chunk " << chunk;
+      }
+      // Into a PE's TCM through its DMA channel.
+      const std::vector<Xfer> tcm = {{.src = 0, .dst = 0, .bytes = std::min<std::uint64_t>(bytes, 64 << 10), .dst_pe = 0}};
+      EXPECT_EQ(run_pattern(t, TimingModel::flow, tcm).landed, run_pattern(t, TimingModel::chunk, tcm).landed);
+    }
+  }
+}
+
+// Where contending flows offer a link the same load, fair sharing and the chunk level's FIFO
+// interleaving agree: two transfers of one pair, equal or not, together or staggered; a ring step.
+TEST(FlowTiming, FlowsOfferingALinkEqualLoadsSplitItAsChunksDo) {
+  const Topology t = load_topology("ring4");
+  const std::uint64_t mib = 1 << 20;
+  const std::vector<std::vector<Xfer>> patterns = {
+      {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 4 * mib}},
+      {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 1 * mib}},
+      {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 4 * mib, .at = sim::us(10)}},
+      {{.src = 0, .dst = 1, .bytes = 8 * mib}, {.src = 1, .dst = 2, .bytes = 8 * mib}, {.src = 2, .dst = 3, .bytes = 8 * mib},
+       {.src = 3, .dst = 0, .bytes = 8 * mib}},
+      {{.src = 0, .dst = 1, .bytes = 2 * mib, .wire = {16, 8}}, {.src = 0, .dst = 1, .bytes = 2 * mib}},
+  };
+  for (std::size_t k = 0; k < patterns.size(); ++k) {
+    const Outcome c = run_pattern(t, TimingModel::chunk, patterns[k]);
+    const Outcome f = run_pattern(t, TimingModel::flow, patterns[k]);
+    EXPECT_LT(f.events, c.events) << "pattern " << k;
+    for (std::size_t i = 0; i < patterns[k].size(); ++i) {
+      SCOPED_TRACE(fmt::format("pattern {} transfer {}: chunk {} flow {}", k, i, sim::format_time(c.landed[i]),
+                               sim::format_time(f.landed[i])));
+      EXPECT_LE(static_cast<double>(relative_gap(c.landed[i], f.landed[i])), 0.02 * static_cast<double>(c.landed[i]));
+    }
+  }
+}
+
+// Max-min fairness, worked by hand: on ring4, a (0->2, 4 MiB, through c0->c1->c2), b (1->2, 4 MiB)
+// and c (0->1, 2 MiB). Each link carries two flows: all three run at half the link's bandwidth B;
+// c ends at 4 MiB / B, then a and b share c1->c2 at B/2 each until both end at 8 MiB / B. (The chunk
+// level, whose links serve chunks first come first served, gives b two thirds of c1->c2 while a
+// arrives throttled by c0->c1: b ends near 6 MiB / B. docs/PERFORMANCE.md has the error table.)
+TEST(FlowTiming, ContendingFlowsShareMaxMinFairly) {
+  const Topology t = load_topology("ring4");
+  const std::uint64_t mib = 1 << 20;
+  sim::Simulator s0;
+  System sys(s0, t, {.functional = false});
+  ASSERT_EQ(sys.route(0, 2).size(), 2u);
+  ASSERT_EQ(sys.route(0, 2)[1], sys.route(1, 2)[0]) << "0->2 goes through cube 1";
+  const PathFigures one_hop = sys.path_figures(sys.hbm(0), sys.hbm(1));
+  const PathFigures two_hop = sys.path_figures(sys.hbm(0), sys.hbm(2));
+  const double b = static_cast<double>(one_hop.bandwidth.bytes_per_s) / 1e12;  // bytes per ps
+  const std::vector<Xfer> p = {{.src = 0, .dst = 2, .bytes = 4 * mib}, {.src = 1, .dst = 2, .bytes = 4 * mib},
+                               {.src = 0, .dst = 1, .bytes = 2 * mib}};
+  const Outcome f = run_pattern(t, TimingModel::flow, p);
+  auto near = [](Time got, double want) { return std::abs(static_cast<double>(got) - want) <= 2.0; };
+  EXPECT_TRUE(near(f.landed[2], 4.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[2];
+  EXPECT_TRUE(near(f.landed[1], 8.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[1];
+  EXPECT_TRUE(near(f.landed[0], 8.0 * mib / b + static_cast<double>(two_hop.alpha))) << f.landed[0];
+}
+
+// The counters see the same traffic: bytes per link and memory as the chunk level, chunks per link,
+// busy time as the work at full rate. (A memory counts the chunk level's pieces per channel.)
+TEST(FlowTiming, CountersMatchTheChunkLevel) {
+  const Topology t = load_topology("mesh4x4");
+  std::mt19937 rng(7);
+  std::vector<Xfer> xs;
+  for (int i = 0; i < 24; ++i) {
+    xs.push_back({.src = static_cast<int>(rng() % 16), .dst = static_cast<int>(rng() % 16),
+                  .bytes = (rng() % 64 + 1) * 65536 + rng() % 1000, .at = sim::ns(static_cast<std::int64_t>(rng() % 5000))});
+    if (xs.back().src == xs.back().dst) xs.back().dst = (xs.back().dst + 1) % 16;
+  }
+  const Outcome c = run_pattern(t, TimingModel::chunk, xs);
+  const Outcome f = run_pattern(t, TimingModel::flow, xs);
+  ASSERT_EQ(c.counters.size(), f.counters.size());
+  for (std::size_t u = 0; u < c.counters.size(); ++u) {
+    SCOPED_TRACE(u);
+    EXPECT_EQ(f.counters[u].bytes, c.counters[u].bytes);
+    if (c.kinds[u] == UnitKind::link) {
+      EXPECT_EQ(f.counters[u].pieces, c.counters[u].pieces);
+    }
+    EXPECT_LE(relative_gap(f.counters[u].busy, c.counters[u].busy), c.counters[u].busy / 100 + 1000);
+  }
+}
+
+TEST(FlowTiming, RunsAreDeterministic) {
+  const Topology t = load_topology("torus8x8");
+  std::mt19937 rng(11);
+  std::vector<Xfer> xs;
+  for (int i = 0; i < 200; ++i) {
+    xs.push_back({.src = static_cast<int>(rng() % 64), .dst = static_cast<int>(rng() % 64),
+                  .bytes = rng() % (4 << 20) + 1, .at = sim::ns(static_cast<std::int64_t>(rng() % 20000))});
+    if (xs.back().src == xs.back().dst) xs.back().dst = (xs.back().dst + 7) % 64;
+  }
+  const Outcome a = run_pattern(t, TimingModel::flow, xs);
+  const Outcome b = run_pattern(t, TimingModel::flow, xs);
+  EXPECT_EQ(a.landed, b.landed);
+  EXPECT_EQ(a.events, b.events);
+  // And close to the chunk level in total: the last landing within a few percent.
+  const Outcome c = run_pattern(t, TimingModel::chunk, xs);
+  const Time fl = *std::max_element(a.landed.begin(), a.landed.end());
+  const Time cl = *std::max_element(c.landed.begin(), c.landed.end());
+  EXPECT_LE(static_cast<double>(relative_gap(fl, cl)), 0.25 * static_cast<double>(cl)) << fl << " vs " << cl;
+}
+
+TEST(FlowTiming, RefusedWithValues) {
+  sim::Simulator sim;
+  SystemOptions o;
+  o.timing = TimingModel::flow;  // functional by default
+  try {
+    System sys(sim, load_topology("ring4"), o);
+    FAIL() << "a functional flow-level System was built";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("keeps no values"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("functional = false"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_timing_model("flow"), TimingModel::flow);
+  EXPECT_EQ(parse_timing_model("chunk"), TimingModel::chunk);
+  try {
+    parse_timing_model("packet", "--timing");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--timing 'packet'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'flow'"), std::string::npos) << e.what();
+  }
+}
+
+// A failed run leaves flows that never end; abandon_transfers forgets them, so the next run's flows
+// get the whole link.
+TEST(FlowTiming, AbandonedFlowsNoLongerShare) {
+  const Topology t = load_topology("ring4");
+  sim::Simulator sim;
+  System sys(sim, t, {.functional = false, .timing = TimingModel::flow});
+  sim.spawn("fails", [&] {
+    sys.start_transfer(sys.hbm(0).at(0), sys.hbm(1).at(0), 8 << 20);
+    sim::this_process::sleep(sim::us(1));
+    throw std::runtime_error("rank failed");
+  });
+  EXPECT_THROW(sim.run(), sim::ProcessError);
+  sys.abandon_transfers();
+  Time landed = 0, t0 = 0;
+  sim.spawn("next", [&] {
+    t0 = sim.now();
+    sys.transfer(sys.hbm(0).at(16 << 20), sys.hbm(1).at(16 << 20), 1 << 20);
+    landed = sim.now();
+  });
+  sim.run();
+  EXPECT_EQ(landed - t0, sys.path_figures(sys.hbm(0), sys.hbm(1)).time(1 << 20));
+}
+
+}  // namespace
+}  // namespace cubesim::hw
