@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <fstream>
 #include <set>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,9 +27,48 @@ std::unique_ptr<Backend> host_backend_for(const ContextOptions& o) {
   if (o.world_size <= 0) {
     throw RuntimeError(fmt::format("a host context needs world_size >= 1 (got {})", o.world_size));
   }
+  check_rank_count(o.world_size, o.stack_size, sim::SimulatorOptions{}.protected_stacks);  // before the backend
   return std::make_unique<HostBackend>(o.world_size);
 }
+
+std::uint64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+long max_map_count() {
+  std::ifstream f("/proc/sys/vm/max_map_count");
+  long n = 0;
+  return f >> n ? n : 0;
+}
+
+std::string gib(std::uint64_t b) { return fmt::format("{:.1f} GiB", static_cast<double>(b) / (1ull << 30)); }
 }  // namespace
+
+void check_rank_count(int ranks, std::size_t stack_size, bool guarded_stacks) {
+  const std::uint64_t need = static_cast<std::uint64_t>(std::max(ranks, 0)) * kBytesPerRank;
+  if (ranks > kMaxRanks) {
+    throw RuntimeError(fmt::format("{} ranks: the limit is {} ranks per context (as many as a topology may have cubes); "
+                                   "{} ranks would need about {} (about {} KiB each: stack pages and runtime state)",
+                                   ranks, kMaxRanks, ranks, gib(need), kBytesPerRank / 1024));
+  }
+  if (const std::uint64_t phys = physical_memory(); phys > 0 && need > phys) {
+    throw RuntimeError(fmt::format("{} ranks would need about {} (about {} KiB each: stack pages and runtime state), "
+                                   "more than this machine's {}; use at most {} ranks here",
+                                   ranks, gib(need), kBytesPerRank / 1024, gib(phys), phys / kBytesPerRank));
+  }
+  if (guarded_stacks) {
+    const long maps = max_map_count();
+    const long want = 2L * ranks + 4096;  // a stack and its guard page each, and room for everything else
+    if (maps > 0 && want > maps) {
+      throw RuntimeError(fmt::format(
+          "{} ranks need {} memory maps for their stacks ({} bytes each with a guard page below it), and this kernel "
+          "allows {} (vm.max_map_count): use at most {} ranks, raise it (sysctl -w vm.max_map_count={}), or use a "
+          "build without guarded stacks",
+          ranks, 2L * ranks, stack_size, maps, (maps - 4096) / 2, want));
+    }
+  }
+}
 
 Context::Context(ContextOptions opts) : Context(opts, host_backend_for(opts)) {}
 
@@ -37,6 +79,7 @@ Context::Context(ContextOptions opts, std::unique_ptr<Backend> backend) : opts_(
                                    backend_->describe()));
   }
   sim::SimulatorOptions so;
+  check_rank_count(world_size_, opts_.stack_size, so.protected_stacks);  // before any work
   so.stack_size = opts_.stack_size;
   so.trace = opts_.trace;
   sim_ = std::make_unique<sim::Simulator>(so);

@@ -31,6 +31,17 @@
 
 namespace cubesim::rt {
 
+// The most ranks one context runs (as many as a topology has cubes at most, hw::kMaxCubes), and what
+// a rank holds at least in memory: its stack's touched pages and its runtime state (measured: about
+// 0.3-0.4 MB per rank in a timing-only MLP at 1024 and 4096 cubes, docs/PERFORMANCE.md).
+inline constexpr int kMaxRanks = 1 << 16;
+inline constexpr std::uint64_t kBytesPerRank = 256 * 1024;
+// Refuses, before any work, a rank count above kMaxRanks, one whose estimated memory
+// (ranks x kBytesPerRank) exceeds the machine's, and one whose stacks need more memory maps than
+// the kernel allows (guarded stacks: two maps each, vm.max_map_count): RuntimeError naming the
+// limit and the memory the ranks would need.
+void check_rank_count(int ranks, std::size_t stack_size, bool guarded_stacks);
+
 struct ContextOptions {
   int world_size = 0;          // 0: every device the backend has (required > 0 for host)
   bool trace = false;          // record trace spans (per-rank compute/communication, links, PEs)

@@ -506,3 +506,8 @@ def test_device_out_of_memory_is_an_out_of_memory_error_naming_the_memory():
         ctx.spawn(fn, 1)
     assert len(seen) == 1 and isinstance(e.value.__cause__, cs.OutOfMemoryError)
     ctx.spawn(lambda rank: ctx.zeros(rank, [1024]), 1)  # the context is still usable
+
+
+def test_a_rank_count_beyond_the_limit_is_refused_before_any_work_with_the_memory_it_needs():
+    with pytest.raises(ValueError, match=r"70000 ranks: the limit is 65536 ranks per context.*would need about 17\.1 GiB"):
+        cs.Context("host", world_size=70000)

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
+#include <string>
 
 #include "collective_harness.h"
 #include "runtime/backend_registry.h"
@@ -176,6 +178,32 @@ TEST(Context, AFailureInAPeHelperNamesItsRank) {
     EXPECT_EQ(e.failures()[0].rank, 3) << e.what();  // rank 3 runs on cube 1
     EXPECT_NE(e.failures()[0].message.find("in its helper process 'cube1.pe"), std::string::npos) << e.what();
   }
+}
+
+// Limits are refused before any work, with the limit and the memory the ranks would need.
+TEST(Context, RankCountsBeyondTheLimitsAreRefusedUpFront) {
+  ContextOptions o;
+  o.world_size = kMaxRanks + 1;
+  try {
+    Context ctx(o);
+    FAIL() << "a context of " << o.world_size << " ranks was built";
+  } catch (const RuntimeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("65537 ranks: the limit is 65536 ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find("would need about 16.0 GiB"), std::string::npos) << m;
+  }
+  // Guarded stacks need two memory maps each: more than vm.max_map_count allows is refused, naming it.
+  try {
+    check_rank_count(kMaxRanks, 256 * 1024, true);
+    std::ifstream f("/proc/sys/vm/max_map_count");
+    long maps = 0;
+    if (f >> maps) {
+      EXPECT_GE(maps, 2L * kMaxRanks + 4096) << "refused nothing though the kernel allows too few maps";
+    }
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("vm.max_map_count"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_rank_count(1024, 256 * 1024, true));
 }
 
 }  // namespace
