@@ -9,14 +9,22 @@
 // The sweep runs timing-only: its times equal a functional run's (tests/runtime pins that).
 //
 // Then the simulator's own speed (issue 4 targets), wall time around the collective alone:
-//   functional ring all-reduce, 64 ranks (torus8x8), 64 MiB bf16:          <= 5 s
-//   timing-only ring all-reduce, 1024 ranks (ring4 with cubes=1024), 1 GiB: <= 10 s
+//   functional ring all-reduce, 64 ranks (torus8x8), 64 MiB bf16:          <= 3 s (issue 14)
+//   timing-only ring all-reduce, 1024 ranks (ring4 with cubes=1024), 1 GiB: <= 3 s chunk level, <= 1 s flow level
+//   the same at 4096 ranks (--big):                                         <= 30 s / <= 10 s, peak RSS <= 1 GiB
 // and wall time against ranks (8 to 1024), timing-only ring all-reduce of 1 GiB on a ring.
 // Rows of the nccl algorithm show its plan per size ("nccl ring/LL x16"; JSON: nccl_plan and
 // nccl_predicted_us, the NCCL model's time), and run on 2 of h200x4's GPUs as well, for the
 // comparison with real NCCL's busbw.
 //
+// With --timing both, every sweep row is run at the flow level too (SystemOptions::timing): its time,
+// its error against the chunk level and its wall time, then the largest |error| per topology and
+// algorithm from 1 MiB and below (target: <= 2% from 1 MiB). The speed section runs the scaling at
+// both levels, each run in a child process of its own (its peak RSS), and fits wall ~ p^k and
+// RSS ~ p^k over the larger half; --big adds 2048 and 4096 ranks.
+//
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
+//                     [--timing chunk|flow|both] [--big] [--max-mib N]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -221,12 +229,14 @@ int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_collectives");
   std::vector<std::string> topologies;
   bool sweep = true, targets = true, big = false;
+  std::uint64_t max_mib = 0;  // 0: 1 GiB (4 MiB with --quick)
   std::string timing = "chunk";
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
     if (args.rest[i] == "--topology" && i + 1 < args.rest.size()) topologies.push_back(args.rest[++i]);
     else if (args.rest[i] == "--no-sweep") sweep = false;
     else if (args.rest[i] == "--no-targets") targets = false;
     else if (args.rest[i] == "--big") big = true;
+    else if (args.rest[i] == "--max-mib" && i + 1 < args.rest.size()) max_mib = std::stoull(args.rest[++i]);
     else if (args.rest[i] == "--timing" && i + 1 < args.rest.size()) {
       timing = args.rest[++i];
       if (timing != "chunk" && timing != "flow" && timing != "both") {
@@ -235,12 +245,12 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big)\n", args.rest[i]);
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N)\n", args.rest[i]);
       return 2;
     }
   }
   if (topologies.empty()) topologies = {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8"};
-  const std::uint64_t max_bytes = args.quick ? (4ull << 20) : (1ull << 30);
+  const std::uint64_t max_bytes = max_mib > 0 ? (max_mib << 20) : args.quick ? (4ull << 20) : (1ull << 30);
   nlohmann::json out = {{"bench", "bench_collectives"}, {"rows", nlohmann::json::array()}};
   const hw::TimingModel sweep_timing = timing == "flow" ? hw::TimingModel::flow : hw::TimingModel::chunk;
   const bool compare = timing == "both";

@@ -79,6 +79,9 @@ struct TransferRecord : TransferInfo {
   double remaining = 0;          // bytes not yet through at `updated`
   double fill = 0;               // scratch of the max-min computation
   sim::Duration full = 0;        // the flow's time through an idle path, fixed delays aside
+  sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
+                                 // request overhead, less the HBM's latency where the L2 holds the source)
+  bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
   sim::Time started = 0, updated = 0;
   std::uint32_t generation = 0;  // its end event is current only while this matches (never reset)
   std::uint32_t mark = 0;        // visit stamp of the max-min computation

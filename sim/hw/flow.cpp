@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "sim/hw/engine.h"
+#include "sim/hw/l2_cache.h"
 #include "sim/hw/system.h"
 
 namespace cubesim::hw {
@@ -36,9 +37,20 @@ struct FlowEnd {
   void operator()() const { e->end(r, generation); }
 };
 
-// The time `bytes` occupy stage s of path p (on a link: the wire bytes).
-sim::Duration stage_time(const Path& p, std::size_t s, std::uint64_t bytes, WireScale wire) {
-  return p.figures.stages[s].time(p.stages[s].arrival ? wire.of(bytes) : bytes);
+// The time `bytes` occupy stage s of path p (on a link: the wire bytes; an L2 read that hits: the
+// L2's own figures, not the cold path's).
+sim::Duration stage_time(const Path& p, std::size_t s, std::uint64_t bytes, WireScale wire, bool l2_hit) {
+  const Stage& st = p.stages[s];
+  if (st.cache_read && l2_hit) return st.cache_read->figures().time(bytes);
+  return p.figures.stages[s].time(st.arrival ? wire.of(bytes) : bytes);
+}
+
+// Whether every byte of `r` is in the L2 now.
+bool held(const L2Cache& l2, const Region& r) {
+  for (std::uint64_t row = 0; row < r.rows; ++row) {
+    if (!l2.holds(r.row_addr(row), r.row_bytes)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -69,12 +81,29 @@ void FlowEngine::start(TransferRecord* r) {
     return;
   }
   const Path& p = *r->path;
+  // An L2 on the path keeps its state as at the chunk level: the whole transfer is looked up (and
+  // filled, or allocated by a write) now, and a source it holds entirely is read at the L2's figures
+  // without the HBM's latency. (Its counters, hits and misses come from that lookup.)
+  r->l2_hit = false;
+  r->delays = p.figures.alpha - p.injector_overhead;
+  for (const Stage& st : p.stages) {
+    if (st.unit->kind() != UnitKind::l2) continue;
+    auto& l2 = static_cast<L2Cache&>(*st.unit);
+    const Region& reg = st.src_side ? r->src_region : r->dst_region;
+    if (st.cache_read && held(l2, reg)) {
+      r->l2_hit = true;
+      r->delays -= l2.memory().latency();
+    }
+    const sim::Time now = sim.now();
+    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .region = &reg, .bytes = r->bytes,
+                        .head = now, .tail = now, .pre = st.pre, .forget_before = now, .read = st.src_side});
+  }
   // The idle time: every full chunk at the pace of the slowest stage, the last at its own.
   const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
   sim::Duration pace = 0, slowest = 0;
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
-    pace = std::max(pace, stage_time(p, s, r->chunk, r->wire));
-    slowest = std::max(slowest, stage_time(p, s, last, r->wire));
+    pace = std::max(pace, stage_time(p, s, r->chunk, r->wire, r->l2_hit));
+    slowest = std::max(slowest, stage_time(p, s, last, r->wire, r->l2_hit));
   }
   r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + slowest);
   r->cap = static_cast<double>(r->bytes) / static_cast<double>(r->full);
@@ -130,18 +159,18 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
     const Stage& st = p.stages[s];
-    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * stage_time(p, s, r->chunk, r->wire) +
-                               stage_time(p, s, last, r->wire);
+    if (st.unit->kind() == UnitKind::l2) continue;  // counted by its lookup when the flow started
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * stage_time(p, s, r->chunk, r->wire, false) +
+                               stage_time(p, s, last, r->wire, false);
     st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r);
   reshare(r->legs);
   // The bytes land once the path's fixed delays have passed (the injection overhead was paid
   // before the flow started).
-  const sim::Duration delays = p.figures.alpha - p.injector_overhead;
-  r->landing = sim.now() + delays;
+  r->landing = sim.now() + r->delays;
   r->landed = r->nchunks;
-  sys_->land_after(r, delays);
+  sys_->land_after(r, r->delays);
 }
 
 void FlowEngine::abandon() {

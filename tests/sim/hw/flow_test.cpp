@@ -232,5 +232,42 @@ TEST(FlowTiming, AbandonedFlowsNoLongerShare) {
   EXPECT_EQ(landed - t0, sys.path_figures(sys.hbm(0), sys.hbm(1)).time(1 << 20));
 }
 
+// An L2 keeps its state at the flow level: a message read right after it was written hits (no HBM
+// latency), as at the chunk level; the L2's hit and miss counters agree.
+TEST(FlowTiming, AnL2KeepsItsStateAsAtTheChunkLevel) {
+  const Topology t = load_topology("h200x4");
+  ASSERT_TRUE(t.cubes[0].l2.present);
+  Outcome out[2];
+  for (TimingModel m : {TimingModel::chunk, TimingModel::flow}) {
+    sim::Simulator sim;
+    System sys(sim, t, {.functional = false, .timing = m});
+    std::vector<Time> landed;
+    sim.spawn("relay", [&] {
+      // 0 -> 1, then 1 forwards the same bytes to 2 (its L2 holds them), then a cold read from 3.
+      sys.transfer(sys.hbm(0).at(0), sys.hbm(1).at(0), 256 << 10);
+      landed.push_back(sim.now());
+      sys.transfer(sys.hbm(1).at(0), sys.hbm(2).at(0), 256 << 10);
+      landed.push_back(sim.now());
+      sys.transfer(sys.hbm(3).at(1 << 20), sys.hbm(2).at(1 << 20), 256 << 10);
+      landed.push_back(sim.now());
+    });
+    sim.run();
+    out[m == TimingModel::flow].landed = landed;
+    out[m == TimingModel::flow].counters = sys.counters();
+    for (const UnitInfo& u : *sys.units()) out[m == TimingModel::flow].kinds.push_back(u.kind);
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_LE(static_cast<double>(relative_gap(out[0].landed[i], out[1].landed[i])), 0.01 * static_cast<double>(out[0].landed[i]))
+        << i << ": chunk " << out[0].landed[i] << " flow " << out[1].landed[i];
+  }
+  const Duration warm = out[1].landed[1] - out[1].landed[0], cold = out[1].landed[2] - out[1].landed[1];
+  EXPECT_LT(warm, cold) << "the forwarded message hits in the L2";
+  for (std::size_t u = 0; u < out[0].kinds.size(); ++u) {
+    if (out[0].kinds[u] != UnitKind::l2) continue;
+    EXPECT_EQ(out[1].counters[u].hits, out[0].counters[u].hits) << u;
+    EXPECT_EQ(out[1].counters[u].misses, out[0].counters[u].misses) << u;
+  }
+}
+
 }  // namespace
 }  // namespace cubesim::hw
