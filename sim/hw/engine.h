@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/core/event.h"
@@ -128,6 +129,7 @@ class FlowEngine {
   void reshare(const std::vector<FlowLeg>& from);  // recompute rates around the units in `from`
   void reschedule(TransferRecord* f);
   static void refresh_demand(FlowResource& e);
+  double fill_level(const FlowResource& e);  // the rate at which e is full when its flows rise alike
   void trace_flow(TransferRecord* r);
 
   System* sys_;
@@ -135,6 +137,7 @@ class FlowEngine {
   std::uint32_t stamp_ = 0;
   std::vector<TransferRecord*> comp_flows_;  // scratch
   std::vector<FlowResource*> comp_res_;      // scratch
+  std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's
 };
 
 }  // namespace cubesim::hw

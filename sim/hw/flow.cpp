@@ -8,6 +8,7 @@
 // level leaves out (the chunks of a message filling a path one after another).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -66,6 +67,21 @@ FlowResource& FlowEngine::resource(PathUnit& u) {
     e.ps_per_byte = static_cast<double>(sim::kPsPerS) / static_cast<double>(bw);
   }
   return e;
+}
+
+double FlowEngine::fill_level(const FlowResource& e) {
+  // Every flow's rate rises alike, each stopping at its cap: the level at which the unit is full.
+  level_scratch_.clear();
+  for (const FlowResource::Entry& x : e.flows) level_scratch_.push_back({x.flow->cap, x.weight});
+  std::sort(level_scratch_.begin(), level_scratch_.end());
+  double below = 0, wrest = 0;  // weight x cap of the flows capped below the level; weight of the rest
+  for (const auto& [cap, w] : level_scratch_) wrest += w;
+  for (const auto& [cap, w] : level_scratch_) {
+    if (below + wrest * cap >= 1.0) return (1.0 - below) / wrest;
+    below += w * cap;
+    wrest -= w;
+  }
+  return std::numeric_limits<double>::infinity();
 }
 
 void FlowEngine::refresh_demand(FlowResource& e) {
@@ -182,7 +198,10 @@ void FlowEngine::abandon() {
 
 void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
   // The flows whose rates may change: every flow on the changed flow's units, then, through units
-  // that can limit (demand above bandwidth), every flow those reach.
+  // that can limit (demand above bandwidth), the flows there that the unit can hold below their cap:
+  // those whose cap is above the level at which the unit fills when all its flows rise alike (a flow
+  // capped below that level never waits for the unit, whatever the others do). Flows left out keep
+  // their rates; their share of a unit in the computation is taken off its bandwidth first.
   if (++stamp_ == 0) {
     for (FlowResource& e : res_) e.mark = 0;
     stamp_ = 1;
@@ -211,7 +230,13 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
       if (e.mark == stamp_ || !limits(e)) continue;
       e.mark = stamp_;
       comp_res_.push_back(&e);
-      take_flows(e);
+      const double level = fill_level(e);
+      for (const FlowResource::Entry& x : e.flows) {
+        if (x.flow->mark != stamp_ && x.flow->cap > level * (1.0 - kSlack)) {
+          x.flow->mark = stamp_;
+          comp_flows_.push_back(x.flow);
+        }
+      }
     }
   }
   if (comp_flows_.empty()) return;
@@ -223,7 +248,10 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
     f->frozen = false;
   }
   for (FlowResource* e : comp_res_) {
-    e->used = 0;
+    e->used = 0;  // what the flows left out take of it
+    for (const FlowResource::Entry& x : e->flows) {
+      if (x.flow->mark != stamp_) e->used += x.weight * x.flow->rate;
+    }
     e->saturated = false;
   }
   std::size_t unsettled = comp_flows_.size();
@@ -236,7 +264,7 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
       e->wsum = 0;
       if (e->saturated) continue;
       for (const FlowResource::Entry& x : e->flows) {
-        if (!x.flow->frozen) e->wsum += x.weight;
+        if (x.flow->mark == stamp_ && !x.flow->frozen) e->wsum += x.weight;
       }
       if (e->wsum > 0) delta = std::min(delta, (1.0 - e->used) / e->wsum);
     }
@@ -250,7 +278,7 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
       if (e->used >= 1.0 - kSlack) {
         e->saturated = true;
         for (const FlowResource::Entry& x : e->flows) {
-          if (!x.flow->frozen) {
+          if (x.flow->mark == stamp_ && !x.flow->frozen) {
             x.flow->frozen = true;
             --unsettled;
           }
