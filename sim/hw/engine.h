@@ -101,6 +101,7 @@ struct FlowResource {
   double demand = 0;        // sum of weight x cap over its flows: > 1 means it can limit them
   double used = 0, wsum = 0;  // scratch of the max-min computation
   bool saturated = false;
+  bool changed = false;  // in FlowEngine::changed_
   std::uint32_t mark = 0;
   sim::Trace::TrackId track = Server::kNoTrack;
   sim::Time traced_until = 0;
@@ -110,9 +111,10 @@ struct FlowResource {
 // time the chunk level would inject its first chunk for `full` at its idle rate; while other flows
 // share a unit, each unit's bandwidth is shared max-min fairly (progressive filling: every flow's
 // rate grows alike until a unit it crosses is full or it reaches its idle rate). Rates are
-// recomputed when a flow starts or ends, only for the flows that can be affected: those on the
-// changed flow's units and, transitively, on units whose flows could together exceed them (units
-// with less demand than bandwidth limit nobody). One event per rate change of a flow (its new end;
+// recomputed when flows start or end (once for all that do at one time, by an event after every
+// other at that time), only for the flows that can be affected: those on the changed flows' units
+// and, transitively, on units whose flows could together exceed them (units with less demand than
+// bandwidth limit nobody). One event per rate change of a flow (its new end;
 // the old one is ignored), one when it lands, the path's fixed delays after its end.
 class FlowEngine {
  public:
@@ -123,10 +125,15 @@ class FlowEngine {
   void end(TransferRecord* r, std::uint32_t generation);
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
+  // Recomputes the rates around the units changed since the last time (its own event, changed()).
+  void reshare();
 
  private:
   FlowResource& resource(PathUnit& u);
-  void reshare(const std::vector<FlowLeg>& from);  // recompute rates around the units in `from`
+  // Notes that the flows on r's units changed; the rates are recomputed once, by an event after
+  // every other at this time (flows starting and ending together cost one recomputation).
+  void changed(const TransferRecord* r);
+
   void reschedule(TransferRecord* f);
   static void refresh_demand(FlowResource& e);
   double fill_level(const FlowResource& e);  // the rate at which e is full when its flows rise alike
@@ -138,6 +145,8 @@ class FlowEngine {
   std::vector<TransferRecord*> comp_flows_;  // scratch
   std::vector<FlowResource*> comp_res_;      // scratch
   std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's
+  std::vector<FlowResource*> changed_;  // units whose flows changed since the last reshare
+  bool reshare_due_ = false;            // its event is scheduled
 };
 
 }  // namespace cubesim::hw

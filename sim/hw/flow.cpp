@@ -31,6 +31,12 @@ struct FlowStart {
   TransferRecord* r;
   void operator()() const { e->start(r); }
 };
+struct FlowReshare {
+  FlowEngine* e;
+  void operator()() const { e->reshare(); }
+};
+// After every other event at its time: the flows that start and end then are all known.
+constexpr int kReshareLast = 32767;
 struct FlowEnd {
   FlowEngine* e;
   TransferRecord* r;
@@ -144,7 +150,7 @@ void FlowEngine::start(TransferRecord* r) {
     l.res->flows.push_back({r, l.weight});
     l.res->demand += l.weight * r->cap;
   }
-  reshare(r->legs);
+  changed(r);
 }
 
 void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
@@ -181,7 +187,7 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r);
-  reshare(r->legs);
+  changed(r);
   // The bytes land once the path's fixed delays have passed (the injection overhead was paid
   // before the flow started).
   r->landing = sim.now() + r->delays;
@@ -193,10 +199,27 @@ void FlowEngine::abandon() {
   for (FlowResource& e : res_) {
     e.flows.clear();
     e.demand = 0;
+    e.changed = false;
+  }
+  changed_.clear();
+  reshare_due_ = false;  // the failed run's events are gone
+}
+
+void FlowEngine::changed(const TransferRecord* r) {
+  for (const FlowLeg& l : r->legs) {
+    if (!l.res->changed) {
+      l.res->changed = true;
+      changed_.push_back(l.res);
+    }
+  }
+  if (!reshare_due_) {
+    reshare_due_ = true;
+    sys_->simulator().at(sys_->simulator().now(), FlowReshare{this}, kReshareLast);
   }
 }
 
-void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
+void FlowEngine::reshare() {
+  reshare_due_ = false;
   // The flows whose rates may change: every flow on the changed flow's units, then, through units
   // that can limit (demand above bandwidth), the flows there that the unit can hold below their cap:
   // those whose cap is above the level at which the unit fills when all its flows rise alike (a flow
@@ -217,8 +240,9 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
     }
   };
   auto limits = [](const FlowResource& e) { return e.demand > 1.0 + kSlack; };
-  for (const FlowLeg& l : from) {
-    FlowResource& e = *l.res;
+  for (FlowResource* c : changed_) {
+    FlowResource& e = *c;
+    e.changed = false;
     if (e.mark == stamp_) continue;
     e.mark = stamp_;
     if (limits(e)) comp_res_.push_back(&e);
@@ -239,6 +263,7 @@ void FlowEngine::reshare(const std::vector<FlowLeg>& from) {
       }
     }
   }
+  changed_.clear();
   if (comp_flows_.empty()) return;
 
   // Progressive filling: every unsettled flow's rate grows alike until a limiting unit is full
