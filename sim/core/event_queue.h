@@ -50,9 +50,9 @@ class EventQueue {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
-  bool empty() const { return heap_.size() == (hole_ ? 1u : 0u) && lane_head_ == lane_tail_; }
-  std::size_t size() const { return heap_.size() - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
-  Time next_time() const { return lane_has_next() ? now_ : heap_.front().time; }
+  bool empty() const { return heap_end_ == (hole_ ? kRoot + 1 : kRoot) && lane_head_ == lane_tail_; }
+  std::size_t size() const { return heap_end_ - kRoot - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
+  Time next_time() const { return lane_has_next() ? now_ : keys_[kRoot].time; }
   Time now() const { return now_; }
 
   // Pops the earliest event, advances now() to its time, runs it: a callback is called, a
@@ -70,7 +70,7 @@ class EventQueue {
       if (now_ > limit) return false;
       item = pop_lane();
     } else {
-      if (heap_.empty() || heap_.front().time > limit) return false;  // lane_has_next() settled the heap
+      if (heap_end_ == kRoot || keys_[kRoot].time > limit) return false;  // lane_has_next() settled the heap
       item = pop_heap();
     }
     dispatch(item, resume);
@@ -100,7 +100,12 @@ class EventQueue {
     std::uint64_t key;   // (priority + 2^15) << 48 | sequence
     std::uintptr_t item; // Node*, or a push_resume target with bit 0 set
   };
-  static bool before(const Entry& a, const Entry& b) {
+  // The heap's sort key alone: 16 bytes, so the four children of a node fill one cache line.
+  struct Key {
+    Time time;
+    std::uint64_t key;
+  };
+  static bool before(const Entry& a, const Key& b) {
     using u128 = unsigned __int128;
     return ((u128{a.time} << 64) | a.key) < ((u128{b.time} << 64) | b.key);
   }
@@ -150,14 +155,15 @@ class EventQueue {
   void drop(std::uintptr_t item) {
     if (!(item & 1u)) free_node(reinterpret_cast<Node*>(item));
   }
-  void sift_up(std::size_t i);
-  void sift_down(std::size_t i);
+  void sift_up(std::size_t i, Key k, std::uintptr_t item);
+  void sift_down(Key k, std::uintptr_t item);
+  void grow_heap();
   void grow_pool();
   // True when the next event to run is the front of the now-lane rather than the heap's top.
-  // (Settles a pending root removal first: after it heap_.front() is the heap's true minimum.)
+  // (Settles a pending root removal first: after it keys_[kRoot] is the heap's true minimum.)
   bool lane_has_next() const {
     settle();
-    return lane_head_ != lane_tail_ && (heap_.empty() || before(lane_[lane_head_], heap_.front()));
+    return lane_head_ != lane_tail_ && (heap_end_ == kRoot || before(lane_[lane_head_], keys_[kRoot]));
   }
   // pop_heap() leaves the popped root in place (hole_) so that an event pushed while the popped
   // one runs (a callback scheduling its successor: the common case) takes the root's place with
@@ -168,7 +174,18 @@ class EventQueue {
   }
   void settle_slow() const;
 
-  mutable std::vector<Entry> heap_;  // 4-ary min-heap (heap_[0] stale while hole_)
+  // A 4-ary min-heap of keys, with the items in a parallel array (moved along, never compared).
+  // Slot kRoot (3) is the root and the children of slot i are slots 4i-8 .. 4i-5: with keys_
+  // 64-byte aligned, every group of four siblings is one cache line. Slots 0..2 are unused.
+  // Slots [kRoot, heap_end_) are in use; keys_[kRoot] is stale while hole_.
+  static constexpr std::size_t kRoot = 3;
+  struct FreeAligned {
+    void operator()(Key* p) const;
+  };
+  mutable std::unique_ptr<Key[], FreeAligned> keys_;
+  mutable std::unique_ptr<std::uintptr_t[]> items_;
+  mutable std::size_t heap_end_ = kRoot;
+  std::size_t heap_cap_ = 0;
   mutable bool hole_ = false;
   // Events pushed for the current time at the default priority (wake-ups, mostly) skip the heap:
   // they arrive in sequence order, so this FIFO is already sorted, and popping takes the smaller of
