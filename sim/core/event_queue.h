@@ -79,6 +79,20 @@ class EventQueue {
   void pop_and_run() {
     pop_and_run([](void*) { throw_resume_without_handler(); });
   }
+  // If the next event is a push_resume target due at or before `limit`, pops it (advancing now()
+  // as pop_and_run does) and returns the target; otherwise pops nothing and returns nullptr.
+  // (The scheduler's direct hand-over from one process to the next.)
+  void* pop_resume(Time limit) {
+    std::uintptr_t item;
+    if (lane_has_next()) {
+      if (now_ > limit || !(lane_[lane_head_].item & 1u)) return nullptr;
+      item = pop_lane();
+    } else {
+      if (heap_end_ == kRoot || keys_[kRoot].time > limit || !(items_[kRoot] & 1u)) return nullptr;
+      item = pop_heap();
+    }
+    return reinterpret_cast<void*>(item & ~std::uintptr_t{1});
+  }
 
   // Drops every pending event without running it (callbacks are destroyed).
   void clear();
@@ -91,10 +105,16 @@ class EventQueue {
   std::uint64_t order_hash() const { return hash_; }
 
  private:
-  struct Node {
-    Callback cb;
-    Node* next_free = nullptr;
+  // One cache line: a pending node holds its callback; a free one reuses the space for the link.
+  struct alignas(64) Node {
+    union {
+      Callback cb;
+      Node* next_free;
+    };
+    Node() : next_free(nullptr) {}
+    ~Node() {}  // the queue destroys every pending callback (clear()) before the pool goes
   };
+  static_assert(sizeof(Node) == 64, "a callback node is one cache line");
   struct Entry {
     Time time;
     std::uint64_t key;   // (priority + 2^15) << 48 | sequence
@@ -113,10 +133,11 @@ class EventQueue {
     if (!free_) grow_pool();
     Node* n = free_;
     free_ = n->next_free;
+    ::new (&n->cb) Callback();
     return n;
   }
   void free_node(Node* n) {
-    n->cb.reset();
+    n->cb.~Callback();
     n->next_free = free_;
     free_ = n;
   }
