@@ -89,14 +89,6 @@ void EventQueue::settle_slow() const {
   if (last != kRoot) const_cast<EventQueue*>(this)->sift_down(keys_[last], items_[last]);
 }
 
-std::uintptr_t EventQueue::pop_heap() {
-  settle();
-  const Key top = keys_[kRoot];
-  hole_ = true;  // removed when the next push or read of the heap comes (settle())
-  note(Entry{top.time, top.key, 0});
-  return items_[kRoot];
-}
-
 void EventQueue::run_node(Node* n) {
   // The node stays out of the free list while its callback runs (the callback may push events).
   struct Release {

@@ -147,6 +147,13 @@ class EventQueue {
       lane_[lane_tail_++] = Entry{t, (std::uint64_t{32768} << 48) | seq, item};
       return seq;
     }
+    if (t > now_ && hole_ && static_cast<unsigned>(priority + 32768) <= 65535u) {
+      // A successor for the popped root's slot (the common case of a callback's push).
+      const std::uint64_t seq = seq_++;
+      hole_ = false;
+      sift_down(Key{t, (static_cast<std::uint64_t>(priority + 32768) << 48) | seq}, item);
+      return seq;
+    }
     return insert_slow(t, priority, item);
   }
   std::uint64_t insert_slow(Time t, int priority, std::uintptr_t item);
@@ -157,7 +164,12 @@ class EventQueue {
     note(e);
     return e.item;
   }
-  std::uintptr_t pop_heap();
+  std::uintptr_t pop_heap() {
+    settle();
+    hole_ = true;  // removed when the next push or read of the heap comes (settle())
+    note(Entry{keys_[kRoot].time, keys_[kRoot].key, 0});
+    return items_[kRoot];
+  }
   void note(const Entry& e) {
     now_ = e.time;
     ++executed_;
