@@ -44,6 +44,8 @@ extern "C" transfer_t cubesim_switch_fcontext(fcontext_t to, void* data);
 asm(R"(
         .text
         .p2align 4
+        .globl cubesim_switch_fcontext
+        .hidden cubesim_switch_fcontext
         .type cubesim_switch_fcontext, @function
 cubesim_switch_fcontext:
         leaq    -0x38(%rsp), %rsp
