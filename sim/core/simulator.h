@@ -180,8 +180,8 @@ class Simulator {
   void switch_out(Process& p);
   void arrive(void* from, void* ctx);
   void run_loop(Time limit);
-  // The switch path, forced inline: fcontext returns by jmp, so each `ret` between a switch and
-  // the loop that continues is a return-stack mispredict. Inlined, one ret at most follows a switch.
+  // The switch path, forced inline: few returns follow a switch, and the switch itself leaves by
+  // ret (simulator.cpp), so those few are predicted when processes block at the same place.
   void block_inline(Process& p, const WaitGroup* group);
   void sleep_inline(Process& p, Duration d);
   [[noreturn]] static void throw_not_in_process(const char* what);
