@@ -1,11 +1,14 @@
 // bench_sim_core — speed and footprint of sim/core, against a floor measured in the same run.
 //
 //   events_per_s            callback events per second (a queue holding ~1024 pending events)
-//   fiber_switch_ns         two processes yielding to each other through the scheduler, per switch
+//   fiber_switch_ns         two processes yielding to each other through the scheduler, per hand-over
+//                           (one process yields, the other runs: its wake-up goes through the queue)
 //   raw_switch_ns           two bare Boost.Context fcontexts jumping to each other, per switch (floor)
 //   bytes_per_idle_process  stack + heap per process blocked on an event
 //
-// Targets (issue 2): >= 20 M events/s, fiber switch <= 3x raw, idle process <= stack + 256 bytes.
+// Targets (issue 14): >= 25 M events/s, fiber hand-over <= 1.5x raw switch, idle process <= stack +
+// 256 bytes. (Issue 2 counted a hand-over as two switches, to the scheduler and on to the next
+// process, and halved it; since processes hand over directly it is one switch, and counted whole.)
 #include <malloc.h>
 
 #include <algorithm>
@@ -50,8 +53,8 @@ double bench_events(std::uint64_t n) {
   return static_cast<double>(q.executed()) / dt;
 }
 
-// Two processes ping-pong: each yield hands the thread, through the scheduler, to the other.
-// A hand-over is a yield plus a resume: two context switches, which is what we divide by.
+// Two processes ping-pong: each yield hands the thread, through the scheduler's queue, to the
+// other. Each process yields `rounds` times: 2 x rounds hand-overs, which is what we divide by.
 double bench_fiber_switch(std::uint64_t rounds) {
   Simulator sim;
   double t0 = 0, t1 = 0;
@@ -64,7 +67,7 @@ double bench_fiber_switch(std::uint64_t rounds) {
     });
   }
   sim.run();
-  return (t1 - t0) * 1e9 / (4.0 * static_cast<double>(rounds));
+  return (t1 - t0) * 1e9 / (2.0 * static_cast<double>(rounds));
 }
 
 // The floor: two bare fcontexts ping-ponging, no scheduler.
@@ -134,9 +137,9 @@ int main(int argc, char** argv) {
   const IdleCost idle = bench_idle_process(args.quick ? 2000 : 20000);
 
   Table t({"metric", "value", "target", "ok"});
-  t.row({"events_per_s", fmt_num(events_per_s), ">= 2e7", events_per_s >= 2e7 ? "yes" : "NO"});
-  t.row({"fiber_switch_ns", fmt::format("{:.2f}", fiber_ns), fmt::format("<= 3 x raw = {:.2f}", 3 * raw_ns),
-         fiber_ns <= 3 * raw_ns ? "yes" : "NO"});
+  t.row({"events_per_s", fmt_num(events_per_s), ">= 2.5e7", events_per_s >= 2.5e7 ? "yes" : "NO"});
+  t.row({"fiber_switch_ns", fmt::format("{:.2f}", fiber_ns), fmt::format("<= 1.5 x raw = {:.2f}", 1.5 * raw_ns),
+         fiber_ns <= 1.5 * raw_ns ? "yes" : "NO"});
   t.row({"raw_switch_ns", fmt::format("{:.2f}", raw_ns), "(floor)", ""});
   t.row({"bytes_per_idle_process", fmt::format("{:.0f}", idle.bytes_per_process),
          fmt::format("<= stack {} + 256", idle.stack_size),

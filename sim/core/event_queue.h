@@ -50,9 +50,9 @@ class EventQueue {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
-  bool empty() const { return heap_.size() == (hole_ ? 1u : 0u) && lane_head_ == lane_tail_; }
-  std::size_t size() const { return heap_.size() - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
-  Time next_time() const { return lane_has_next() ? now_ : heap_.front().time; }
+  bool empty() const { return heap_end_ == (hole_ ? kRoot + 1 : kRoot) && lane_head_ == lane_tail_; }
+  std::size_t size() const { return heap_end_ - kRoot - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
+  Time next_time() const { return lane_has_next() ? now_ : keys_[kRoot].time; }
   Time now() const { return now_; }
 
   // Pops the earliest event, advances now() to its time, runs it: a callback is called, a
@@ -70,7 +70,7 @@ class EventQueue {
       if (now_ > limit) return false;
       item = pop_lane();
     } else {
-      if (heap_.empty() || heap_.front().time > limit) return false;  // lane_has_next() settled the heap
+      if (heap_end_ == kRoot || keys_[kRoot].time > limit) return false;  // lane_has_next() settled the heap
       item = pop_heap();
     }
     dispatch(item, resume);
@@ -78,6 +78,20 @@ class EventQueue {
   }
   void pop_and_run() {
     pop_and_run([](void*) { throw_resume_without_handler(); });
+  }
+  // If the next event is a push_resume target due at or before `limit`, pops it (advancing now()
+  // as pop_and_run does) and returns the target; otherwise pops nothing and returns nullptr.
+  // (The scheduler's direct hand-over from one process to the next.)
+  void* pop_resume(Time limit) {
+    std::uintptr_t item;
+    if (lane_has_next()) {
+      if (now_ > limit || !(lane_[lane_head_].item & 1u)) return nullptr;
+      item = pop_lane();
+    } else {
+      if (heap_end_ == kRoot || keys_[kRoot].time > limit || !(items_[kRoot] & 1u)) return nullptr;
+      item = pop_heap();
+    }
+    return reinterpret_cast<void*>(item & ~std::uintptr_t{1});
   }
 
   // Drops every pending event without running it (callbacks are destroyed).
@@ -91,16 +105,27 @@ class EventQueue {
   std::uint64_t order_hash() const { return hash_; }
 
  private:
-  struct Node {
-    Callback cb;
-    Node* next_free = nullptr;
+  // One cache line: a pending node holds its callback; a free one reuses the space for the link.
+  struct alignas(64) Node {
+    union {
+      Callback cb;
+      Node* next_free;
+    };
+    Node() : next_free(nullptr) {}
+    ~Node() {}  // the queue destroys every pending callback (clear()) before the pool goes
   };
+  static_assert(sizeof(Node) == 64, "a callback node is one cache line");
   struct Entry {
     Time time;
     std::uint64_t key;   // (priority + 2^15) << 48 | sequence
     std::uintptr_t item; // Node*, or a push_resume target with bit 0 set
   };
-  static bool before(const Entry& a, const Entry& b) {
+  // The heap's sort key alone: 16 bytes, so the four children of a node fill one cache line.
+  struct Key {
+    Time time;
+    std::uint64_t key;
+  };
+  static bool before(const Entry& a, const Key& b) {
     using u128 = unsigned __int128;
     return ((u128{a.time} << 64) | a.key) < ((u128{b.time} << 64) | b.key);
   }
@@ -108,10 +133,11 @@ class EventQueue {
     if (!free_) grow_pool();
     Node* n = free_;
     free_ = n->next_free;
+    ::new (&n->cb) Callback();
     return n;
   }
   void free_node(Node* n) {
-    n->cb.reset();
+    n->cb.~Callback();
     n->next_free = free_;
     free_ = n;
   }
@@ -119,6 +145,13 @@ class EventQueue {
     if (t == now_ && priority == kDefaultPriority && lane_tail_ < lane_cap_) [[likely]] {
       const std::uint64_t seq = seq_++;
       lane_[lane_tail_++] = Entry{t, (std::uint64_t{32768} << 48) | seq, item};
+      return seq;
+    }
+    if (t > now_ && hole_ && static_cast<unsigned>(priority + 32768) <= 65535u) {
+      // A successor for the popped root's slot (the common case of a callback's push).
+      const std::uint64_t seq = seq_++;
+      hole_ = false;
+      sift_down(Key{t, (static_cast<std::uint64_t>(priority + 32768) << 48) | seq}, item);
       return seq;
     }
     return insert_slow(t, priority, item);
@@ -131,7 +164,12 @@ class EventQueue {
     note(e);
     return e.item;
   }
-  std::uintptr_t pop_heap();
+  std::uintptr_t pop_heap() {
+    settle();
+    hole_ = true;  // removed when the next push or read of the heap comes (settle())
+    note(Entry{keys_[kRoot].time, keys_[kRoot].key, 0});
+    return items_[kRoot];
+  }
   void note(const Entry& e) {
     now_ = e.time;
     ++executed_;
@@ -150,14 +188,15 @@ class EventQueue {
   void drop(std::uintptr_t item) {
     if (!(item & 1u)) free_node(reinterpret_cast<Node*>(item));
   }
-  void sift_up(std::size_t i);
-  void sift_down(std::size_t i);
+  void sift_up(std::size_t i, Key k, std::uintptr_t item);
+  void sift_down(Key k, std::uintptr_t item);
+  void grow_heap();
   void grow_pool();
   // True when the next event to run is the front of the now-lane rather than the heap's top.
-  // (Settles a pending root removal first: after it heap_.front() is the heap's true minimum.)
+  // (Settles a pending root removal first: after it keys_[kRoot] is the heap's true minimum.)
   bool lane_has_next() const {
     settle();
-    return lane_head_ != lane_tail_ && (heap_.empty() || before(lane_[lane_head_], heap_.front()));
+    return lane_head_ != lane_tail_ && (heap_end_ == kRoot || before(lane_[lane_head_], keys_[kRoot]));
   }
   // pop_heap() leaves the popped root in place (hole_) so that an event pushed while the popped
   // one runs (a callback scheduling its successor: the common case) takes the root's place with
@@ -168,7 +207,18 @@ class EventQueue {
   }
   void settle_slow() const;
 
-  mutable std::vector<Entry> heap_;  // 4-ary min-heap (heap_[0] stale while hole_)
+  // A 4-ary min-heap of keys, with the items in a parallel array (moved along, never compared).
+  // Slot kRoot (3) is the root and the children of slot i are slots 4i-8 .. 4i-5: with keys_
+  // 64-byte aligned, every group of four siblings is one cache line. Slots 0..2 are unused.
+  // Slots [kRoot, heap_end_) are in use; keys_[kRoot] is stale while hole_.
+  static constexpr std::size_t kRoot = 3;
+  struct FreeAligned {
+    void operator()(Key* p) const;
+  };
+  mutable std::unique_ptr<Key[], FreeAligned> keys_;
+  mutable std::unique_ptr<std::uintptr_t[]> items_;
+  mutable std::size_t heap_end_ = kRoot;
+  std::size_t heap_cap_ = 0;
   mutable bool hole_ = false;
   // Events pushed for the current time at the default priority (wake-ups, mostly) skip the heap:
   // they arrive in sequence order, so this FIFO is already sorted, and popping takes the smaller of

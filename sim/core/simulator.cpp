@@ -28,6 +28,60 @@ thread_local Simulator* Simulator::t_active_ = nullptr;
 
 namespace {
 char kFinishedTag;  // address passed back by a fiber that has finished
+}  // namespace
+
+// Context switches. On x86-64 (System V, ELF) this is Boost.Context's jump_fcontext, with the same
+// context layout (so contexts made by make_fcontext start as before), saving the same registers
+// and the same FPU control words, but it leaves by `ret` into the saved return address where
+// jump_fcontext loads it and leaves by `jmp`. The difference is the CPU's return-stack
+// predictor: with `jmp`, every switch pushed a return address that was never popped, and the first
+// `ret` after a switch mispredicted. With `ret`, the call into the switch and the ret out of it
+// pair up, and when the process arriving blocked where the one leaving blocks (processes of one
+// kind waiting at the same place: ranks in a collective, the bench's ping-pong) every return after
+// the switch is predicted. (Not for CET shadow stacks, which this build does not enable.)
+#if defined(__x86_64__) && defined(__ELF__) && !defined(__CET__)
+extern "C" transfer_t cubesim_switch_fcontext(fcontext_t to, void* data);
+asm(R"(
+        .text
+        .p2align 4
+        .globl cubesim_switch_fcontext
+        .hidden cubesim_switch_fcontext
+        .type cubesim_switch_fcontext, @function
+cubesim_switch_fcontext:
+        leaq    -0x38(%rsp), %rsp
+        stmxcsr (%rsp)
+        fnstcw  0x4(%rsp)
+        movq    %r12, 0x8(%rsp)
+        movq    %r13, 0x10(%rsp)
+        movq    %r14, 0x18(%rsp)
+        movq    %r15, 0x20(%rsp)
+        movq    %rbx, 0x28(%rsp)
+        movq    %rbp, 0x30(%rsp)
+        movq    %rsp, %rax
+        movq    %rdi, %rsp
+        ldmxcsr (%rsp)
+        fldcw   0x4(%rsp)
+        movq    0x8(%rsp), %r12
+        movq    0x10(%rsp), %r13
+        movq    0x18(%rsp), %r14
+        movq    0x20(%rsp), %r15
+        movq    0x28(%rsp), %rbx
+        movq    0x30(%rsp), %rbp
+        leaq    0x38(%rsp), %rsp
+        movq    %rsi, %rdx
+        movq    %rax, %rdi
+        ret
+        .size cubesim_switch_fcontext, .-cubesim_switch_fcontext
+)");
+#define CUBESIM_SWITCH cubesim_switch_fcontext
+#else
+#define CUBESIM_SWITCH bctx::detail::jump_fcontext
+#endif
+
+namespace {
+__attribute__((always_inline)) inline transfer_t switch_to(void* ctx, void* data) {
+  return CUBESIM_SWITCH(static_cast<fcontext_t>(ctx), data);
+}
 
 [[noreturn]] void internal_error(const char* what) {
   std::fprintf(stderr, "cubesim: internal error in the scheduler: %s\n", what);
@@ -92,11 +146,12 @@ class StackPool {
 }  // namespace detail
 
 // The function every fiber starts in. It never returns: it jumps back to the scheduler for good.
+// Whoever starts it (the scheduler, or a process handing over directly) has made it current_.
 struct FiberEntry {
   static void run(transfer_t t) {
-    auto* p = static_cast<Process*>(t.data);
-    Simulator* sim = p->sim_;
-    sim->main_ctx_ = t.fctx;
+    Simulator* sim = Simulator::active();
+    Process* p = sim->current_;
+    sim->arrive(t.data, t.fctx);
 #ifdef CUBESIM_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &sim->asan_main_bottom_, &sim->asan_main_size_);
 #endif
@@ -115,7 +170,7 @@ struct FiberEntry {
 #ifdef CUBESIM_ASAN
     __sanitizer_start_switch_fiber(nullptr, sim->asan_main_bottom_, sim->asan_main_size_);
 #endif
-    bctx::detail::jump_fcontext(static_cast<fcontext_t>(sim->main_ctx_), &kFinishedTag);
+    switch_to(sim->main_ctx_, &kFinishedTag);
     internal_error("a finished fiber was resumed");
   }
 };
@@ -182,6 +237,17 @@ void Simulator::unlink(Process* p) {
   --live_count_;
 }
 
+// Every jump passes, as its data, the process it leaves (nullptr: the scheduler's loop), so that
+// the side that arrives can store the context it left: a process may be resumed by the scheduler
+// or, directly, by the process that ran before it (switch_out).
+__attribute__((always_inline)) inline void Simulator::arrive(void* from, void* ctx) {
+  if (from != nullptr) {
+    static_cast<Process*>(from)->ctx_ = ctx;
+  } else {
+    main_ctx_ = ctx;
+  }
+}
+
 __attribute__((always_inline)) inline void Simulator::resume(Process* p) {
   if (p->state_ == Process::State::kRunning) internal_error("resume of a running process");
   Process* prev = current_;
@@ -191,27 +257,52 @@ __attribute__((always_inline)) inline void Simulator::resume(Process* p) {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, static_cast<char*>(p->stack_sp_) - p->stack_size_, p->stack_size_);
 #endif
-  transfer_t t = bctx::detail::jump_fcontext(static_cast<fcontext_t>(p->ctx_), p);
+  transfer_t t = switch_to(p->ctx_, nullptr);
 #ifdef CUBESIM_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   current_ = prev;
+  // Back from p, or from a later process that p handed over to, or from one that finished.
   if (t.data == &kFinishedTag) {
-    stacks_->put(finished_sp_);  // p is gone
+    stacks_->put(finished_sp_);
   } else {
-    p->ctx_ = t.fctx;
+    static_cast<Process*>(t.data)->ctx_ = t.fctx;
   }
 }
 
-__attribute__((always_inline)) inline void Simulator::yield_to_scheduler(Process& p) {
-#ifdef CUBESIM_ASAN
+// The running process p has blocked (its wake-up, if any, is queued). When the queue's next event
+// is a process to resume, due within the run's limit, p pops it and switches to that process
+// directly: one context switch per hand-over instead of two (p to the scheduler, the scheduler to
+// the next), and the scheduler's loop is not entered at all. The queue pops the same events in the
+// same order either way; only which stack runs the pop differs. Anything else (a callback, nothing
+// due, the interrupt poll coming due) goes back to the scheduler. If the next is p itself (a
+// yield with nothing else due now), p simply goes on.
+__attribute__((always_inline)) inline void Simulator::switch_out(Process& p) {
+#ifndef CUBESIM_ASAN
+  if (poll_ > 1) [[likely]] {
+    if (void* target = queue_.pop_resume(stop_at_)) {
+      --poll_;
+      Process* next = static_cast<Process*>(target);
+      if (next == &p) {
+        p.state_ = Process::State::kRunning;
+        return;
+      }
+      if (next->state_ == Process::State::kRunning) internal_error("resume of a running process");
+      current_ = next;
+      next->state_ = Process::State::kRunning;
+      transfer_t t = switch_to(next->ctx_, &p);
+      arrive(t.data, t.fctx);
+      return;
+    }
+  }
+#else
   __sanitizer_start_switch_fiber(&p.asan_fake_stack_, asan_main_bottom_, asan_main_size_);
 #endif
-  transfer_t t = bctx::detail::jump_fcontext(static_cast<fcontext_t>(main_ctx_), nullptr);
+  transfer_t t = switch_to(main_ctx_, &p);
 #ifdef CUBESIM_ASAN
   __sanitizer_finish_switch_fiber(p.asan_fake_stack_, &asan_main_bottom_, &asan_main_size_);
 #endif
-  main_ctx_ = t.fctx;
+  arrive(t.data, t.fctx);
 }
 
 void Simulator::throw_not_in_process(const char* what) {
@@ -243,7 +334,7 @@ __attribute__((always_inline)) inline void Simulator::block_inline(Process& p, c
   p.state_ = Process::State::kBlocked;
   p.wait_group_ = group;
   p.blocked_since_ = now();
-  yield_to_scheduler(p);
+  switch_out(p);
   p.wait_group_ = nullptr;
   if (p.cancel_) throw detail::ProcessUnwind{};
 }
@@ -293,11 +384,11 @@ void Simulator::run_loop(Time limit) {
   ActiveGuard guard(this);
   stop_at_ = limit;
   auto resumer = [this](void* p) { resume(static_cast<Process*>(p)); };
-  std::uint32_t poll = kInterruptPoll;
+  poll_ = kInterruptPoll;
   bool interrupted = false;
   while (queue_.run_next(stop_at_, resumer)) {
-    if (--poll == 0) [[unlikely]] {
-      poll = kInterruptPoll;
+    if (--poll_ == 0) [[unlikely]] {
+      poll_ = kInterruptPoll;
       if (interrupt_requested()) {
         interrupted = true;
         break;
@@ -376,8 +467,11 @@ void Simulator::unwind_all() {
 
 namespace this_process {
 void sleep(Duration d) {
-  Process& p = Simulator::running_process("this_process::sleep()");
-  p.simulator().sleep_inline(p, d);
+  // Simulator::running_process, but keeping the simulator it read: going through p.simulator()
+  // would add a dependent load to the head of the switch path.
+  Simulator* s = Simulator::active();
+  if (s == nullptr || s->current_ == nullptr) [[unlikely]] Simulator::running_process("this_process::sleep()");
+  s->sleep_inline(*s->current_, d);
 }
 
 Time now() {

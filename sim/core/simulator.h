@@ -177,10 +177,11 @@ class Simulator {
   void* allocate_record(std::size_t bytes, std::size_t align, void** sp, std::size_t* size);
   void start(Process* p, void* sp, std::size_t size);
   void resume(Process* p);
-  void yield_to_scheduler(Process& p);
+  void switch_out(Process& p);
+  void arrive(void* from, void* ctx);
   void run_loop(Time limit);
-  // The switch path, forced inline: fcontext returns by jmp, so each `ret` between a switch and
-  // the loop that continues is a return-stack mispredict. Inlined, one ret at most follows a switch.
+  // The switch path, forced inline: few returns follow a switch, and the switch itself leaves by
+  // ret (simulator.cpp), so those few are predicted when processes block at the same place.
   void block_inline(Process& p, const WaitGroup* group);
   void sleep_inline(Process& p, Duration d);
   [[noreturn]] static void throw_not_in_process(const char* what);
@@ -206,6 +207,7 @@ class Simulator {
   std::vector<ProcessFailure> failures_;
   Time failure_time_ = 0;
   Time stop_at_ = kTimeMax;  // the run loop's limit; a failure lowers it to the failure's instant
+  std::uint32_t poll_ = 0;   // events until the run loop next reads the interrupt flag
   bool stopping_ = false;
   Simulator* prev_active_ = nullptr;
 #ifdef CUBESIM_ASAN

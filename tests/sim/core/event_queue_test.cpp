@@ -64,6 +64,93 @@ TEST(EventQueue, RandomWorkloadPopsThePendingMinimum) {
   }
 }
 
+// Property, at the scale where the heap is several levels deep and grows: callbacks and
+// push_resume targets, pushed from outside and from inside callbacks (at now() and later), with
+// many ties on time and on priority, run exactly in the reference order: the pending set's
+// minimum by (time, priority, sequence) each time. Reads of the queue between events (size,
+// next_time, run_next with a limit) settle a popped root at odd moments; clear() at the end drops
+// what is left. The queue's order hash must equal the hash of the reference sequence.
+TEST(EventQueue, LargeRandomWorkloadWithResumesMatchesTheReferenceOrder) {
+  using Key = std::tuple<Time, int, std::uint64_t>;
+  struct Target {
+    Key key;
+  };
+  for (int seed = 0; seed < 12; ++seed) {
+    struct State {
+      std::mt19937_64 rng;
+      EventQueue q;
+      std::set<Key> pending;
+      std::vector<std::unique_ptr<Target>> targets;
+      std::uint64_t expect_hash = 0xcbf29ce484222325ull;
+      std::size_t runs = 0, budget = 0;
+      int seed = 0;
+      void check(const Key& k) {
+        ASSERT_FALSE(pending.empty()) << "seed " << seed;
+        ASSERT_EQ(k, *pending.begin()) << "seed " << seed << " event " << runs;
+        ASSERT_EQ(std::get<0>(k), q.now());
+        pending.erase(pending.begin());
+        const auto [t, prio, seq] = k;
+        const std::uint64_t key = (static_cast<std::uint64_t>(prio + 32768) << 48) | seq;
+        expect_hash = ((expect_hash ^ t) * 0x100000001b3ull ^ key) * 0x9e3779b97f4a7c15ull;
+        ++runs;
+        if (budget > 0) {
+          const int n = static_cast<int>(rng() % 3);  // 0, 1 or 2 successors: the set breathes
+          for (int i = 0; i < n && budget > 0; ++i, --budget) push_one();
+        }
+      }
+      Time pick_time() {
+        switch (rng() % 8) {
+          case 0: case 1: case 2: return q.now();                     // ties on now (the lane)
+          case 3: return q.now() + rng() % 4;                         // near ties
+          case 4: return q.now() + 1000 * (rng() % 5);                // ties on a coarse grid
+          case 5: return q.now() + (rng() % 1'000'000);               // far
+          default: return q.now() + rng() % 2000;
+        }
+      }
+      void push_one() {
+        const Time t = pick_time();
+        const int prio = rng() % 2 ? 0 : static_cast<int>(rng() % 5) - 2;
+        if (rng() % 3 == 0) {
+          targets.push_back(std::make_unique<Target>());
+          Target* tg = targets.back().get();
+          tg->key = Key{t, prio, q.push_resume(t, prio, tg)};
+          pending.insert(tg->key);
+        } else {
+          auto key = std::make_shared<Key>();
+          *key = Key{t, prio, q.push(t, prio, [this, key] { check(*key); })};
+          pending.insert(*key);
+        }
+      }
+    } st;
+    st.rng.seed(seed);
+    st.seed = seed;
+    st.budget = 20000;
+    for (int i = 0; i < 3000; ++i) st.push_one();  // past the heap's first capacity
+    auto resume = [&](void* p) { st.check(static_cast<Target*>(p)->key); };
+    while (!st.q.empty()) {
+      ASSERT_EQ(st.q.size(), st.pending.size());
+      switch (st.rng() % 16) {
+        case 0: ASSERT_EQ(st.q.next_time(), std::get<0>(*st.pending.begin())); break;
+        case 1: {
+          const Time front = std::get<0>(*st.pending.begin());
+          const Time limit = front > 0 ? front - st.rng() % 2 : 0;
+          ASSERT_EQ(st.q.run_next(limit, resume), front <= limit);
+          continue;
+        }
+        default: break;
+      }
+      if (st.runs > 15000 && st.rng() % 500 == 0) break;  // leave some pending for clear()
+      st.q.pop_and_run(resume);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    EXPECT_EQ(st.q.order_hash(), st.expect_hash) << "seed " << seed;
+    EXPECT_EQ(st.q.executed(), st.runs);
+    st.q.clear();
+    EXPECT_TRUE(st.q.empty());
+    EXPECT_EQ(st.q.size(), 0u);
+  }
+}
+
 TEST(EventQueue, PastEventsAndBadPrioritiesAreErrors) {
   EventQueue q;
   q.push(ns(10), 0, [] {});

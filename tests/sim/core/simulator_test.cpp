@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <csignal>
 #include <random>
 #include <string>
@@ -383,6 +385,41 @@ TEST(Simulator, CallbacksAndProcessesInterleaveByTime) {
   sim.at(ns(5), [&] { order.push_back(3); }, -1);  // higher priority: first at 5 ns
   sim.run();
   EXPECT_EQ(order, (std::vector<int>{3, 1, 2}));
+}
+
+// A process that blocks hands over directly to the next process when that is the queue's next
+// event, and goes back to the scheduler otherwise; either way the queue's order holds. At every
+// 10 ns: a callback of priority -1 first, then the priority-0 events by insertion (the processes'
+// wake-ups in the order they went to sleep; at 10 ns a callback pushed before the run, so before
+// them), then one of priority +1. p1 yields after its turn, so it runs again after the others due
+// then, and its next wake-up is pushed after p2's.
+TEST(Simulator, DirectHandOversKeepTheQueueOrder) {
+  Simulator sim;
+  std::vector<std::string> log;
+  auto note = [&](const std::string& what) { log.push_back(fmt::format("{} {}", sim.now() / ns(1), what)); };
+  for (int i = 0; i < 3; ++i) {
+    sim.spawn(fmt::format("p{}", i), [&, i] {
+      for (int round = 0; round < 3; ++round) {
+        this_process::sleep(ns(10));
+        note(fmt::format("p{}", i));
+        if (i == 1) {
+          this_process::yield();
+          note("p1 again");
+        }
+      }
+    });
+  }
+  for (int t = 10; t <= 30; t += 10) {
+    sim.at(ns(t), [&] { note("early"); }, -1);
+    sim.at(ns(t), [&] { note("late"); }, 1);
+  }
+  sim.at(ns(10), [&] { note("default"); });  // pushed after the processes' first wake-ups
+  sim.run();
+  const std::vector<std::string> expect = {
+      "10 early", "10 default", "10 p0", "10 p1", "10 p2", "10 p1 again", "10 late",  //
+      "20 early", "20 p0", "20 p2", "20 p1", "20 p1 again", "20 late",                //
+      "30 early", "30 p0", "30 p2", "30 p1", "30 p1 again", "30 late"};
+  EXPECT_EQ(log, expect);
 }
 
 }  // namespace
