@@ -240,10 +240,11 @@ int main(int argc, char** argv) {
 
   const std::string cpu = cpu_model();
   const std::string openblas = openblas_config();
-  fmt::print("bench_det_gemm_cpu: {}; det_gemm micro-kernel avx2 (6x16); Eigen {}.{}.{} with AVX2+FMA; {} (core {}); "
+  const GemmIsa isa = gemm_isa_automatic();
+  fmt::print("bench_det_gemm_cpu: {}; det_gemm micro-kernel {}; Eigen {}.{}.{} with AVX2+FMA; {} (core {}); "
              "best of >= {}\n",
-             cpu, EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, openblas, openblas_get_corename(),
-             reps);
+             cpu, isa == GemmIsa::avx512 ? "avx512 (12x32, 6x16 avx2 on edges)" : "avx2 (6x16)", EIGEN_WORLD_VERSION,
+             EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, openblas, openblas_get_corename(), reps);
   Table t({"shape", "M", "N", "K", "dtype", "threads", "det_gemm GFLOP/s", "Eigen GFLOP/s", "OpenBLAS GFLOP/s",
            "vs Eigen", ">= 0.9", "vs OpenBLAS", ">= 1.0"});
   nlohmann::json rows = nlohmann::json::array();
@@ -277,6 +278,6 @@ int main(int argc, char** argv) {
     }
   }
   t.print();
-  write_json(args, {{"bench", "bench_det_gemm_cpu"}, {"cpu", cpu}, {"openblas", openblas}, {"reps", reps}, {"rows", rows}});
+  write_json(args, {{"bench", "bench_det_gemm_cpu"}, {"cpu", cpu}, {"isa", gemm_isa_name(isa)}, {"openblas", openblas}, {"reps", reps}, {"rows", rows}});
   return 0;
 }
