@@ -324,16 +324,11 @@ void pack_b(const MatrixView& B, std::int64_t p0, std::int64_t kc, std::int64_t 
     const std::int64_t slivers = nc / kNR;
     const std::int64_t base = p0 * rs + j0;
     s = slivers * kNR;
-    bool done = false;
     if constexpr (Simd && D == DType::f32) {
       detail::pack_b_nmajor_f32_avx2(static_cast<const float*>(B.data) + base, rs, kc, slivers, dst);
-      done = true;
-    }
-    if constexpr (Simd && D == DType::bf16) {
+    } else if constexpr (Simd && D == DType::bf16) {
       detail::pack_b_nmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, rs, kc, slivers, dst);
-      done = true;
-    }
-    if (!done) {
+    } else {
       for (std::int64_t k = 0; k < kc; ++k) {
         const std::int64_t row = base + k * rs;
         for (std::int64_t j = 0; j < slivers; ++j) {
