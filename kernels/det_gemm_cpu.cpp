@@ -1,11 +1,12 @@
-// The fast host det_gemm: BLIS-style cache blocking around a 6x16 register tile.
+// The fast host det_gemm: BLIS-style cache blocking around a 6x16 register tile (12x32, two by two
+// of the same slivers, where AVX-512 runs).
 //
 // Loop nest of one thread's output region (rows [m0,m1), columns [n0,n1)):
 //   for each row superblock (only when the accumulator is a workspace, not C itself)
 //     for jc in columns, step nc:                    B panel [K x nc]
 //       for pc in 0..K, step kc (ascending):          pack B[pc:pc+kc, jc:jc+nc] into 16-wide slivers
 //         for ic in rows, step mc:                    pack A[ic:ic+mc, pc:pc+kc] into 6-tall slivers
-//           for jr, ir: micro-kernel on the 6x16 tile, LOADING the accumulator when pc > 0
+//           for jr, ir: micro-kernel on the 6x16 (or 12x32) tile, LOADING the accumulator when pc > 0
 //       epilogue: bias after the full sum, round to C's dtype
 // Each accumulator element therefore sees fma over k = 0, 1, ..., K-1 in order, starting at +0.0f,
 // whatever mc/nc/kc, the region or the ISA: the same bits as det_gemm_reference. Threads split the
