@@ -100,17 +100,23 @@ using VectorView = BasicVectorView<const void>;
 using MutableVectorView = BasicVectorView<void>;
 
 // Which micro-kernel the fast path runs. Every choice gives the same bits; `portable` exists so
-// tests cover the fallback on machines that have AVX2, and `avx2` throws where the CPU lacks it.
-enum class GemmIsa { automatic, portable, avx2 };
+// tests cover the fallback on machines that have AVX2, and `avx2`/`avx512` throw where the CPU
+// lacks them. `avx512` runs a 12x32 tile over the bulk of the output and the 6x16 AVX2 tile on
+// the edges.
+enum class GemmIsa { automatic, portable, avx2, avx512 };
 std::string_view gemm_isa_name(GemmIsa isa);
-// True when this CPU (and OS) run AVX2 and FMA: what `automatic` picks.
+// True when this CPU (and OS) run AVX2 and FMA.
 bool cpu_has_avx2_fma();
+// True when this CPU (and OS) also run AVX-512F (zmm registers).
+bool cpu_has_avx512f();
+// What `automatic` runs on this CPU: avx512, else avx2, else portable.
+GemmIsa gemm_isa_automatic();
 
 struct GemmOptions {
   int threads = 1;  // >= 1; threads split M and N only, never K
   GemmIsa isa = GemmIsa::automatic;
   // Cache blocking in elements; 0 picks the tuned default, others are rounded up to the micro-tile
-  // (6 rows, 16 columns). Tests shrink them to reach every edge with small shapes: the result
+  // (6 rows, 16 columns; a block that is not a whole number of 12x32 tiles runs 6x16 on its edges). Tests shrink them to reach every edge with small shapes: the result
   // never depends on them.
   std::int64_t mc = 0, nc = 0, kc = 0;
   // Below this much work per thread (2·M·N·K flops), fewer threads are used, since waking one costs
@@ -124,8 +130,9 @@ struct GemmOptions {
 // The scalar definition: std::fma in a translation unit compiled with -ffp-contract=off.
 void det_gemm_reference(const MatrixView& A, const MatrixView& B, const VectorView* bias,
                         const MutableMatrixView& C);
-// The fast kernel: packed f32 panels, a 6x16 register-blocked AVX2/FMA micro-kernel (portable
-// fallback), bitwise equal to det_gemm_reference on every shape, layout, dtype and thread count.
+// The fast kernel: packed f32 panels, a 12x32 AVX-512 or 6x16 AVX2/FMA register-blocked
+// micro-kernel (portable fallback), bitwise equal to det_gemm_reference on every shape, layout,
+// dtype and thread count.
 void det_gemm(const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C,
               const GemmOptions& options = {});
 

@@ -153,11 +153,26 @@ void pack_a_rowmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::i
     for (int r = 0; r < 6; ++r) dst[k * 6 + r] = widen_bf16_scalar(src[r * ld + k]);
 }
 
-void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst) {
+void pack_b_nmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, std::int64_t slivers, float* dst) {
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const float* s = src + k * ld;
+    float* d = dst + k * 16;
+    for (std::int64_t j = 0; j < slivers; ++j, s += 16, d += kc * 16) {
+      _mm256_storeu_ps(d, _mm256_loadu_ps(s));
+      _mm256_storeu_ps(d + 8, _mm256_loadu_ps(s + 8));
+    }
+  }
+}
+
+void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, std::int64_t slivers,
+                             float* dst) {
   for (std::int64_t k = 0; k < kc; ++k) {
     const std::uint16_t* s = src + k * ld;
-    _mm256_storeu_ps(dst + k * 16, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
-    _mm256_storeu_ps(dst + k * 16 + 8, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8))));
+    float* d = dst + k * 16;
+    for (std::int64_t j = 0; j < slivers; ++j, s += 16, d += kc * 16) {
+      _mm256_storeu_ps(d, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
+      _mm256_storeu_ps(d + 8, widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8))));
+    }
   }
 }
 

@@ -15,6 +15,7 @@ std::string_view gemm_isa_name(GemmIsa isa) {
     case GemmIsa::automatic: return "automatic";
     case GemmIsa::portable: return "portable";
     case GemmIsa::avx2: return "avx2";
+    case GemmIsa::avx512: return "avx512";
   }
   return "?";
 }

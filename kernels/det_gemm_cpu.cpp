@@ -1,11 +1,12 @@
-// The fast host det_gemm: BLIS-style cache blocking around a 6x16 register tile.
+// The fast host det_gemm: BLIS-style cache blocking around a 6x16 register tile (12x32, two by two
+// of the same slivers, where AVX-512 runs).
 //
 // Loop nest of one thread's output region (rows [m0,m1), columns [n0,n1)):
 //   for each row superblock (only when the accumulator is a workspace, not C itself)
 //     for jc in columns, step nc:                    B panel [K x nc]
 //       for pc in 0..K, step kc (ascending):          pack B[pc:pc+kc, jc:jc+nc] into 16-wide slivers
 //         for ic in rows, step mc:                    pack A[ic:ic+mc, pc:pc+kc] into 6-tall slivers
-//           for jr, ir: micro-kernel on the 6x16 tile, LOADING the accumulator when pc > 0
+//           for jr, ir: micro-kernel on the 6x16 (or 12x32) tile, LOADING the accumulator when pc > 0
 //       epilogue: bias after the full sum, round to C's dtype
 // Each accumulator element therefore sees fma over k = 0, 1, ..., K-1 in order, starting at +0.0f,
 // whatever mc/nc/kc, the region or the ISA: the same bits as det_gemm_reference. Threads split the
@@ -42,6 +43,19 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
+bool cpu_has_avx512f() {
+#if defined(CUBESIM_KERNELS_AVX2)
+  static const bool has = cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f");
+  return has;
+#else
+  return false;
+#endif
+}
+
+GemmIsa gemm_isa_automatic() {
+  return cpu_has_avx512f() ? GemmIsa::avx512 : cpu_has_avx2_fma() ? GemmIsa::avx2 : GemmIsa::portable;
+}
+
 namespace detail {
 
 void microkernel_6x16_portable(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
@@ -60,9 +74,13 @@ void microkernel_6x16_portable(std::int64_t kc, const float* a, const float* b, 
 }
 
 #if !defined(CUBESIM_KERNELS_AVX2)
-// Not x86: never called (cpu_has_avx2_fma() is false), defined so the symbol exists.
+// Not x86: never called (cpu_has_avx2_fma() is false), defined so the symbols exist.
 void microkernel_6x16_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, bool load) {
   microkernel_6x16_portable(kc, a, b, c, ldc, load);
+}
+void microkernel_12x32_avx512(std::int64_t, const float*, const float*, const float*, const float*, float*,
+                              std::int64_t, bool) {
+  std::abort();
 }
 #endif
 
@@ -73,11 +91,17 @@ namespace {
 using detail::kMR;
 using detail::kNR;
 
-// Defaults tuned on Zen 5 (see docs/PERFORMANCE.md): a 16 KiB B sliver (kc x 16) stays in L1 while
-// the 144 x 256 A block (147 KiB) streams from L2; the kc x nc B panel (1 MiB) sits in L2/L3.
-constexpr std::int64_t kDefaultMc = 144;
-constexpr std::int64_t kDefaultNc = 1024;
-constexpr std::int64_t kDefaultKc = 256;
+struct Blocking {
+  std::int64_t mc, nc, kc;
+};
+// 6x16 tiles (AVX2, portable), tuned on Zen 5 (see docs/PERFORMANCE.md): a 16 KiB B sliver (kc x
+// 16) stays in L1 while the 144 x 256 A block (147 KiB) streams from L2; the kc x nc B panel (1 MiB)
+// sits in L2/L3.
+constexpr Blocking kBlocking6x16{.mc = 144, .nc = 1024, .kc = 256};
+// 12x32 tiles (AVX-512), tuned on Zen 4 (docs/PERFORMANCE.md, issue 14): what costs there is C, read
+// and written once per k block from L3 or memory, so kc is as long as 1024; the 48 x 1024 A block
+// (192 KiB) and a 128 KiB pair of B slivers stream from L2, the 4 MiB B panel from L3.
+constexpr Blocking kBlocking12x32{.mc = 48, .nc = 1024, .kc = 1024};
 // When C is not f32 with unit column stride, the accumulator is a workspace of at most this many
 // rows x nc; B is packed again per superblock, which costs ~1/(2*rows) of the arithmetic.
 constexpr std::int64_t kSuperblockRows = 576;
@@ -293,7 +317,29 @@ void pack_a(const MatrixView& A, std::int64_t i0, std::int64_t mc, std::int64_t 
 template <DType D, bool Simd>
 void pack_b(const MatrixView& B, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc, float* dst) {
   const std::int64_t rs = B.row_stride, cs = B.col_stride;
-  for (std::int64_t s = 0; s < nc; s += kNR) {
+  std::int64_t s = 0;  // the first column not packed yet
+  if (cs == 1 && nc >= kNR) {
+    // Row-major B: all full slivers together, row by row. Sliver by sliver, every row would start
+    // on a new page, a TLB and cache miss per 16 elements that no prefetcher follows (13% of a
+    // 1024^3 product); row by row the reads are sequential.
+    const std::int64_t slivers = nc / kNR;
+    const std::int64_t base = p0 * rs + j0;
+    s = slivers * kNR;
+    if constexpr (Simd && D == DType::f32) {
+      detail::pack_b_nmajor_f32_avx2(static_cast<const float*>(B.data) + base, rs, kc, slivers, dst);
+    } else if constexpr (Simd && D == DType::bf16) {
+      detail::pack_b_nmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, rs, kc, slivers, dst);
+    } else {
+      for (std::int64_t k = 0; k < kc; ++k) {
+        const std::int64_t row = base + k * rs;
+        for (std::int64_t j = 0; j < slivers; ++j) {
+          float* dk = dst + j * kc * kNR + k * kNR;
+          for (int c = 0; c < kNR; ++c) dk[c] = elem<D>(B.data, row + j * kNR + c);
+        }
+      }
+    }
+  }
+  for (; s < nc; s += kNR) {
     const std::int64_t cols = std::min<std::int64_t>(kNR, nc - s);
     float* d = dst + s * kc;
     const std::int64_t base = p0 * rs + (j0 + s) * cs;
@@ -308,18 +354,6 @@ void pack_b(const MatrixView& B, std::int64_t p0, std::int64_t kc, std::int64_t 
         detail::pack_b_kmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, cs, kc, d);
         continue;
       }
-      if (cs == 1 && cols == kNR) {
-        detail::pack_b_nmajor_bf16_avx2(static_cast<const std::uint16_t*>(B.data) + base, rs, kc, d);
-        continue;
-      }
-    }
-    if (cs == 1 && cols == kNR) {  // row-major B, full sliver: 16 contiguous elements per k
-      for (std::int64_t k = 0; k < kc; ++k) {
-        const std::int64_t row = base + k * rs;
-        float* dk = d + k * kNR;
-        for (int c = 0; c < kNR; ++c) dk[c] = elem<D>(B.data, row + c);
-      }
-      continue;
     }
     if (std::llabs(cs) <= std::llabs(rs)) {
       for (std::int64_t k = 0; k < kc; ++k)
@@ -391,8 +425,9 @@ struct Engine {
   bool epilogue = false;
   const float* bias = nullptr;  // N elements, widened to f32
   MutableMatrixView C;
-  std::int64_t mc = kDefaultMc, nc = kDefaultNc, kc = kDefaultKc, superblock = kSuperblockRows;
+  std::int64_t mc = 0, nc = 0, kc = 0, superblock = 0;
   detail::MicroKernel uk = &detail::microkernel_6x16_portable;
+  bool big_tiles = false;  // whole 12x32 tiles through microkernel_12x32_avx512, edges through uk
   PackA pack_a = nullptr;
   PackB pack_b = nullptr;
 };
@@ -456,6 +491,31 @@ void finish_block(const Engine& E, float* acc, std::int64_t ld, std::int64_t i0,
   }
 }
 
+// The 6x16 tiles of rows [i0, i1) and columns [j0, j1) of a packed block (A slivers at abuf, B
+// slivers at bbuf, accumulators at c with leading dimension ld); i0 and j0 are tile-aligned.
+void micro_tiles(const Engine& E, std::int64_t kc, const float* abuf, const float* bbuf, float* c, std::int64_t ld,
+                 bool load, std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t jr = j0; jr < j1; jr += kNR) {
+    const std::int64_t nr = std::min<std::int64_t>(kNR, j1 - jr);
+    const float* bp = bbuf + jr * kc;
+    for (std::int64_t ir = i0; ir < i1; ir += kMR) {
+      const std::int64_t mr = std::min<std::int64_t>(kMR, i1 - ir);
+      const float* ap = abuf + ir * kc;
+      float* ct = c + ir * ld + jr;
+      if (mr == kMR && nr == kNR) {
+        E.uk(kc, ap, bp, ct, ld, load);
+        continue;
+      }
+      // Edge tile: run the full 6x16 kernel on a copy; the padding lanes are discarded.
+      alignas(64) float t[kMR * kNR] = {};
+      if (load)
+        for (std::int64_t i = 0; i < mr; ++i) std::copy(ct + i * ld, ct + i * ld + nr, t + i * kNR);
+      E.uk(kc, ap, bp, t, kNR, load);
+      for (std::int64_t i = 0; i < mr; ++i) std::copy(t + i * kNR, t + i * kNR + nr, ct + i * ld);
+    }
+  }
+}
+
 void compute_region(const Engine& E, std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
   Workspace& ws = thread_workspace();
   const std::int64_t K = E.K;
@@ -488,25 +548,23 @@ void compute_region(const Engine& E, std::int64_t m0, std::int64_t m1, std::int6
         for (std::int64_t ic = s0; ic < s1; ic += E.mc) {
           const std::int64_t mc = std::min(E.mc, s1 - ic);
           E.pack_a(E.A, ic, mc, pc, kc, abuf);
-          for (std::int64_t jr = 0; jr < nc; jr += kNR) {
-            const std::int64_t nr = std::min<std::int64_t>(kNR, nc - jr);
-            const float* bp = bbuf + jr * kc;
-            for (std::int64_t ir = 0; ir < mc; ir += kMR) {
-              const std::int64_t mr = std::min<std::int64_t>(kMR, mc - ir);
-              const float* ap = abuf + ir * kc;
-              float* c = acc + (ic - s0 + ir) * ld + jr;
-              if (mr == kMR && nr == kNR) {
-                E.uk(kc, ap, bp, c, ld, load);
-                continue;
+          float* const cblock = acc + (ic - s0) * ld;
+          std::int64_t jr = 0;
+          if (E.big_tiles) {  // 12x32 tiles over whole pairs of slivers; the 6x16 loop below does the rest
+            for (; jr + 2 * kNR <= nc; jr += 2 * kNR) {
+              const float* bp = bbuf + jr * kc;
+              std::int64_t ir = 0;
+              for (; ir + 2 * kMR <= mc; ir += 2 * kMR) {
+                const float* ap = abuf + ir * kc;
+                detail::microkernel_12x32_avx512(kc, ap, ap + kMR * kc, bp, bp + kNR * kc, cblock + ir * ld + jr, ld,
+                                                 load);
               }
-              // Edge tile: run the full 6x16 kernel on a copy; the padding lanes are discarded.
-              alignas(64) float t[kMR * kNR] = {};
-              if (load)
-                for (std::int64_t i = 0; i < mr; ++i) std::copy(c + i * ld, c + i * ld + nr, t + i * kNR);
-              E.uk(kc, ap, bp, t, kNR, load);
-              for (std::int64_t i = 0; i < mr; ++i) std::copy(t + i * kNR, t + i * kNR + nr, c + i * ld);
+              if (ir < mc) {
+                micro_tiles(E, kc, abuf, bbuf, cblock, ld, load, ir, mc, jr, jr + 2 * kNR);
+              }
             }
           }
+          if (jr < nc) micro_tiles(E, kc, abuf, bbuf, cblock, ld, load, 0, mc, jr, nc);
         }
       }
       if (E.epilogue) finish_block(E, acc, ld, s0, s1, jc, nc);
@@ -566,15 +624,10 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
   E.M = A.rows;
   E.N = B.cols;
   E.K = A.cols;
-  E.mc = o.mc ? round_up(o.mc, kMR) : kDefaultMc;
-  E.nc = o.nc ? round_up(o.nc, kNR) : kDefaultNc;
-  E.kc = o.kc ? o.kc : kDefaultKc;
-  E.superblock = std::max(E.mc, kSuperblockRows / E.mc * E.mc);
   // An isa outside the enum (options read from untrusted bytes) is an error, after the switch.
-  switch (o.isa) {
+  const GemmIsa isa = o.isa == GemmIsa::automatic ? gemm_isa_automatic() : o.isa;
+  switch (isa) {
     case GemmIsa::automatic:
-      E.uk = cpu_has_avx2_fma() ? &detail::microkernel_6x16_avx2 : &detail::microkernel_6x16_portable;
-      break;
     case GemmIsa::portable: E.uk = &detail::microkernel_6x16_portable; break;
     case GemmIsa::avx2:
       if (!cpu_has_avx2_fma()) {
@@ -584,11 +637,27 @@ Engine make_engine(const char* fn, const GemmOptions& o, const MatrixView& A, co
       }
       E.uk = &detail::microkernel_6x16_avx2;
       break;
+    case GemmIsa::avx512:
+      if (!cpu_has_avx512f()) {
+        throw std::invalid_argument(fmt::format(
+            "{}: options.isa is avx512 but this CPU lacks AVX-512F (or AVX2/FMA); use GemmIsa::automatic, "
+            "GemmIsa::avx2 or GemmIsa::portable",
+            fn));
+      }
+      E.uk = &detail::microkernel_6x16_avx2;
+      E.big_tiles = true;
+      break;
   }
-  if (o.isa != GemmIsa::automatic && o.isa != GemmIsa::portable && o.isa != GemmIsa::avx2) {
-    throw std::invalid_argument(fmt::format("{}: options.isa has invalid value {}; valid: automatic, portable, avx2", fn,
-                                            static_cast<int>(o.isa)));
+  if (o.isa != GemmIsa::automatic && o.isa != GemmIsa::portable && o.isa != GemmIsa::avx2 &&
+      o.isa != GemmIsa::avx512) {
+    throw std::invalid_argument(fmt::format(
+        "{}: options.isa has invalid value {}; valid: automatic, portable, avx2, avx512", fn, static_cast<int>(o.isa)));
   }
+  const Blocking& blocking = E.big_tiles ? kBlocking12x32 : kBlocking6x16;
+  E.mc = o.mc ? round_up(o.mc, kMR) : blocking.mc;
+  E.nc = o.nc ? round_up(o.nc, kNR) : blocking.nc;
+  E.kc = o.kc ? o.kc : blocking.kc;
+  E.superblock = std::max(E.mc, kSuperblockRows / E.mc * E.mc);
   // The AVX2 packers only where the AVX2 micro-kernel runs: `portable` stays free of AVX2 entirely.
   const bool simd = E.uk == &detail::microkernel_6x16_avx2;
   E.pack_a = simd ? by_dtype<PackASimdFor>(A.dtype) : by_dtype<PackAFor>(A.dtype);

@@ -7,6 +7,7 @@ pkgs=(
   build-essential cmake make git
   libboost-context-dev libeigen3-dev libfmt-dev nlohmann-json3-dev libgtest-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
+  libopenblas-dev pkg-config
 )
 
 missing=()

@@ -7,9 +7,13 @@
 //
 //   microkernel_6x16_avx2(kc, packed_a, packed_b, &acc[i0 * ld + j0], ld, /*load=*/k0 > 0);
 //
-// This header holds declarations only: det_gemm_avx2.cpp is compiled with -mavx2 -mfma and must
-// not instantiate any inline function another file could share (the linker might keep its AVX2
-// copy for a CPU without AVX2).
+// With AVX-512 the bulk of the output goes through a 12x32 tile built from the same packed slivers
+// (two 6-row A slivers, two 16-column B slivers), the 6x16 kernel doing the edges:
+//   microkernel_12x32_avx512(kc, a, a + 6*kc, b, b + 16*kc, &acc[i0 * ld + j0], ld, load);
+//
+// This header holds declarations only: det_gemm_avx2.cpp is compiled with -mavx2 -mfma (and
+// det_gemm_avx512.cpp with -mavx512f) and must not instantiate any inline function another file
+// could share (the linker might keep its AVX2 copy for a CPU without AVX2).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,9 @@ inline constexpr int kNR = 16;  // columns of the register tile: two 8-lane vect
 using MicroKernel = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, bool load);
 
 void microkernel_6x16_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, bool load);
+// Rows 0-5 from the A sliver a0, rows 6-11 from a1; columns 0-15 from the B sliver b0, 16-31 from b1.
+void microkernel_12x32_avx512(std::int64_t kc, const float* a0, const float* a1, const float* b0, const float* b1,
+                              float* c, std::int64_t ldc, bool load);
 void microkernel_6x16_portable(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
                                bool load);
 
@@ -34,7 +41,10 @@ void pack_b_kmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int
 // 2 floats past dst + kc*6 (garbage the next sliver overwrites; the buffer keeps slack for the last).
 void pack_a_rowmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, float* dst);
 void pack_a_rowmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
-// n-major: B's rows are contiguous (row-major B), row k at src + k*ld.
-void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, float* dst);
+// n-major: B's rows are contiguous (row-major B), row k at src + k*ld. `slivers` consecutive full
+// slivers at once, row by row: dst[j*kc*16 + k*16 + c] = B(k, 16j + c).
+void pack_b_nmajor_f32_avx2(const float* src, std::int64_t ld, std::int64_t kc, std::int64_t slivers, float* dst);
+void pack_b_nmajor_bf16_avx2(const std::uint16_t* src, std::int64_t ld, std::int64_t kc, std::int64_t slivers,
+                             float* dst);
 
 }  // namespace cubesim::kernels::detail

@@ -1,6 +1,6 @@
 // The host det_gemm against its scalar reference, bit for bit: every shape of {1,7,16,129,1000}^3
 // within a work budget, every dtype pair, strided/transposed/reversed views, thread counts, cache
-// blockings and both micro-kernels; then the tile API, the bias gradient and the argument errors.
+// blockings and every micro-kernel; then the tile API, the bias gradient and the argument errors.
 // The backend-independent contract (invariance, accuracy) is in gemm_cases.h.
 #include "kernels/det_gemm.h"
 
@@ -48,6 +48,13 @@ std::vector<Config> configs() {
       {"3 threads, blocks 18x48x1", {.threads = 3, .mc = 18, .nc = 48, .kc = 1, .min_flops_per_thread = 0}},
   };
   if (cpu_has_avx2_fma()) c.push_back({"avx2 forced", {.threads = 1, .isa = GemmIsa::avx2}});
+  // 12x32 tiles with 6x16 tiles on every side of them: 30 rows are two 12-row tiles and a 6-row
+  // one, 80 columns two 32-column tiles and a 16-column one; kc = 9 continues the accumulator.
+  if (cpu_has_avx512f()) {
+    c.push_back({"avx512 forced", {.threads = 1, .isa = GemmIsa::avx512}});
+    c.push_back({"avx512, 2 threads, blocks 30x80x9",
+                 {.threads = 2, .isa = GemmIsa::avx512, .mc = 30, .nc = 80, .kc = 9, .min_flops_per_thread = 0}});
+  }
   return c;
 }
 
@@ -445,6 +452,11 @@ TEST(DetGemm, ErrorsNameTheOperandsAndWhatIsValid) {
   if (!cpu_has_avx2_fma()) {
     expect_invalid([&] { det_gemm(A, Bok, nullptr, C, {.isa = GemmIsa::avx2}); }, {"lacks AVX2"});
   }
+  if (!cpu_has_avx512f()) {
+    expect_invalid([&] { det_gemm(A, Bok, nullptr, C, {.isa = GemmIsa::avx512}); }, {"lacks AVX-512F"});
+  }
+  expect_invalid([&] { det_gemm(A, Bok, nullptr, C, {.isa = static_cast<GemmIsa>(7)}); },
+                 {"options.isa has invalid value 7", "avx512"});
 }
 
 }  // namespace
