@@ -185,16 +185,7 @@ void EventQueue::sift_down(Key k, std::uintptr_t item) {
     it[i] = it[best];
     i = best;
   }
-  const u128 w = wide(k.time, k.key);
-  while (i > kRoot) {
-    const std::size_t parent = i / 4 + 2;
-    if (!(w < wide(h[parent].time, h[parent].key))) break;
-    h[i] = h[parent];
-    it[i] = it[parent];
-    i = parent;
-  }
-  h[i] = k;
-  it[i] = item;
+  sift_up(i, k, item);
   // The root is the next event unless the lane has an earlier one: start loading its callback node
   // (or process record), which was last touched when it was pushed, long enough ago to be cold.
   __builtin_prefetch(reinterpret_cast<const void*>(it[kRoot] & ~std::uintptr_t{1}));
