@@ -24,12 +24,15 @@
 // RSS ~ p^k over the larger half; --big adds 2048 and 4096 ranks.
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
-//                     [--timing chunk|flow|both] [--big] [--max-mib N]
+//                     [--timing chunk|flow|both] [--big] [--max-mib N] [--ranks P,P,...]
+// --timing chunk|flow limits the speed section to that level; --ranks runs only those scaling points
+// (and not the functional row), e.g. `--no-sweep --timing flow --ranks 1024` to time or profile one.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -231,21 +234,38 @@ int main(int argc, char** argv) {
   bool sweep = true, targets = true, big = false;
   std::uint64_t max_mib = 0;  // 0: 1 GiB (4 MiB with --quick)
   std::string timing = "chunk";
+  bool timing_given = false;  // --timing chunk|flow also limits the speed section to that level
+  std::vector<int> ranks_only;  // --ranks: the scaling points to run (default 8..1024, with --big to 4096)
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
     if (args.rest[i] == "--topology" && i + 1 < args.rest.size()) topologies.push_back(args.rest[++i]);
     else if (args.rest[i] == "--no-sweep") sweep = false;
     else if (args.rest[i] == "--no-targets") targets = false;
     else if (args.rest[i] == "--big") big = true;
     else if (args.rest[i] == "--max-mib" && i + 1 < args.rest.size()) max_mib = std::stoull(args.rest[++i]);
+    else if (args.rest[i] == "--ranks" && i + 1 < args.rest.size()) {
+      std::string list = args.rest[++i];
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        int p = 0;
+        const auto [end, ec] = std::from_chars(list.data() + at, list.data() + comma, p);
+        if (ec != std::errc{} || end != list.data() + comma || p < 2) {
+          fmt::print(stderr, "bench_collectives: --ranks {}: give a comma-separated list of rank counts >= 2\n", list);
+          return 2;
+        }
+        ranks_only.push_back(p);
+        at = comma + 1;
+      }
+    }
     else if (args.rest[i] == "--timing" && i + 1 < args.rest.size()) {
       timing = args.rest[++i];
+      timing_given = true;
       if (timing != "chunk" && timing != "flow" && timing != "both") {
         fmt::print(stderr, "bench_collectives: --timing {}: use chunk, flow or both\n", timing);
         return 2;
       }
     } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N)\n", args.rest[i]);
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,...)\n", args.rest[i]);
       return 2;
     }
   }
@@ -337,22 +357,26 @@ int main(int argc, char** argv) {
     const std::uint64_t fbytes = args.quick ? (4ull << 20) : (64ull << 20);
     // Every run of this section in a child process of its own: its peak RSS is its own (a child
     // inherits its parent's peak, so the parent itself runs nothing large here).
-    Row f = run_isolated([&] { return run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true); });
-    t.row({"functional ring all_reduce", "chunk", std::to_string(f.ranks), human_bytes(f.bytes),
-           fmt::format("{:.1f}", f.sim_time_us), fmt::format("{:.2f}", f.wall_s), fmt::format("{:.0f}", f.peak_rss_mb),
-           args.quick ? "(quick)" : "<= 3 s",
-           f.wall_s <= 3 ? "yes" : "NO"});
-    nlohmann::json jf = to_json(f);
-    jf["target"] = "functional_64rank_64MiB";
-    out["targets"].push_back(jf);
+    if (ranks_only.empty()) {
+      Row f = run_isolated([&] { return run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true); });
+      t.row({"functional ring all_reduce", "chunk", std::to_string(f.ranks), human_bytes(f.bytes),
+             fmt::format("{:.1f}", f.sim_time_us), fmt::format("{:.2f}", f.wall_s), fmt::format("{:.0f}", f.peak_rss_mb),
+             args.quick ? "(quick)" : "<= 3 s",
+             f.wall_s <= 3 ? "yes" : "NO"});
+      nlohmann::json jf = to_json(f);
+      jf["target"] = "functional_64rank_64MiB";
+      out["targets"].push_back(jf);
+    }
     std::vector<int> scale = args.quick ? std::vector<int>{8, 64} : std::vector<int>{8, 16, 32, 64, 128, 256, 512, 1024};
     if (big && !args.quick) {
       scale.push_back(2048);
       scale.push_back(4096);
     }
+    if (!ranks_only.empty()) scale = ranks_only;
     const std::uint64_t tbytes = args.quick ? (64ull << 20) : (1ull << 30);
     nlohmann::json fits = nlohmann::json::object();
     for (hw::TimingModel tm : {hw::TimingModel::flow, hw::TimingModel::chunk}) {
+      if (timing_given && timing != "both" && timing != hw::timing_model_name(tm)) continue;
       const char* tname = tm == hw::TimingModel::flow ? "flow" : "chunk";
       std::vector<double> xs, walls, rss;
       for (int p : scale) {
@@ -374,6 +398,7 @@ int main(int argc, char** argv) {
         rss.push_back(r.peak_rss_mb);
       }
       // Exponents over the larger half, where fixed costs no longer dominate.
+      if (xs.size() < 2) continue;
       const std::size_t from = std::min(xs.size() / 2, xs.size() - 2);  // at least two points
       auto tail = [&](const std::vector<double>& v) { return std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end()); };
       const double kw = fitted_exponent(tail(xs), tail(walls)), km = fitted_exponent(tail(xs), tail(rss));
