@@ -83,6 +83,7 @@ struct TransferRecord : TransferInfo {
   sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
                                  // request overhead, less the HBM's latency where the L2 holds the source)
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
+  bool shares = true;            // takes part in the sharing (false: latency-bound, kLatencyBound)
   sim::Time started = 0, updated = 0;
   std::uint32_t generation = 0;  // its end event is current only while this matches (never reset)
   std::uint32_t mark = 0;        // visit stamp of the max-min computation
@@ -103,6 +104,7 @@ struct FlowResource {
   bool saturated = false;
   bool changed = false;  // in FlowEngine::changed_
   std::uint32_t mark = 0;
+  std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
   sim::Trace::TrackId track = Server::kNoTrack;
   sim::Time traced_until = 0;
 };
@@ -116,8 +118,16 @@ struct FlowResource {
 // and, transitively, on units whose flows could together exceed them (units with less demand than
 // bandwidth limit nobody). One event per rate change of a flow (its new end;
 // the old one is ignored), one when it lands, the path's fixed delays after its end.
+//
+// A latency-bound flow, one through an idle path in at most kLatencyBound (a barrier's token, a
+// flag: bytes, not kilobytes), takes no part in the sharing: it runs at its idle rate and takes
+// nothing from the others. Sharing could lengthen it by at most its own time per flow it meets, which
+// is below what the chunk level's FIFO adds to such a message anyway (it waits behind whole chunks of
+// the others), and its bytes could slow the others by less; in return the many-hop tokens of a
+// dissemination barrier no longer join every link's flows into one computation.
 class FlowEngine {
  public:
+  static constexpr sim::Duration kLatencyBound = 1000;  // ps
   explicit FlowEngine(System& sys);
   // Starts r's flow now (the record is set up, r->first_inject <= now).
   void start(TransferRecord* r);
@@ -142,6 +152,7 @@ class FlowEngine {
   System* sys_;
   std::vector<FlowResource> res_;  // by UnitId, made on first use
   std::uint32_t stamp_ = 0;
+  std::uint32_t leg_stamp_ = 0;  // start's: marks the resources of the flow being set up
   std::vector<TransferRecord*> comp_flows_;  // scratch
   std::vector<FlowResource*> comp_res_;      // scratch
   std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
@@ -133,17 +134,28 @@ void FlowEngine::start(TransferRecord* r) {
   r->remaining = static_cast<double>(r->bytes);
   r->started = r->updated = sim.now();
   r->legs.clear();
+  if (++leg_stamp_ == 0) {
+    for (FlowResource& e : res_) e.leg_mark = 0;
+    leg_stamp_ = 1;
+  }
   for (const Stage& st : p.stages) {
     FlowResource& e = resource(*st.unit);
     const double w = e.ps_per_byte * (st.arrival && !r->wire.identity()
                                           ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
                                           : 1.0);
-    auto it = std::find_if(r->legs.begin(), r->legs.end(), [&](const FlowLeg& l) { return l.res == &e; });
-    if (it != r->legs.end()) {
-      it->weight += w;  // a copy within one memory reads and writes it
+    if (e.leg_mark == leg_stamp_) {
+      r->legs[e.leg].weight += w;  // a copy within one memory reads and writes it
     } else {
+      e.leg_mark = leg_stamp_;
+      e.leg = static_cast<std::uint32_t>(r->legs.size());
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
+  }
+  r->shares = r->full > kLatencyBound;
+  if (!r->shares) {
+    r->rate = r->cap;
+    reschedule(r);  // at its idle time, the chunk level's
+    return;
   }
   for (FlowLeg& l : r->legs) {
     l.slot = static_cast<std::uint32_t>(l.res->flows.size());
@@ -159,7 +171,7 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   r->remaining = 0;
   r->rate = 0;
   ++r->generation;
-  for (const FlowLeg& l : r->legs) {
+  for (const FlowLeg& l : r->shares ? std::span<const FlowLeg>(r->legs) : std::span<const FlowLeg>()) {
     auto& v = l.res->flows;
     v[l.slot] = v.back();
     v.pop_back();
@@ -187,7 +199,7 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r);
-  changed(r);
+  if (r->shares) changed(r);
   // The bytes land once the path's fixed delays have passed (the injection overhead was paid
   // before the flow started).
   r->landing = sim.now() + r->delays;

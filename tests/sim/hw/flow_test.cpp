@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/hw/engine.h"
 #include "sim/hw/system.h"
 #include "test_util.h"
 
@@ -141,6 +142,34 @@ TEST(FlowTiming, ContendingFlowsShareMaxMinFairly) {
   EXPECT_TRUE(near(f.landed[2], 4.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[2];
   EXPECT_TRUE(near(f.landed[1], 8.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[1];
   EXPECT_TRUE(near(f.landed[0], 8.0 * mib / b + static_cast<double>(two_hop.alpha))) << f.landed[0];
+}
+
+// A latency-bound flow (through an idle path in at most FlowEngine::kLatencyBound: a barrier's token)
+// takes no part in the sharing: beside a large flow on the same link it lands at its idle time and
+// leaves the large one's untouched; a flow of a few KiB on that link does share (both take longer).
+TEST(FlowTiming, LatencyBoundFlowsDoNotShare) {
+  const Topology t = load_topology("ring4");
+  const std::uint64_t mib = 1 << 20;
+  auto alone = [&](std::uint64_t bytes) {
+    return run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = bytes}}).landed[0];
+  };
+  sim::Simulator s0;
+  System sys(s0, t, {.functional = false});
+  const double b = static_cast<double>(sys.path_figures(sys.hbm(0), sys.hbm(1)).bandwidth.bytes_per_s) / 1e12;
+  ASSERT_LE(16 / b, static_cast<double>(FlowEngine::kLatencyBound)) << "16 bytes are latency-bound on ring4";
+  ASSERT_GT(8192 / b, static_cast<double>(FlowEngine::kLatencyBound)) << "8 KiB are not";
+  const Outcome tiny = run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 16}});
+  EXPECT_EQ(tiny.landed[0], alone(4 * mib));
+  EXPECT_EQ(tiny.landed[1], alone(16));
+  const Outcome small = run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 8192}});
+  EXPECT_GT(small.landed[0], alone(4 * mib));
+  EXPECT_GT(small.landed[1], alone(8192));
+  // Its bytes still count on the link.
+  std::uint64_t link_bytes = 0;
+  for (std::size_t u = 0; u < tiny.kinds.size(); ++u) {
+    if (tiny.kinds[u] == UnitKind::link) link_bytes += tiny.counters[u].bytes;
+  }
+  EXPECT_GE(link_bytes, 4 * mib + 16);
 }
 
 // The counters see the same traffic: bytes per link and memory as the chunk level, chunks per link,
