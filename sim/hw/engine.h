@@ -39,8 +39,9 @@ struct Stage {
   bool src_side = false;   // a memory read: addresses come from the source region
   bool arrival = false;    // served at the head's arrival (PathUnit::Order::arrival)
   L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
-  std::string label;       // "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read"
 };
+// Its name, as PathFigures::stages shows it: "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read".
+std::string stage_label(const Stage& s);
 
 struct Path {
   std::vector<Stage> stages;
@@ -49,7 +50,9 @@ struct Path {
   std::uint64_t chunk = 0;
   sim::Duration pace = 0;   // a full chunk at the slowest stage
   sim::Duration d_pre = 0;  // fixed delays before the first link (0 without links)
-  PathFigures figures;
+  PathFigures figures;      // its stages unnamed (System::path_figures names them)
+  Memory* dst = nullptr;
+  std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
 };
 
 // A flow's use of one unit: the share of the unit's time one byte per picosecond of the flow takes

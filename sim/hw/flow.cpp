@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <span>
 #include <string>
 
 #include <fmt/format.h>
@@ -134,6 +133,12 @@ void FlowEngine::start(TransferRecord* r) {
   r->remaining = static_cast<double>(r->bytes);
   r->started = r->updated = sim.now();
   r->legs.clear();
+  r->shares = r->full > kLatencyBound;
+  if (!r->shares) {
+    r->rate = r->cap;
+    reschedule(r);  // at its idle time, the chunk level's
+    return;
+  }
   if (++leg_stamp_ == 0) {
     for (FlowResource& e : res_) e.leg_mark = 0;
     leg_stamp_ = 1;
@@ -151,12 +156,6 @@ void FlowEngine::start(TransferRecord* r) {
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
   }
-  r->shares = r->full > kLatencyBound;
-  if (!r->shares) {
-    r->rate = r->cap;
-    reschedule(r);  // at its idle time, the chunk level's
-    return;
-  }
   for (FlowLeg& l : r->legs) {
     l.slot = static_cast<std::uint32_t>(l.res->flows.size());
     l.res->flows.push_back({r, l.weight});
@@ -171,7 +170,7 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   r->remaining = 0;
   r->rate = 0;
   ++r->generation;
-  for (const FlowLeg& l : r->shares ? std::span<const FlowLeg>(r->legs) : std::span<const FlowLeg>()) {
+  for (const FlowLeg& l : r->legs) {  // none for a latency-bound flow
     auto& v = l.res->flows;
     v[l.slot] = v.back();
     v.pop_back();
@@ -355,8 +354,8 @@ void FlowEngine::reschedule(TransferRecord* f) {
 void FlowEngine::trace_flow(TransferRecord* r) {
   sim::Trace& tr = sys_->simulator().trace();
   const sim::Time now = sys_->simulator().now();
-  for (const FlowLeg& l : r->legs) {
-    FlowResource& e = *l.res;
+  for (const Stage& st : r->path->stages) {  // a unit twice (a copy within a memory): one span
+    FlowResource& e = resource(*st.unit);
     if (e.track == Server::kNoTrack) e.track = tr.track(e.unit->track_name(), e.unit->track_group());
     // A track's spans must not overlap: a flow sharing the unit shows from where the last one ended.
     const sim::Time from = std::max(r->started, e.traced_until);

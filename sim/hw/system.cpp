@@ -279,18 +279,45 @@ Path& System::path_of(Memory& src, Memory& dst) {
   const std::uint64_t key = (static_cast<std::uint64_t>(src.id().value) << 32) | dst.id().value;
   auto it = paths_.find(key);
   if (it != paths_.end()) return *it->second;
-  return *paths_.emplace(key, build_path(src, dst)).first->second;
+  std::unique_ptr<Path> p = build_path(src, dst);
+  if (path_stages_ + p->stages.size() > opts_.path_cache_stages) evict_paths();
+  path_stages_ += p->stages.size();
+  return *paths_.emplace(key, std::move(p)).first->second;
+}
+
+void System::evict_paths() {
+  // Paths are pure functions of their two memories: one evicted is rebuilt when next asked for, and
+  // times do not change. Those in use by a transfer in flight stay.
+  for (auto it = paths_.begin(); it != paths_.end();) {
+    Path& p = *it->second;
+    if (p.users > 0) {
+      ++it;
+      continue;
+    }
+    if (p.dst->path_ == &p) {
+      p.dst->path_src_ = nullptr;
+      p.dst->path_ = nullptr;
+    }
+    path_stages_ -= p.stages.size();
+    it = paths_.erase(it);
+  }
+}
+
+std::string stage_label(const Stage& s) {
+  const UnitKind k = s.unit->kind();
+  if (k == UnitKind::memory || k == UnitKind::l2) return fmt::format("{} ({})", s.unit->name(), s.src_side ? "read" : "write");
+  return s.unit->name();
 }
 
 std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   auto p = std::make_unique<Path>();
-  auto stage = [&](PathUnit& u, Duration pre, Duration post, bool src_side, std::string label) {
+  p->dst = &dst;
+  auto stage = [&](PathUnit& u, Duration pre, Duration post, bool src_side) {
     p->stages.push_back(Stage{.unit = &u,
                               .pre = pre,
                               .post = post,
                               .src_side = src_side,
-                              .arrival = u.order() == PathUnit::Order::arrival,
-                              .label = std::move(label)});
+                              .arrival = u.order() == PathUnit::Order::arrival});
   };
   // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
   // HBM behind an L2 is reached through it: the L2 stands in the HBM's place and books the HBM for
@@ -298,16 +325,16 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   auto memory_stage = [&](Memory& m, bool read) {
     if (m.memory_kind() == MemoryKind::kHbm) {
       if (L2Cache* l2 = cube(m.cube()).l2()) {
-        stage(*l2, read ? l2->latency() : 0, 0, read, fmt::format("{} ({})", l2->name(), read ? "read" : "write"));
+        stage(*l2, read ? l2->latency() : 0, 0, read);
         if (read) p->stages.back().cache_read = l2;
         return;
       }
     }
-    stage(m, read ? m.latency() : 0, 0, read, fmt::format("{} ({})", m.name(), read ? "read" : "write"));
+    stage(m, read ? m.latency() : 0, 0, read);
   };
   auto dma_stage = [&](Pe& pe, bool read_channel) {
     DmaChannel& ch = read_channel ? pe.dma().read : pe.dma().write;
-    stage(ch, 0, 0, false, ch.name());
+    stage(ch, 0, 0, false);
     if (!p->injector) {
       p->injector = &ch;
       p->injector_overhead = pe.spec().dma.overhead;
@@ -316,7 +343,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   };
   auto link_stage = [&](int id) {
     Link& l = *links_.at(static_cast<std::size_t>(id));
-    stage(l, l.entry_delay(), l.latency(), false, l.name());
+    stage(l, l.entry_delay(), l.latency(), false);
     p->figures.links.push_back(id);
   };
 
@@ -337,7 +364,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
       if (!switch_ports_.empty() && topo_.links[static_cast<std::size_t>(li)].to == kSwitchNode) {
         for (bool in : {true, false}) {
           SwitchPort& sp = switch_port(in ? src.cube() : dst.cube(), in);
-          stage(sp, 0, 0, false, sp.name());
+          stage(sp, 0, 0, false);
         }
       }
     }
@@ -362,7 +389,6 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     const Duration miss = s.cache_read ? s.cache_read->memory().latency() : 0;
     f.alpha += s.pre + s.post + miss;
     StageFigures sf = s.cache_read ? s.cache_read->cold_read_figures() : s.unit->figures();
-    sf.name = s.label;
     sf.fixed = s.pre + s.post + miss;
     if (first || sf.bandwidth.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = sf.bandwidth;
     first = false;
@@ -382,7 +408,12 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   return p;
 }
 
-PathFigures System::path_figures(Memory& src, Memory& dst) { return path(src, dst).figures; }
+PathFigures System::path_figures(Memory& src, Memory& dst) {
+  const Path& p = path(src, dst);
+  PathFigures f = p.figures;
+  for (std::size_t i = 0; i < f.stages.size(); ++i) f.stages[i].name = stage_label(p.stages[i]);
+  return f;
+}
 
 // ---------------------------------------------------------------- transfers
 
@@ -500,17 +531,20 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   ++started_;
   if (flows_) {
     guard.r = nullptr;
+    ++p.users;  // until it lands (or the run is abandoned)
     flows_->start(r);
     return TransferHandle(r, r->id);
   }
   sim_->at(first + p.d_pre, ChunkInject{r, 0});
   guard.r = nullptr;
+  ++p.users;  // until it lands (or the run is abandoned)
   return TransferHandle(r, r->id);
 }
 
 void System::abandon_transfers() {
   for (auto& m : memories_) m->in_flight_.clear();
   if (flows_) flows_->abandon();
+  for (auto& [key, p] : paths_) p->users = 0;  // the abandoned records are never used again
   completed_ = started_;  // none is in flight any more (bytes_transferred() counts landed ones only)
 }
 
@@ -596,6 +630,7 @@ void System::land(TransferRecord* r) {
     r->dst->in_flight_.remove(r, true);
   }
   ++completed_;
+  --r->path->users;
   bytes_moved_ += r->bytes;
   r->done = true;
   r->event->trigger();

@@ -65,6 +65,11 @@ struct SystemOptions {
   HazardMode hazards = HazardMode::kThrow;
   // flow needs functional = false (std::invalid_argument otherwise).
   TimingModel timing = TimingModel::chunk;
+  // The transfer paths kept for reuse, in stages (about 80 bytes each): past it, the paths no
+  // transfer in flight uses are dropped and rebuilt when next used (times are unchanged). A
+  // dissemination barrier over p cubes on a ring crosses p stages in all per rank: kept, its paths
+  // would grow as p^2.
+  std::size_t path_cache_stages = std::size_t{1} << 20;
 };
 
 // The transfer engine's internals, visible so the chunk events can be small structs.
@@ -149,6 +154,7 @@ class System {
   std::uint64_t transfers_started() const { return started_; }
   std::uint64_t transfers_completed() const { return completed_; }
   std::uint64_t bytes_transferred() const { return bytes_moved_; }
+  std::size_t cached_path_stages() const { return path_stages_; }  // the path cache's size, in stages
   std::uint64_t transfers_in_flight() const { return started_ - completed_; }
   // After a failed run (the simulator unwound its processes and dropped its events): forgets the
   // transfers still in flight, which will never land, so the hazard checker does not hold them
@@ -199,7 +205,10 @@ class System {
   std::vector<std::unique_ptr<Unit>> owned_;  // see own()
   std::vector<SwitchPort*> switch_ports_;      // per cube: in, out (owned_); empty without ports
   Memory* host_ = nullptr;
+  // Built on first use, kept up to SystemOptions::path_cache_stages.
   std::unordered_map<std::uint64_t, std::unique_ptr<Path>> paths_;
+  std::size_t path_stages_ = 0;  // stages of the paths in paths_
+  void evict_paths();
   std::vector<std::unique_ptr<TransferRecord>> records_;
   TransferRecord* free_records_ = nullptr;
   std::uint64_t next_transfer_id_ = 1;

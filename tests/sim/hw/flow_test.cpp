@@ -36,13 +36,16 @@ struct Outcome {
   std::uint64_t events = 0;
   std::vector<UnitCounters> counters;
   std::vector<UnitKind> kinds;
+  std::size_t cached_path_stages = 0;
 };
 
-Outcome run_pattern(const Topology& t, TimingModel timing, const std::vector<Xfer>& xs) {
+Outcome run_pattern(const Topology& t, TimingModel timing, const std::vector<Xfer>& xs,
+                    std::size_t path_cache_stages = SystemOptions{}.path_cache_stages) {
   sim::Simulator sim;
   SystemOptions o;
   o.functional = false;
   o.timing = timing;
+  o.path_cache_stages = path_cache_stages;
   System sys(sim, t, o);
   Outcome out;
   out.landed.assign(xs.size(), 0);
@@ -62,6 +65,7 @@ Outcome run_pattern(const Topology& t, TimingModel timing, const std::vector<Xfe
   }
   sim.run();
   out.events = sim.events_executed();
+  out.cached_path_stages = sys.cached_path_stages();
   out.counters = sys.counters();
   for (const UnitInfo& u : *sys.units()) out.kinds.push_back(u.kind);
   return out;
@@ -214,6 +218,35 @@ TEST(FlowTiming, RunsAreDeterministic) {
   const Time fl = *std::max_element(a.landed.begin(), a.landed.end());
   const Time cl = *std::max_element(c.landed.begin(), c.landed.end());
   EXPECT_LE(static_cast<double>(relative_gap(fl, cl)), 0.25 * static_cast<double>(cl)) << fl << " vs " << cl;
+}
+
+// The path cache is bounded (SystemOptions::path_cache_stages): with room for barely one path, the
+// paths are dropped and rebuilt all the time, and every landing time, event and counter is the same at
+// both levels.
+TEST(FlowTiming, ABoundedPathCacheChangesNoTime) {
+  const Topology t = load_topology("torus8x8");
+  std::mt19937 rng(5);
+  std::vector<Xfer> xs;
+  for (int i = 0; i < 300; ++i) {
+    xs.push_back({.src = static_cast<int>(rng() % 64), .dst = static_cast<int>(rng() % 64),
+                  .bytes = rng() % (1 << 20) + 1, .at = sim::ns(static_cast<std::int64_t>(rng() % 50000))});
+    if (xs.back().src == xs.back().dst) xs.back().dst = (xs.back().dst + 9) % 64;
+  }
+  for (TimingModel m : {TimingModel::chunk, TimingModel::flow}) {
+    SCOPED_TRACE(std::string(timing_model_name(m)));
+    const Outcome kept = run_pattern(t, m, xs);
+    const Outcome dropped = run_pattern(t, m, xs, 16);
+    EXPECT_EQ(kept.landed, dropped.landed);
+    EXPECT_EQ(kept.events, dropped.events);
+    ASSERT_EQ(kept.counters.size(), dropped.counters.size());
+    for (std::size_t u = 0; u < kept.counters.size(); ++u) {
+      EXPECT_EQ(kept.counters[u].bytes, dropped.counters[u].bytes) << u;
+      EXPECT_EQ(kept.counters[u].busy, dropped.counters[u].busy) << u;
+    }
+    EXPECT_GT(kept.cached_path_stages, 1000u) << "the pattern uses hundreds of paths";
+    // Left at the end: the paths in use at the last eviction and those built since, not all.
+    EXPECT_LT(dropped.cached_path_stages, kept.cached_path_stages / 2);
+  }
 }
 
 TEST(FlowTiming, RefusedWithValues) {
