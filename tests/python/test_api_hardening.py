@@ -313,6 +313,24 @@ def test_a_run_failing_mid_send_leaves_a_usable_context(rng):
     ctx.spawn(good, 2)
     assert np.array_equal(dst.numpy(), x)
 
+    # A third rank fails while the send is on the wire (sender and receiver both posted at 0 ps, so the
+    # transfer is in flight when the run stops): the context forgets that transfer, so neither a host
+    # write into its destination nor the next run's transfer into it is a hazard against it. (The
+    # receiver failing above never starts a transfer: a message is sent when both sides have posted.)
+    def fails_mid_send(rank):
+        if rank == 0:
+            cs.send(src, 1)
+        elif rank == 1:
+            cs.recv(dst, 0)
+        elif rank == 2:
+            raise ValueError("a third rank fails")
+
+    with pytest.raises(cs.RankError, match="a third rank fails"):
+        ctx.spawn(fails_mid_send, 3)
+    dst.copy_from(np.zeros(1 << 15, np.float32))
+    ctx.spawn(good, 2)
+    assert np.array_equal(dst.numpy(), x)
+
 
 # ---- 8: a rank function with the wrong signature ----------------------------------------------------
 
