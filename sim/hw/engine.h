@@ -100,6 +100,8 @@ struct FlowResource {
   struct Entry {
     TransferRecord* flow;
     double weight;
+    double cap;         // the flow's (kept here: the demand and fill level read no record)
+    std::uint32_t leg;  // the flow's leg on this unit: flow->legs[leg]
   };
   std::vector<Entry> flows;
   double demand = 0;        // sum of weight x cap over its flows: > 1 means it can limit them

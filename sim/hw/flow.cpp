@@ -78,7 +78,7 @@ FlowResource& FlowEngine::resource(PathUnit& u) {
 double FlowEngine::fill_level(const FlowResource& e) {
   // Every flow's rate rises alike, each stopping at its cap: the level at which the unit is full.
   level_scratch_.clear();
-  for (const FlowResource::Entry& x : e.flows) level_scratch_.push_back({x.flow->cap, x.weight});
+  for (const FlowResource::Entry& x : e.flows) level_scratch_.push_back({x.cap, x.weight});
   std::sort(level_scratch_.begin(), level_scratch_.end());
   double below = 0, wrest = 0;  // weight x cap of the flows capped below the level; weight of the rest
   for (const auto& [cap, w] : level_scratch_) wrest += w;
@@ -92,7 +92,7 @@ double FlowEngine::fill_level(const FlowResource& e) {
 
 void FlowEngine::refresh_demand(FlowResource& e) {
   double d = 0;
-  for (const FlowResource::Entry& x : e.flows) d += x.weight * x.flow->cap;
+  for (const FlowResource::Entry& x : e.flows) d += x.weight * x.cap;
   e.demand = d;
 }
 
@@ -156,9 +156,10 @@ void FlowEngine::start(TransferRecord* r) {
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
   }
-  for (FlowLeg& l : r->legs) {
+  for (std::size_t i = 0; i < r->legs.size(); ++i) {
+    FlowLeg& l = r->legs[i];
     l.slot = static_cast<std::uint32_t>(l.res->flows.size());
-    l.res->flows.push_back({r, l.weight});
+    l.res->flows.push_back({r, l.weight, r->cap, static_cast<std::uint32_t>(i)});
     l.res->demand += l.weight * r->cap;
   }
   changed(r);
@@ -174,16 +175,7 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     auto& v = l.res->flows;
     v[l.slot] = v.back();
     v.pop_back();
-    if (l.slot < v.size()) {
-      // The flow moved into the slot: point its leg here.
-      TransferRecord* moved = v[l.slot].flow;
-      for (FlowLeg& ml : moved->legs) {
-        if (ml.res == l.res) {
-          ml.slot = l.slot;
-          break;
-        }
-      }
-    }
+    if (l.slot < v.size()) v[l.slot].flow->legs[v[l.slot].leg].slot = l.slot;  // the flow moved into the slot
     refresh_demand(*l.res);
   }
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for,
@@ -267,7 +259,7 @@ void FlowEngine::reshare() {
       comp_res_.push_back(&e);
       const double level = fill_level(e);
       for (const FlowResource::Entry& x : e.flows) {
-        if (x.flow->mark != stamp_ && x.flow->cap > level * (1.0 - kSlack)) {
+        if (x.cap > level * (1.0 - kSlack) && x.flow->mark != stamp_) {
           x.flow->mark = stamp_;
           comp_flows_.push_back(x.flow);
         }
