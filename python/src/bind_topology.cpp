@@ -1,5 +1,8 @@
 // Python bindings of the topology loader (sim/hw/topology.h): list, load, override by dotted path,
 // validate; a Topology exposes its figures as plain Python values (units in the key names).
+#include <set>
+#include <vector>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -157,6 +160,15 @@ void bind_topology(py::module_& m) {
       .def_property_readonly("doc", [](const hw::Topology& t) { return from_json(t.doc); },
                              "The resolved JSON document (extends merged, 'set' applied) as a dict.")
       .def_property_readonly("num_cubes", [](const hw::Topology& t) { return t.cubes.size(); })
+      .def_property_readonly("num_links", [](const hw::Topology& t) { return t.links.size(); },
+                             "Link directions: len(links), without making a dict per link.")
+      .def_property_readonly("pe_counts",
+                             [](const hw::Topology& t) {
+                               std::set<int> s;
+                               for (const auto& c : t.cubes) s.insert(c.pes);
+                               return std::vector<int>(s.begin(), s.end());
+                             },
+                             "The distinct PE counts of the cubes, ascending (one entry when all cubes are alike).")
       .def_property_readonly("network", [](const hw::Topology& t) { return std::string(hw::network_kind_name(t.network)); },
                              "none | ring | mesh | torus | full | switch | explicit")
       .def_readonly("dims", &hw::Topology::dims)

@@ -32,6 +32,16 @@ def test_load_exposes_figures():
     json.dumps({"cubes": t.cubes, "links": t.links, "host": t.host, "doc": t.doc})  # plain values
 
 
+def test_counts_without_per_cube_dicts_agree_with_the_lists():
+    # num_links and pe_counts serve summaries of 65536 cubes without a dict per cube or link.
+    for name in cs.list_topologies():
+        t = cs.load_topology(name)
+        assert t.num_links == len(t.links), name
+        assert t.pe_counts == sorted({c["pes"] for c in t.cubes}), name
+    mixed = cs.load_topology("ring4", overrides=[("cubes.2.pes", 1)])
+    assert len(mixed.pe_counts) == 2 and mixed.pe_counts[0] == 1
+
+
 def test_gemm_pipeline_section_is_exposed():
     assert cs.load_topology("single_cube").cubes[0]["pe"]["gemm"] is None
     g = cs.load_topology("h200x4").cubes[0]["pe"]["gemm"]
