@@ -39,6 +39,7 @@ struct Stage {
   bool src_side = false;   // a memory read: addresses come from the source region
   bool arrival = false;    // served at the head's arrival (PathUnit::Order::arrival)
   L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
+  const StageFigures* fig = nullptr;  // the unit's figures (an L2 read's: cold), one copy per unit
 };
 // Its name, as PathFigures::stages shows it: "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read".
 std::string stage_label(const Stage& s);
@@ -50,7 +51,7 @@ struct Path {
   std::uint64_t chunk = 0;
   sim::Duration pace = 0;   // a full chunk at the slowest stage
   sim::Duration d_pre = 0;  // fixed delays before the first link (0 without links)
-  PathFigures figures;      // its stages unnamed (System::path_figures names them)
+  PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
   Memory* dst = nullptr;
   std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
 };

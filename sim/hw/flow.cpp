@@ -49,7 +49,7 @@ struct FlowEnd {
 sim::Duration stage_time(const Path& p, std::size_t s, std::uint64_t bytes, WireScale wire, bool l2_hit) {
   const Stage& st = p.stages[s];
   if (st.cache_read && l2_hit) return st.cache_read->figures().time(bytes);
-  return p.figures.stages[s].time(st.arrival ? wire.of(bytes) : bytes);
+  return st.fig->time(st.arrival ? wire.of(bytes) : bytes);
 }
 
 // Whether every byte of `r` is in the L2 now.

@@ -317,7 +317,8 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
                               .pre = pre,
                               .post = post,
                               .src_side = src_side,
-                              .arrival = u.order() == PathUnit::Order::arrival});
+                              .arrival = u.order() == PathUnit::Order::arrival,
+                              .fig = &unit_figures(u, false)});
   };
   // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
   // HBM behind an L2 is reached through it: the L2 stands in the HBM's place and books the HBM for
@@ -326,7 +327,10 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     if (m.memory_kind() == MemoryKind::kHbm) {
       if (L2Cache* l2 = cube(m.cube()).l2()) {
         stage(*l2, read ? l2->latency() : 0, 0, read);
-        if (read) p->stages.back().cache_read = l2;
+        if (read) {
+          p->stages.back().cache_read = l2;
+          p->stages.back().fig = &unit_figures(*l2, true);
+        }
         return;
       }
     }
@@ -344,7 +348,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   auto link_stage = [&](int id) {
     Link& l = *links_.at(static_cast<std::size_t>(id));
     stage(l, l.entry_delay(), l.latency(), false);
-    p->figures.links.push_back(id);
+    ++p->figures.hops;
   };
 
   Pe* src_pe = src.memory_kind() == MemoryKind::kTcm ? &pe(src.cube(), src.pe()) : nullptr;
@@ -372,12 +376,11 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   if (dst_pe) dma_stage(*dst_pe, true);
   memory_stage(dst, false);
 
-  const bool has_links = !p->figures.links.empty();
+  const bool has_links = p->figures.hops > 0;
   if (has_links || !p->injector) p->chunk = topo_.chunk_bytes;
 
   PathFigures& f = p->figures;
   f.chunk_bytes = p->chunk;
-  f.hops = static_cast<int>(f.links.size());
   f.alpha = p->injector_overhead;
   bool first = true, before_link = true;
   for (const Stage& s : p->stages) {
@@ -388,13 +391,11 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     // reaches its first link by a later event).
     const Duration miss = s.cache_read ? s.cache_read->memory().latency() : 0;
     f.alpha += s.pre + s.post + miss;
-    StageFigures sf = s.cache_read ? s.cache_read->cold_read_figures() : s.unit->figures();
-    sf.fixed = s.pre + s.post + miss;
+    const StageFigures& sf = *s.fig;
     if (first || sf.bandwidth.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = sf.bandwidth;
     first = false;
     // Sources inject at the pace of the slowest stage's service of a full chunk.
     p->pace = std::max(p->pace, sf.time(p->chunk));
-    f.stages.push_back(std::move(sf));
   }
   f.chunk_time = p->pace;
   // A chunk is injected by an event d_pre after its head left the source, so local stages before
@@ -411,8 +412,26 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
 PathFigures System::path_figures(Memory& src, Memory& dst) {
   const Path& p = path(src, dst);
   PathFigures f = p.figures;
-  for (std::size_t i = 0; i < f.stages.size(); ++i) f.stages[i].name = stage_label(p.stages[i]);
+  for (const Stage& s : p.stages) {
+    StageFigures sf = *s.fig;
+    sf.name = stage_label(s);
+    sf.fixed = s.pre + s.post + (s.cache_read ? s.cache_read->memory().latency() : 0);
+    f.stages.push_back(std::move(sf));
+    if (s.unit->kind() == UnitKind::link) f.links.push_back(static_cast<const Link&>(*s.unit).index());
+  }
   return f;
+}
+
+const StageFigures& System::unit_figures(PathUnit& u, bool cold_read) {
+  // Built on first use and kept: a unit's figures never change, and a path's stages point here.
+  if (unit_figures_.empty()) unit_figures_.resize(2 * static_cast<std::size_t>(num_units()));
+  std::unique_ptr<StageFigures>& f = unit_figures_[2 * u.id().value + (cold_read ? 1 : 0)];
+  if (!f) {
+    f = std::make_unique<StageFigures>(cold_read ? static_cast<L2Cache&>(u).cold_read_figures() : u.figures());
+    f->name.clear();
+    f->name.shrink_to_fit();
+  }
+  return *f;
 }
 
 // ---------------------------------------------------------------- transfers
@@ -519,7 +538,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
     Duration last_pace = p.pace;
     if (last < p.chunk) {
       last_pace = 0;
-      for (const StageFigures& sf : p.figures.stages) last_pace = std::max(last_pace, sf.time(last));
+      for (const Stage& st : p.stages) last_pace = std::max(last_pace, st.fig->time(last));
     }
     p.injector->next_inject = first + (r->nchunks - 1) * p.pace + last_pace;
   }

@@ -208,6 +208,8 @@ class System {
   // Built on first use, kept up to SystemOptions::path_cache_stages.
   std::unordered_map<std::uint64_t, std::unique_ptr<Path>> paths_;
   std::size_t path_stages_ = 0;  // stages of the paths in paths_
+  std::vector<std::unique_ptr<StageFigures>> unit_figures_;  // by 2 x UnitId (+1: an L2's cold read)
+  const StageFigures& unit_figures(PathUnit& u, bool cold_read);
   void evict_paths();
   std::vector<std::unique_ptr<TransferRecord>> records_;
   TransferRecord* free_records_ = nullptr;
