@@ -125,6 +125,12 @@ struct FlowResource {
 // bandwidth limit nobody). One event per rate change of a flow (its new end;
 // the old one is ignored), one when it lands, the path's fixed delays after its end.
 //
+// A message of one chunk is no flow: the chunk level times it (System::start_transfer asks
+// by_chunks). Queued with others at a link, FIFO finishes such messages one after another where fair
+// sharing would finish them all together at the end; NCCL's plans are made of them (slices of a
+// chunk or less forwarded hop by hop), and they cost the chunk level one event per link, as a flow.
+// The two levels do not see each other's load on a unit they share.
+//
 // A latency-bound flow, one through an idle path in at most kLatencyBound (a barrier's token, a
 // flag: bytes, not kilobytes), takes no part in the sharing: it runs at its idle rate and takes
 // nothing from the others. Sharing could lengthen it by at most its own time per flow it meets, which
@@ -135,6 +141,8 @@ class FlowEngine {
  public:
   static constexpr sim::Duration kLatencyBound = 1000;  // ps
   explicit FlowEngine(System& sys);
+  // Whether r goes through the chunk level instead: a message of one chunk that is not latency-bound.
+  static bool by_chunks(const TransferRecord* r);
   // Starts r's flow now (the record is set up, r->first_inject <= now).
   void start(TransferRecord* r);
   // r's end event: current when `generation` matches.

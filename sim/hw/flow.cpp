@@ -96,6 +96,15 @@ void FlowEngine::refresh_demand(FlowResource& e) {
   e.demand = d;
 }
 
+bool FlowEngine::by_chunks(const TransferRecord* r) {
+  if (r->nchunks != 1) return false;
+  const Path& p = *r->path;
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    if (stage_time(p, s, r->bytes, r->wire, false) > kLatencyBound) return true;
+  }
+  return false;  // latency-bound: a flow outside the sharing
+}
+
 void FlowEngine::start(TransferRecord* r) {
   sim::Simulator& sim = sys_->simulator();
   if (r->first_inject > sim.now()) {

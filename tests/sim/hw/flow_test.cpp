@@ -150,7 +150,7 @@ TEST(FlowTiming, ContendingFlowsShareMaxMinFairly) {
 
 // A latency-bound flow (through an idle path in at most FlowEngine::kLatencyBound: a barrier's token)
 // takes no part in the sharing: beside a large flow on the same link it lands at its idle time and
-// leaves the large one's untouched; a flow of a few KiB on that link does share (both take longer).
+// leaves the large one's untouched; a flow of a few chunks on that link does share (both take longer).
 TEST(FlowTiming, LatencyBoundFlowsDoNotShare) {
   const Topology t = load_topology("ring4");
   const std::uint64_t mib = 1 << 20;
@@ -161,19 +161,41 @@ TEST(FlowTiming, LatencyBoundFlowsDoNotShare) {
   System sys(s0, t, {.functional = false});
   const double b = static_cast<double>(sys.path_figures(sys.hbm(0), sys.hbm(1)).bandwidth.bytes_per_s) / 1e12;
   ASSERT_LE(16 / b, static_cast<double>(FlowEngine::kLatencyBound)) << "16 bytes are latency-bound on ring4";
-  ASSERT_GT(8192 / b, static_cast<double>(FlowEngine::kLatencyBound)) << "8 KiB are not";
+  const std::uint64_t few = 3 * t.chunk_bytes + 100;  // a few chunks: a flow that shares
+  ASSERT_GT(static_cast<double>(few) / b, static_cast<double>(FlowEngine::kLatencyBound));
   const Outcome tiny = run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 16}});
   EXPECT_EQ(tiny.landed[0], alone(4 * mib));
   EXPECT_EQ(tiny.landed[1], alone(16));
-  const Outcome small = run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 8192}});
+  const Outcome small = run_pattern(t, TimingModel::flow, {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = few}});
   EXPECT_GT(small.landed[0], alone(4 * mib));
-  EXPECT_GT(small.landed[1], alone(8192));
+  EXPECT_GT(small.landed[1], alone(few));
   // Its bytes still count on the link.
   std::uint64_t link_bytes = 0;
   for (std::size_t u = 0; u < tiny.kinds.size(); ++u) {
     if (tiny.kinds[u] == UnitKind::link) link_bytes += tiny.counters[u].bytes;
   }
   EXPECT_GE(link_bytes, 4 * mib + 16);
+}
+
+// Messages of one chunk (not latency-bound) are timed by the chunk level: sixteen of them from four
+// sources queued at one link (NCCL's slices) land one after another exactly as at the chunk level, where
+// fair sharing would land them all together at the end; a multi-chunk flow beside them is a flow.
+TEST(FlowTiming, OneChunkMessagesTakeTheChunkLevel) {
+  const Topology t = load_topology("ring4");
+  std::vector<Xfer> xs;
+  for (int i = 0; i < 16; ++i) {
+    xs.push_back({.src = i % 2 == 0 ? 0 : 3, .dst = 1, .bytes = t.chunk_bytes - 64 * static_cast<std::uint64_t>(i),
+                  .at = sim::ns(3 * i)});
+  }
+  const Outcome f = run_pattern(t, TimingModel::flow, xs);
+  const Outcome c = run_pattern(t, TimingModel::chunk, xs);
+  EXPECT_EQ(f.landed, c.landed);
+  std::vector<Time> sorted = f.landed;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_LT(sorted.front() + sim::ns(100), sorted.back()) << "one after another, not all at the end";
+  xs.push_back({.src = 0, .dst = 2, .bytes = 8 * t.chunk_bytes});
+  const Outcome mixed = run_pattern(t, TimingModel::flow, xs);
+  EXPECT_LT(mixed.events, run_pattern(t, TimingModel::chunk, xs).events) << "the large one is a flow";
 }
 
 // The counters see the same traffic: bytes per link and memory as the chunk level, chunks per link,
