@@ -424,8 +424,9 @@ PathFigures System::path_figures(Memory& src, Memory& dst) {
 
 const StageFigures& System::unit_figures(PathUnit& u, bool cold_read) {
   // Built on first use and kept: a unit's figures never change, and a path's stages point here.
-  if (unit_figures_.empty()) unit_figures_.resize(2 * static_cast<std::size_t>(num_units()));
-  std::unique_ptr<StageFigures>& f = unit_figures_[2 * u.id().value + (cold_read ? 1 : 0)];
+  const std::size_t i = 2 * static_cast<std::size_t>(u.id().value) + (cold_read ? 1 : 0);
+  if (i >= unit_figures_.size()) unit_figures_.resize(std::max(i + 1, 2 * static_cast<std::size_t>(num_units())));
+  std::unique_ptr<StageFigures>& f = unit_figures_[i];
   if (!f) {
     f = std::make_unique<StageFigures>(cold_read ? static_cast<L2Cache&>(u).cold_read_figures() : u.figures());
     f->name.clear();
