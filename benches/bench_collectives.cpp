@@ -71,6 +71,7 @@ struct Row {
   bool functional = false;
   bool flow = false;  // timed at the flow level
   double peak_rss_mb = 0;  // the run's own peak (run_isolated), 0 when not measured
+  std::uint64_t events = 0;  // simulator events of the run (per message: the model's cost)
 };
 
 // Least-squares slope of log(y) on log(x): the exponent of y ~ x^k.
@@ -131,6 +132,7 @@ Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nl
   row.algbw = t ? static_cast<double>(row.bytes) / sim::to_s(t) / 1e9 : 0;
   row.busbw = row.algbw * bus_factor(coll, p);
   row.wall_s = res.wall_s;
+  row.events = res.report.events;
   row.functional = functional;
   row.flow = timing == hw::TimingModel::flow;
   if (a == Algorithm::nccl) {
@@ -146,7 +148,8 @@ nlohmann::json to_json(const Row& r) {
   nlohmann::json j = {{"topology", r.topology}, {"collective", r.collective}, {"algorithm", r.algorithm},
                       {"ranks", r.ranks},       {"bytes", r.bytes},           {"sim_time_us", r.sim_time_us},
                       {"algbw_GBps", r.algbw},  {"busbw_GBps", r.busbw},      {"wall_s", r.wall_s},
-                      {"functional", r.functional}, {"timing", r.flow ? "flow" : "chunk"}};
+                      {"functional", r.functional}, {"timing", r.flow ? "flow" : "chunk"},
+                      {"events", r.events}};
   if (r.peak_rss_mb > 0) j["peak_rss_MB"] = r.peak_rss_mb;
   if (!r.nccl_plan.empty()) {
     j["nccl_plan"] = r.nccl_plan;
@@ -220,6 +223,7 @@ Row run_isolated(F&& fn) {
   r.wall_s = j["wall_s"];
   r.functional = j["functional"];
   r.flow = j["timing"] == "flow";
+  r.events = j["events"];
   r.peak_rss_mb = static_cast<double>(u.ru_maxrss) / 1024.0;
   return r;
 }

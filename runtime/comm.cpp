@@ -106,32 +106,38 @@ Context::Mailbox::Mailbox() {
   sent.set_detail(&describe_message, this);
 }
 
-std::size_t Context::MailTable::hash(const MailKey& k) {
+std::uint64_t Context::MailTable::hash(const MailKey& k) {
   std::uint64_t h = mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.group)) << 32) |
                         static_cast<std::uint32_t>(k.src));
   h = mix(h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.dst)) << 32) ^ k.seq);
-  return static_cast<std::size_t>(mix(h ^ k.tag));
+  return mix(h ^ k.tag);
 }
 
-std::size_t Context::MailTable::find_slot(const MailKey& k) const {
+std::size_t Context::MailTable::find_slot(const MailKey& k, std::uint64_t h) const {
   const std::size_t mask = slots_.size() - 1;
-  std::size_t i = hash(k) & mask;
-  while (slots_[i] != nullptr && !(slots_[i]->key == k)) i = (i + 1) & mask;
+  std::size_t i = static_cast<std::size_t>(h) & mask;
+  while (slots_[i].m != nullptr && !(slots_[i].hash == h && slots_[i].m->key == k)) i = (i + 1) & mask;
   return i;
 }
 
 Context::Mailbox& Context::MailTable::join(Context& ctx, const MailKey& k) {
-  if (slots_.empty()) slots_.assign(1024, nullptr);
-  std::size_t i = find_slot(k);
-  Mailbox* m = slots_[i];
+  if (slots_.empty()) slots_.assign(1024, Slot{});
+  const std::uint64_t h = hash(k);
+  std::size_t i = find_slot(k, h);
+  Mailbox* m = slots_[i].m;
   if (m == nullptr) {
     if (2 * (used_ + 1) > slots_.size()) {
-      std::vector<Mailbox*> old(2 * slots_.size(), nullptr);
+      std::vector<Slot> old(2 * slots_.size(), Slot{});
       old.swap(slots_);
-      for (Mailbox* x : old) {
-        if (x) slots_[find_slot(x->key)] = x;
+      const std::size_t mask = slots_.size() - 1;
+      for (const Slot& x : old) {  // keys are distinct: each goes to the first free slot from its home
+        if (x.m == nullptr) continue;
+        std::size_t j = static_cast<std::size_t>(x.hash) & mask;
+        while (slots_[j].m != nullptr) j = (j + 1) & mask;
+        slots_[j] = x;
+        x.m->slot = j;
       }
-      i = find_slot(k);
+      i = find_slot(k, h);
     }
     if (free_.empty()) {
       all_.push_back(std::make_unique<Mailbox>());
@@ -142,7 +148,8 @@ Context::Mailbox& Context::MailTable::join(Context& ctx, const MailKey& k) {
     }
     m->key = k;
     m->ctx = &ctx;
-    slots_[i] = m;
+    m->slot = i;
+    slots_[i] = Slot{h, m};
     ++used_;
   }
   ++m->refs;
@@ -153,14 +160,15 @@ void Context::MailTable::release(Mailbox& m) {
   if (--m.refs > 0) return;
   // Unfile it (linear probing's backward-shift deletion: no tombstones).
   const std::size_t mask = slots_.size() - 1;
-  std::size_t i = find_slot(m.key);
-  slots_[i] = nullptr;
-  for (std::size_t j = (i + 1) & mask; slots_[j] != nullptr; j = (j + 1) & mask) {
-    const std::size_t home = hash(slots_[j]->key) & mask;
+  std::size_t i = m.slot;
+  slots_[i] = Slot{};
+  for (std::size_t j = (i + 1) & mask; slots_[j].m != nullptr; j = (j + 1) & mask) {
+    const std::size_t home = static_cast<std::size_t>(slots_[j].hash) & mask;
     const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
     if (stays) continue;
     slots_[i] = slots_[j];
-    slots_[j] = nullptr;
+    slots_[i].m->slot = i;
+    slots_[j] = Slot{};
     i = j;
   }
   --used_;
@@ -169,11 +177,11 @@ void Context::MailTable::release(Mailbox& m) {
 }
 
 void Context::MailTable::clear() {
-  for (Mailbox*& m : slots_) {
-    if (m == nullptr) continue;
-    reset(*m);
-    free_.push_back(m);
-    m = nullptr;
+  for (Slot& x : slots_) {
+    if (x.m == nullptr) continue;
+    reset(*x.m);
+    free_.push_back(x.m);
+    x = Slot{};
   }
   used_ = 0;
 }

@@ -53,6 +53,7 @@ struct Context::Mailbox {
   // Who still needs it filed: the receiver until it has its data, the sender until its transfer
   // starts, then the transfer until it lands.
   int refs = 0;
+  std::size_t slot = 0;  // its slot in the table while filed
   std::uint64_t generation = 0;  // counts its uses: a Send handle of an earlier use sees it landed
   Context* ctx = nullptr;
   Comm* sender = nullptr;  // told when the transfer lands (or fails); null once that Comm is gone
@@ -91,9 +92,16 @@ class Context::MailTable {
   std::size_t made() const { return all_.size(); }
 
  private:
-  static std::size_t hash(const MailKey& k);
-  std::size_t find_slot(const MailKey& k) const;  // k's slot, or the empty slot where it would go
-  std::vector<Mailbox*> slots_;  // power-of-two size, linear probing, at most half full
+  static std::uint64_t hash(const MailKey& k);
+  // k's slot, or the empty slot where it would go; h = hash(k).
+  std::size_t find_slot(const MailKey& k, std::uint64_t h) const;
+  // Power-of-two size, linear probing, at most half full. A slot keeps its mailbox's hash, so a probe
+  // reads a mailbox only when the hash matches, and moving an entry needs no rehash.
+  struct Slot {
+    std::uint64_t hash = 0;
+    Mailbox* m = nullptr;
+  };
+  std::vector<Slot> slots_;
   std::size_t used_ = 0;
   std::vector<std::unique_ptr<Mailbox>> all_;
   std::vector<Mailbox*> free_;

@@ -54,6 +54,15 @@ struct Path {
   PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
   Memory* dst = nullptr;
   std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
+  // The flow level's stage times for the sizes it last asked (FlowEngine::times): a message's flow
+  // needs them when it starts and again for the counters when it ends, and a path's messages are
+  // mostly of one size, so they are worked out once per size, not per message.
+  struct FlowTimes {
+    std::uint64_t chunk = 0, last = 0;  // 0: none yet
+    WireScale wire;
+    sim::Duration pace = 0, slowest = 0;  // the slowest stage for a full chunk, for the last one
+    std::vector<std::pair<sim::Duration, sim::Duration>> each;  // per stage: (a full chunk, the last)
+  } flow_times;
 };
 
 // A flow's use of one unit: the share of the unit's time one byte per picosecond of the flow takes
@@ -142,7 +151,7 @@ class FlowEngine {
   static constexpr sim::Duration kLatencyBound = 1000;  // ps
   explicit FlowEngine(System& sys);
   // Whether r goes through the chunk level instead: a message of one chunk that is not latency-bound.
-  static bool by_chunks(const TransferRecord* r);
+  bool by_chunks(const TransferRecord* r);
   // Starts r's flow now (the record is set up, r->first_inject <= now).
   void start(TransferRecord* r);
   // r's end event: current when `generation` matches.
@@ -154,6 +163,11 @@ class FlowEngine {
 
  private:
   FlowResource& resource(PathUnit& u);
+  // r's path's stage times for r's chunk, last chunk and wire scale (without an L2 hit): memoized on
+  // a path of up to kMemoStages stages, worked out each time for a longer one (a barrier's many-hop
+  // tokens), so the memo adds at most 16 x kMemoStages bytes to a cached path. Valid until the next call.
+  static constexpr std::size_t kMemoStages = 16;
+  const Path::FlowTimes& times(const TransferRecord* r);
   // Notes that the flows on r's units changed; the rates are recomputed once, by an event after
   // every other at this time (flows starting and ending together cost one recomputation).
   void changed(const TransferRecord* r);
@@ -171,6 +185,7 @@ class FlowEngine {
   std::vector<FlowResource*> comp_res_;      // scratch
   std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's
   std::vector<FlowResource*> changed_;  // units whose flows changed since the last reshare
+  Path::FlowTimes times_scratch_;       // times() of a path too long to memoize
   bool reshare_due_ = false;            // its event is scheduled
 };
 

@@ -35,6 +35,9 @@ struct FlowReshare {
   FlowEngine* e;
   void operator()() const { e->reshare(); }
 };
+// Whether a unit can hold a flow below its cap: its flows' caps together exceed it.
+bool limits(const FlowResource& e) { return e.demand > 1.0 + kSlack; }
+
 // After every other event at its time: the flows that start and end then are all known.
 constexpr int kReshareLast = 32767;
 struct FlowEnd {
@@ -63,6 +66,27 @@ bool held(const L2Cache& l2, const Region& r) {
 }  // namespace
 
 FlowEngine::FlowEngine(System& sys) : sys_(&sys) {}
+
+const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
+  Path& p = *r->path;
+  Path::FlowTimes& t = p.stages.size() <= kMemoStages ? p.flow_times : times_scratch_;
+  const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+  if (&t == &p.flow_times && t.chunk == r->chunk && t.last == last && t.wire.wire == r->wire.wire &&
+      t.wire.data == r->wire.data) {
+    return t;
+  }
+  t.chunk = r->chunk;
+  t.last = last;
+  t.wire = r->wire;
+  t.pace = t.slowest = 0;
+  t.each.resize(p.stages.size());
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    t.each[s] = {stage_time(p, s, r->chunk, r->wire, false), stage_time(p, s, last, r->wire, false)};
+    t.pace = std::max(t.pace, t.each[s].first);
+    t.slowest = std::max(t.slowest, t.each[s].second);
+  }
+  return t;
+}
 
 FlowResource& FlowEngine::resource(PathUnit& u) {
   if (res_.empty()) res_.resize(static_cast<std::size_t>(sys_->num_units()));
@@ -98,9 +122,8 @@ void FlowEngine::refresh_demand(FlowResource& e) {
 
 bool FlowEngine::by_chunks(const TransferRecord* r) {
   if (r->nchunks != 1) return false;
-  const Path& p = *r->path;
-  for (std::size_t s = 0; s < p.stages.size(); ++s) {
-    if (stage_time(p, s, r->bytes, r->wire, false) > kLatencyBound) return true;
+  for (const auto& [chunk, last] : times(r).each) {  // one chunk: the last is the message
+    if (last > kLatencyBound) return true;
   }
   return false;  // latency-bound: a flow outside the sharing
 }
@@ -130,11 +153,17 @@ void FlowEngine::start(TransferRecord* r) {
                         .head = now, .tail = now, .pre = st.pre, .forget_before = now, .read = st.src_side});
   }
   // The idle time: every full chunk at the pace of the slowest stage, the last at its own.
-  const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
   sim::Duration pace = 0, slowest = 0;
-  for (std::size_t s = 0; s < p.stages.size(); ++s) {
-    pace = std::max(pace, stage_time(p, s, r->chunk, r->wire, r->l2_hit));
-    slowest = std::max(slowest, stage_time(p, s, last, r->wire, r->l2_hit));
+  if (!r->l2_hit) {
+    const Path::FlowTimes& t = times(r);
+    pace = t.pace;
+    slowest = t.slowest;
+  } else {
+    const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+    for (std::size_t s = 0; s < p.stages.size(); ++s) {
+      pace = std::max(pace, stage_time(p, s, r->chunk, r->wire, true));
+      slowest = std::max(slowest, stage_time(p, s, last, r->wire, true));
+    }
   }
   r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + slowest);
   r->cap = static_cast<double>(r->bytes) / static_cast<double>(r->full);
@@ -165,13 +194,22 @@ void FlowEngine::start(TransferRecord* r) {
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
   }
+  bool limited = false;
   for (std::size_t i = 0; i < r->legs.size(); ++i) {
     FlowLeg& l = r->legs[i];
     l.slot = static_cast<std::uint32_t>(l.res->flows.size());
     l.res->flows.push_back({r, l.weight, r->cap, static_cast<std::uint32_t>(i)});
     l.res->demand += l.weight * r->cap;
+    limited = limited || limits(*l.res);
   }
-  changed(r);
+  if (limited) {
+    changed(r);
+    return;
+  }
+  // No unit of its path can hold anyone below their cap, even with it: it runs at its cap and
+  // nobody's rate changes (what the recomputation would find, without it).
+  r->rate = r->cap;
+  reschedule(r);
 }
 
 void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
@@ -180,7 +218,9 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   r->remaining = 0;
   r->rate = 0;
   ++r->generation;
+  bool limited = false;  // a unit of its path could hold flows below their cap: they may speed up now
   for (const FlowLeg& l : r->legs) {  // none for a latency-bound flow
+    limited = limited || limits(*l.res);
     auto& v = l.res->flows;
     v[l.slot] = v.back();
     v.pop_back();
@@ -190,16 +230,15 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for,
   // and the time it takes the unit at full rate.
   const Path& p = *r->path;
-  const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+  const Path::FlowTimes& t = times(r);
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
     const Stage& st = p.stages[s];
     if (st.unit->kind() == UnitKind::l2) continue;  // counted by its lookup when the flow started
-    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * stage_time(p, s, r->chunk, r->wire, false) +
-                               stage_time(p, s, last, r->wire, false);
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * t.each[s].first + t.each[s].second;
     st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r);
-  if (r->shares) changed(r);
+  if (limited) changed(r);
   // The bytes land once the path's fixed delays have passed (the injection overhead was paid
   // before the flow started).
   r->landing = sim.now() + r->delays;
@@ -251,7 +290,6 @@ void FlowEngine::reshare() {
       }
     }
   };
-  auto limits = [](const FlowResource& e) { return e.demand > 1.0 + kSlack; };
   for (FlowResource* c : changed_) {
     FlowResource& e = *c;
     e.changed = false;

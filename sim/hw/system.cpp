@@ -549,7 +549,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
     dst.in_flight_.add(r, dr, true);
   }
   ++started_;
-  if (flows_ && !FlowEngine::by_chunks(r)) {
+  if (flows_ && !flows_->by_chunks(r)) {
     guard.r = nullptr;
     ++p.users;  // until it lands (or the run is abandoned)
     flows_->start(r);

@@ -42,6 +42,30 @@ TEST(Time, TransferTimeIsCeilOfBytesOverBandwidth) {
   EXPECT_THROW(Bandwidth::GBps(-3), TimeError);
 }
 
+// Sizes whose byte count times 10^12 fits 64 bits take a 64-bit division, larger ones the 128-bit
+// one: the same ceiling either side of the boundary, on random sizes and bandwidths.
+TEST(Time, TransferTimeIsExactEitherSideOfThe64BitBoundary) {
+  auto reference = [](std::uint64_t bytes, std::uint64_t bw) {
+    const unsigned __int128 num = static_cast<unsigned __int128>(bytes) * kPsPerS;
+    return static_cast<Duration>((num + bw - 1) / bw);
+  };
+  const std::uint64_t edge = UINT64_MAX / kPsPerS;
+  std::uint64_t s = 0x9e3779b97f4a7c15ull;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  for (int i = 0; i < 20000; ++i) {
+    const std::uint64_t bw = 1 + next() % (std::uint64_t{1} << (1 + next() % 50));
+    const std::uint64_t r = next();
+    const std::uint64_t bytes = i % 4 == 0 ? edge - 2 + r % 5 : (i % 4 == 1 ? r % (edge + 1) : r % (edge * 8));
+    if (static_cast<unsigned __int128>(bytes) * kPsPerS / bw > kTimeMax) continue;
+    ASSERT_EQ(transfer_time(bytes, Bandwidth{bw}), reference(bytes, bw)) << bytes << " bytes at " << bw << " B/s";
+  }
+}
+
 TEST(Time, FormatPicksAUnit) {
   EXPECT_EQ(format_time(999), "999 ps");
   EXPECT_EQ(format_time(ns(12)), "12.000 ns");
