@@ -61,7 +61,12 @@ struct Path {
     std::uint64_t chunk = 0, last = 0;  // 0: none yet
     WireScale wire;
     sim::Duration pace = 0, slowest = 0;  // the slowest stage for a full chunk, for the last one
-    std::vector<std::pair<sim::Duration, sim::Duration>> each;  // per stage: (a full chunk, the last)
+    struct Each {
+      sim::Duration chunk = 0, last = 0;  // the stage's time for a full chunk, for the last one
+      Server* counters = nullptr;         // where its unit counts flows; null: an L2 (counted by its lookup)
+      bool arrival = false;               // a link: counts wire bytes
+    };
+    std::vector<Each> each;  // per stage
   } flow_times;
 };
 
@@ -111,7 +116,7 @@ struct FlowResource {
     TransferRecord* flow;
     double weight;
     double cap;         // the flow's (kept here: the demand and fill level read no record)
-    std::uint32_t leg;  // the flow's leg on this unit: flow->legs[leg]
+    FlowLeg* leg;       // the flow's leg on this unit (its legs do not move while it runs)
   };
   std::vector<Entry> flows;
   double demand = 0;        // sum of weight x cap over its flows: > 1 means it can limit them
@@ -165,7 +170,7 @@ class FlowEngine {
   FlowResource& resource(PathUnit& u);
   // r's path's stage times for r's chunk, last chunk and wire scale (without an L2 hit): memoized on
   // a path of up to kMemoStages stages, worked out each time for a longer one (a barrier's many-hop
-  // tokens), so the memo adds at most 16 x kMemoStages bytes to a cached path. Valid until the next call.
+  // tokens), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.
   static constexpr std::size_t kMemoStages = 16;
   const Path::FlowTimes& times(const TransferRecord* r);
   // Notes that the flows on r's units changed; the rates are recomputed once, by an event after

@@ -81,9 +81,13 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
   t.pace = t.slowest = 0;
   t.each.resize(p.stages.size());
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
-    t.each[s] = {stage_time(p, s, r->chunk, r->wire, false), stage_time(p, s, last, r->wire, false)};
-    t.pace = std::max(t.pace, t.each[s].first);
-    t.slowest = std::max(t.slowest, t.each[s].second);
+    const Stage& st = p.stages[s];
+    t.each[s] = {.chunk = stage_time(p, s, r->chunk, r->wire, false),
+                 .last = stage_time(p, s, last, r->wire, false),
+                 .counters = st.unit->kind() == UnitKind::l2 ? nullptr : &st.unit->flow_counters(),
+                 .arrival = st.arrival};
+    t.pace = std::max(t.pace, t.each[s].chunk);
+    t.slowest = std::max(t.slowest, t.each[s].last);
   }
   return t;
 }
@@ -122,8 +126,8 @@ void FlowEngine::refresh_demand(FlowResource& e) {
 
 bool FlowEngine::by_chunks(const TransferRecord* r) {
   if (r->nchunks != 1) return false;
-  for (const auto& [chunk, last] : times(r).each) {  // one chunk: the last is the message
-    if (last > kLatencyBound) return true;
+  for (const Path::FlowTimes::Each& e : times(r).each) {  // one chunk: the last is the message
+    if (e.last > kLatencyBound) return true;
   }
   return false;  // latency-bound: a flow outside the sharing
 }
@@ -198,7 +202,7 @@ void FlowEngine::start(TransferRecord* r) {
   for (std::size_t i = 0; i < r->legs.size(); ++i) {
     FlowLeg& l = r->legs[i];
     l.slot = static_cast<std::uint32_t>(l.res->flows.size());
-    l.res->flows.push_back({r, l.weight, r->cap, static_cast<std::uint32_t>(i)});
+    l.res->flows.push_back({r, l.weight, r->cap, &l});
     l.res->demand += l.weight * r->cap;
     limited = limited || limits(*l.res);
   }
@@ -224,18 +228,15 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     auto& v = l.res->flows;
     v[l.slot] = v.back();
     v.pop_back();
-    if (l.slot < v.size()) v[l.slot].flow->legs[v[l.slot].leg].slot = l.slot;  // the flow moved into the slot
+    if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
     refresh_demand(*l.res);
   }
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for,
   // and the time it takes the unit at full rate.
-  const Path& p = *r->path;
-  const Path::FlowTimes& t = times(r);
-  for (std::size_t s = 0; s < p.stages.size(); ++s) {
-    const Stage& st = p.stages[s];
-    if (st.unit->kind() == UnitKind::l2) continue;  // counted by its lookup when the flow started
-    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * t.each[s].first + t.each[s].second;
-    st.unit->account_flow(st.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
+  for (const Path::FlowTimes::Each& e : times(r).each) {
+    if (!e.counters) continue;  // an L2: counted by its lookup when the flow started
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + e.last;
+    PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r);
   if (limited) changed(r);

@@ -70,14 +70,15 @@ class PathUnit : public Unit {
   // together, channel count and interleave. name and fixed are the stage's and left empty here.
   virtual StageFigures figures() const = 0;
   // Flow level (SystemOptions::timing): counts a whole transfer at once, on the server that stands
-  // for the unit: its bytes, the chunks it stands for, and the time it occupies the unit at full rate
-  // (a memory counts it as striped over its channels).
-  void account_flow(std::uint64_t bytes, std::uint64_t pieces, sim::Duration busy) {
-    Server& s = flow_server();
+  // for the unit (flow_counters()): its bytes, the chunks it stands for, and the time it occupies the
+  // unit at full rate (a memory counts it as striped over its channels).
+  static void flow_account(Server& s, std::uint64_t bytes, std::uint64_t pieces, sim::Duration busy) {
     s.bytes += bytes;
     s.chunks += pieces;
     s.busy += busy;
   }
+  // That server; it lives as long as the unit (the flow level keeps it per stage of a path).
+  Server& flow_counters() { return flow_server(); }
 
  protected:
   virtual Server& flow_server() = 0;
