@@ -102,6 +102,10 @@ struct TransferRecord : TransferInfo {
                                  // request overhead, less the HBM's latency where the L2 holds the source)
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
   bool shares = true;            // takes part in the sharing (false: latency-bound, kLatencyBound)
+  bool split = false;            // the flow is all chunks but the last (its idle time: tail)
+  bool throttled = false;        // a unit held it below its cap at some time: the chunk level times its last chunk
+  bool l2_path = false;          // an L2 on its path: the chunk level times a split flow's last chunk
+  sim::Duration tail = 0;        // a split flow's last chunk at its slowest stage
   sim::Time started = 0, updated = 0;
   std::uint32_t generation = 0;  // its end event is current only while this matches (never reset)
   std::uint32_t mark = 0;        // visit stamp of the max-min computation
@@ -143,7 +147,12 @@ struct FlowResource {
 // by_chunks). Queued with others at a link, FIFO finishes such messages one after another where fair
 // sharing would finish them all together at the end; NCCL's plans are made of them (slices of a
 // chunk or less forwarded hop by hop), and they cost the chunk level one event per link, as a flow.
-// The two levels do not see each other's load on a unit they share.
+// Likewise the last chunk of a longer message: its flow is the other chunks, and when they are
+// through, the last chunk goes by the chunk level (System::inject_tail), after waiting for what the
+// flows still running on its units leave it (start_tail). Equal contenders on a link then end a
+// chunk time apart in the order they started, as the chunk level's round robin of their chunks ends
+// them, not all together a round later (which a message forwarded hop by hop would pay at every
+// hop). Otherwise the two levels do not see each other's load on a unit they share.
 //
 // A latency-bound flow, one through an idle path in at most kLatencyBound (a barrier's token, a
 // flag: bytes, not kilobytes), takes no part in the sharing: it runs at its idle rate and takes
@@ -161,6 +170,8 @@ class FlowEngine {
   void start(TransferRecord* r);
   // r's end event: current when `generation` matches.
   void end(TransferRecord* r, std::uint32_t generation);
+  // A split flow's last chunk, once the flows ending with it have ended (its own event).
+  void start_tail(TransferRecord* r);
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
   // Recomputes the rates around the units changed since the last time (its own event, changed()).
@@ -180,7 +191,7 @@ class FlowEngine {
   void reschedule(TransferRecord* f);
   static void refresh_demand(FlowResource& e);
   double fill_level(const FlowResource& e);  // the rate at which e is full when its flows rise alike
-  void trace_flow(TransferRecord* r);
+  void trace_flow(TransferRecord* r, std::uint64_t bytes);
 
   System* sys_;
   std::vector<FlowResource> res_;  // by UnitId, made on first use

@@ -40,6 +40,13 @@ bool limits(const FlowResource& e) { return e.demand > 1.0 + kSlack; }
 
 // After every other event at its time: the flows that start and end then are all known.
 constexpr int kReshareLast = 32767;
+// After the flows ending at its time have ended, before their rates are reshared.
+constexpr int kTailAfterEnds = kReshareLast - 1;
+struct FlowTail {
+  FlowEngine* e;
+  TransferRecord* r;
+  void operator()() const { e->start_tail(r); }
+};
 struct FlowEnd {
   FlowEngine* e;
   TransferRecord* r;
@@ -144,8 +151,12 @@ void FlowEngine::start(TransferRecord* r) {
   // without the HBM's latency. (Its counters, hits and misses come from that lookup.)
   r->l2_hit = false;
   r->delays = p.figures.alpha - p.injector_overhead;
+  r->split = r->nchunks > 1;  // the flow is the chunks but the last (engine.h); the chunk level does that one
+  const std::uint64_t body = r->split ? (r->nchunks - 1) * r->chunk : r->bytes;
+  r->l2_path = false;
   for (const Stage& st : p.stages) {
     if (st.unit->kind() != UnitKind::l2) continue;
+    r->l2_path = true;
     auto& l2 = static_cast<L2Cache&>(*st.unit);
     const Region& reg = st.src_side ? r->src_region : r->dst_region;
     if (st.cache_read && held(l2, reg)) {
@@ -153,10 +164,11 @@ void FlowEngine::start(TransferRecord* r) {
       r->delays -= l2.memory().latency();
     }
     const sim::Time now = sim.now();
-    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .region = &reg, .bytes = r->bytes,
+    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .region = &reg, .bytes = body,
                         .head = now, .tail = now, .pre = st.pre, .forget_before = now, .read = st.src_side});
   }
-  // The idle time: every full chunk at the pace of the slowest stage, the last at its own.
+  // The idle time: every full chunk at the pace of the slowest stage, the last at its own. A split
+  // flow is the full chunks; the last one follows (tail).
   sim::Duration pace = 0, slowest = 0;
   if (!r->l2_hit) {
     const Path::FlowTimes& t = times(r);
@@ -169,10 +181,12 @@ void FlowEngine::start(TransferRecord* r) {
       slowest = std::max(slowest, stage_time(p, s, last, r->wire, true));
     }
   }
-  r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + slowest);
-  r->cap = static_cast<double>(r->bytes) / static_cast<double>(r->full);
+  r->tail = r->split ? slowest : 0;
+  r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + (r->split ? 0 : slowest));
+  r->cap = static_cast<double>(body) / static_cast<double>(r->full);
+  r->throttled = false;
   r->rate = 0;
-  r->remaining = static_cast<double>(r->bytes);
+  r->remaining = static_cast<double>(body);
   r->started = r->updated = sim.now();
   r->legs.clear();
   r->shares = r->full > kLatencyBound;
@@ -231,20 +245,52 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
     refresh_demand(*l.res);
   }
-  // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for,
-  // and the time it takes the unit at full rate.
+  // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for, and
+  // the time it takes the unit at full rate; the last chunk of a flow split at a tail that the chunk
+  // level times counts where it passes.
+  const bool by_chunks = r->split && (r->throttled || r->l2_path);
+  const std::uint64_t last = by_chunks ? 0 : r->bytes - (r->nchunks - 1) * r->chunk;
+  const std::uint64_t chunks = by_chunks ? r->nchunks - 1 : r->nchunks;
+  const std::uint64_t bytes = (r->nchunks - 1) * r->chunk + last;
   for (const Path::FlowTimes::Each& e : times(r).each) {
     if (!e.counters) continue;  // an L2: counted by its lookup when the flow started
-    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + e.last;
-    PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(r->bytes) : r->bytes, r->nchunks, busy);
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + (by_chunks ? 0 : e.last);
+    PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(bytes) : bytes, chunks, busy);
   }
-  if (sim.trace().enabled()) trace_flow(r);
+  if (sim.trace().enabled()) trace_flow(r, bytes);
   if (limited) changed(r);
+  if (by_chunks) {
+    sim.at(sim.now(), FlowTail{this, r}, kTailAfterEnds);
+    return;
+  }
   // The bytes land once the path's fixed delays have passed (the injection overhead was paid
   // before the flow started).
-  r->landing = sim.now() + r->delays;
+  // (A split flow that no unit ever held below its cap is still followed by its last chunk at the
+  // chunk level's idle time for it.)
+  const sim::Duration after = r->tail + r->delays;
+  r->landing = sim.now() + after;
   r->landed = r->nchunks;
-  sys_->land_after(r, r->delays);
+  sys_->land_after(r, after);
+}
+
+void FlowEngine::start_tail(TransferRecord* r) {
+  // The last chunk is served at what the flows still on each unit leave of it, at their rates from
+  // before this time's reshare (flows that ended together with r are gone): beside a flow that shared
+  // a link half and half it takes two chunk times, as when the chunk level's round robin serves one
+  // chunk of the other first; after contenders that all ended now, it takes one, and the chunk level
+  // orders those tails among themselves. Where the others leave it less than a turn in a round of
+  // them all (one chunk each, as the chunk level's FIFO serves chunks of equal flows), it gets that.
+  const double last = static_cast<double>(r->bytes - (r->nchunks - 1) * r->chunk);
+  double idle = 0, slow = 0;
+  for (const FlowLeg& l : r->legs) {
+    double used = 0;
+    for (const FlowResource::Entry& x : l.res->flows) used += x.weight * x.flow->rate;
+    // At least a fair turn: the chunk level's FIFO serves a chunk of each contender, then this one.
+    const double left = std::max(1.0 - used, 1.0 / static_cast<double>(1 + l.res->flows.size()));
+    idle = std::max(idle, l.weight * last);
+    slow = std::max(slow, l.weight * last / left);
+  }
+  sys_->inject_tail(r, static_cast<sim::Duration>(std::max(0.0, std::ceil(slow - idle))));
 }
 
 void FlowEngine::abandon() {
@@ -375,6 +421,7 @@ void FlowEngine::reshare() {
     f->remaining = std::max(0.0, f->remaining - f->rate * static_cast<double>(now - f->updated));
     f->updated = now;
     f->rate = f->fill;
+    f->throttled = f->throttled || f->fill < f->cap * (1.0 - kSlack);
     reschedule(f);
   }
 }
@@ -391,7 +438,7 @@ void FlowEngine::reschedule(TransferRecord* f) {
   sim.at(now + left, FlowEnd{this, f, ++f->generation});
 }
 
-void FlowEngine::trace_flow(TransferRecord* r) {
+void FlowEngine::trace_flow(TransferRecord* r, std::uint64_t bytes) {
   sim::Trace& tr = sys_->simulator().trace();
   const sim::Time now = sys_->simulator().now();
   for (const Stage& st : r->path->stages) {  // a unit twice (a copy within a memory): one span
@@ -402,7 +449,7 @@ void FlowEngine::trace_flow(TransferRecord* r) {
     if (now <= from) continue;
     e.traced_until = now;
     tr.span(e.track, fmt::format("t{}", r->id), from, now,
-            {{"bytes", r->bytes}, {"from", *r->src_name}, {"to", *r->dst_name}, {"flow", std::int64_t{1}}});
+            {{"bytes", bytes}, {"from", *r->src_name}, {"to", *r->dst_name}, {"flow", std::int64_t{1}}});
   }
 }
 

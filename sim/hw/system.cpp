@@ -40,6 +40,12 @@ struct TransferLanded {
   TransferRecord* r;
   void operator()() const { r->sys->land(r); }
 };
+// The flow level's last chunk of a message, its head leaving the source at `t`.
+struct ChunkTail {
+  TransferRecord* r;
+  Time t;
+  void operator()() const { r->sys->advance(r, r->nchunks - 1, 0, t, t); }
+};
 
 // ---------------------------------------------------------------- PathFigures, handles
 
@@ -621,6 +627,14 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
   }
   r->landing = std::max(r->landing, tail);
   if (++r->landed == r->nchunks) sim_->at(r->landing, TransferLanded{r});
+}
+
+void System::inject_tail(TransferRecord* r, Duration after) {
+  // As inject() would the last chunk: by an event d_pre after its head leaves the source, `after` from now.
+  const Time t = sim_->now() + after;
+  r->landed = r->nchunks - 1;
+  r->landing = t;
+  sim_->at(t + r->path->d_pre, ChunkTail{r, t});
 }
 
 void System::land_after(TransferRecord* r, Duration d) {

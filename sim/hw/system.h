@@ -168,6 +168,7 @@ class System {
   friend struct ChunkStep;
   friend struct ChunkInject;
   friend struct TransferLanded;
+  friend struct ChunkTail;
   friend class FlowEngine;
 
   const Path& path(Memory& src, Memory& dst);
@@ -178,6 +179,7 @@ class System {
   void inject(TransferRecord* r, std::uint64_t chunk);
   void land(TransferRecord* r);
   void land_after(TransferRecord* r, sim::Duration d);  // now (d == 0) or by an event d later
+  void inject_tail(TransferRecord* r, sim::Duration after);  // the flow level: the last chunk by the chunk level
   // Every start_transfer ends here.
   TransferHandle start_transfer(Memory& src, const Region& src_region, Memory& dst, const Region& dst_region,
                                 WireScale wire, OnLanded landed);

@@ -83,11 +83,19 @@ TEST(FlowTiming, AnIdlePathTakesExactlyTheChunkLevelTime) {
       const Time flow = run_pattern(t, TimingModel::flow, one).landed[0];
       const Time chunk = run_pattern(t, TimingModel::chunk, one).landed[0];
       if (far > 0) {
-        // Between cubes: exactly the alpha-beta figures, which the chunk level meets on whole chunks.
+        // Between cubes: exactly the alpha-beta figures, which the chunk level meets on whole chunks;
+        // through an L2 a message of several chunks leaves its last chunk to the chunk level, and so
+        // takes exactly the chunk level's time (PathFigures' cold figures differ by a few hundred ps).
         sim::Simulator sim;
         System sys(sim, t, {.functional = false});
-        EXPECT_EQ(flow, sys.path_figures(sys.hbm(0), sys.hbm(far)).time(bytes)) << "chunk level " << chunk;
+        const Time figures = sys.path_figures(sys.hbm(0), sys.hbm(far)).time(bytes);
+        if (t.cubes[0].l2.present && bytes > t.chunk_bytes) {
+          EXPECT_EQ(flow, chunk) << "figures " << figures;
+        } else {
+          EXPECT_EQ(flow, figures) << "chunk level " << chunk;
+        }
         EXPECT_LE(relative_gap(flow, chunk), chunk / 10000) << "flow " << flow << " chunk " << chunk;
+        EXPECT_LE(relative_gap(flow, figures), figures / 10000) << "flow " << flow << " figures " << figures;
       } else if (bytes >= (1u << 20)) {
         // Within one HBM the copy reads and writes the same channels: half the bandwidth each way.
         EXPECT_LE(relative_gap(flow, chunk), chunk / 10000) << "flow " << flow << " chunk " << chunk;
@@ -125,10 +133,15 @@ TEST(FlowTiming, FlowsOfferingALinkEqualLoadsSplitItAsChunksDo) {
 }
 
 // Max-min fairness, worked by hand: on ring4, a (0->2, 4 MiB, through c0->c1->c2), b (1->2, 4 MiB)
-// and c (0->1, 2 MiB). Each link carries two flows: all three run at half the link's bandwidth B;
-// c ends at 4 MiB / B, then a and b share c1->c2 at B/2 each until both end at 8 MiB / B. (The chunk
-// level, whose links serve chunks first come first served, gives b two thirds of c1->c2 while a
-// arrives throttled by c0->c1: b ends near 6 MiB / B. docs/PERFORMANCE.md has the error table.)
+// and c (0->1, 2 MiB). Each link carries two flows: all three run at half the link's bandwidth B.
+// A flow is a message's chunks but the last; a flow that was held below its cap leaves its last
+// chunk (64 KiB) to the chunk level, after what the flows still on its links leave it. c's flow ends
+// at (4 MiB - 128 KiB) / B; beside a at B/2 its last chunk waits one chunk time and takes one: c lands
+// at 4 MiB / B + alpha. a and b then share c1->c2 at B/2 each until both flows end at
+// (8 MiB - 128 KiB) / B; their last chunks leave together, b's is first on c1->c2 (a's has a link to
+// cross before) and a's follows it there one chunk time later, as the chunk level's FIFO serves
+// them. (The chunk level alone gives b two thirds of c1->c2 while a arrives throttled by c0->c1:
+// b ends near 6 MiB / B. docs/PERFORMANCE.md has the error table.)
 TEST(FlowTiming, ContendingFlowsShareMaxMinFairly) {
   const Topology t = load_topology("ring4");
   const std::uint64_t mib = 1 << 20;
@@ -144,8 +157,10 @@ TEST(FlowTiming, ContendingFlowsShareMaxMinFairly) {
   const Outcome f = run_pattern(t, TimingModel::flow, p);
   auto near = [](Time got, double want) { return std::abs(static_cast<double>(got) - want) <= 2.0; };
   EXPECT_TRUE(near(f.landed[2], 4.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[2];
-  EXPECT_TRUE(near(f.landed[1], 8.0 * mib / b + static_cast<double>(one_hop.alpha))) << f.landed[1];
-  EXPECT_TRUE(near(f.landed[0], 8.0 * mib / b + static_cast<double>(two_hop.alpha))) << f.landed[0];
+  const double chunk = static_cast<double>(t.chunk_bytes);
+  EXPECT_TRUE(near(f.landed[1], (8.0 * mib - chunk) / b + static_cast<double>(one_hop.alpha))) << f.landed[1];
+  EXPECT_TRUE(near(f.landed[0], static_cast<double>(f.landed[1]) + chunk / b)) << f.landed[0];
+  EXPECT_LT(f.landed[0], 8.0 * mib / b + static_cast<double>(two_hop.alpha)) << "a's chunk crossed c0->c1 meanwhile";
 }
 
 // A latency-bound flow (through an idle path in at most FlowEngine::kLatencyBound: a barrier's token)
