@@ -147,9 +147,10 @@ struct FlowResource {
 // by_chunks). Queued with others at a link, FIFO finishes such messages one after another where fair
 // sharing would finish them all together at the end; NCCL's plans are made of them (slices of a
 // chunk or less forwarded hop by hop), and they cost the chunk level one event per link, as a flow.
-// Likewise the last chunk of a longer message: its flow is the other chunks, and when they are
-// through, the last chunk goes by the chunk level (System::inject_tail), after waiting for what the
-// flows still running on its units leave it (start_tail). Equal contenders on a link then end a
+// Likewise the last chunk of a longer message: its flow is the other chunks. If a unit ever held the
+// flow below its cap (or an L2 is on its path), the last chunk goes by the chunk level once they are
+// through (System::inject_tail), after waiting for what the flows still running on its units leave
+// it, at least a fair turn (start_tail); otherwise it lands the last chunk's idle time later. Equal contenders on a link then end a
 // chunk time apart in the order they started, as the chunk level's round robin of their chunks ends
 // them, not all together a round later (which a message forwarded hop by hop would pay at every
 // hop). Otherwise the two levels do not see each other's load on a unit they share.
