@@ -234,7 +234,11 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   }
   RunReport rep;
   rep.wall_s = wall_now() - w0;
-  rep.sim_time = sim_->now() - start;
+  // When the last rank finished: not the last event's time, which a flow's superseded end event
+  // (a no-op, scheduled before its rate rose) can put later.
+  sim::Time last_finish = start;
+  for (int r = 0; r < nprocs; ++r) last_finish = std::max(last_finish, timelines_[static_cast<std::size_t>(r)].finish);
+  rep.sim_time = last_finish - start;
   rep.events = sim_->events_executed() - events0;
   rep.event_hash = sim_->event_order_hash();
   rep.units = backend_->units();

@@ -104,6 +104,7 @@ struct TransferRecord : TransferInfo {
   bool shares = true;            // takes part in the sharing (false: latency-bound, kLatencyBound)
   bool split = false;            // the flow is all chunks but the last (its idle time: tail)
   bool throttled = false;        // a unit held it below its cap at some time: the chunk level times its last chunk
+  bool tailing = false;          // its last chunk is at the chunk level: it keeps its rate on its units until released
   bool l2_path = false;          // an L2 on its path: the chunk level times a split flow's last chunk
   sim::Duration tail = 0;        // a split flow's last chunk at its slowest stage
   sim::Time started = 0, updated = 0;
@@ -173,6 +174,8 @@ class FlowEngine {
   void end(TransferRecord* r, std::uint32_t generation);
   // A split flow's last chunk, once the flows ending with it have ended (its own event).
   void start_tail(TransferRecord* r);
+  // A tailing flow leaves its units (its last chunk has passed its slowest stage, or it landed).
+  void release(TransferRecord* r);
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
   // Recomputes the rates around the units changed since the last time (its own event, changed()).
@@ -180,6 +183,8 @@ class FlowEngine {
 
  private:
   FlowResource& resource(PathUnit& u);
+  // Takes r off its units; whether one of them could limit (the rates around it may change).
+  bool leave(TransferRecord* r);
   // r's path's stage times for r's chunk, last chunk and wire scale (without an L2 hit): memoized on
   // a path of up to kMemoStages stages, worked out each time for a longer one (a barrier's many-hop
   // tokens), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.

@@ -47,6 +47,14 @@ struct FlowTail {
   TransferRecord* r;
   void operator()() const { e->start_tail(r); }
 };
+struct FlowRelease {
+  FlowEngine* e;
+  TransferRecord* r;
+  std::uint32_t generation;
+  void operator()() const {
+    if (r->generation == generation) e->release(r);  // else it landed (and was released) already
+  }
+};
 struct FlowEnd {
   FlowEngine* e;
   TransferRecord* r;
@@ -234,21 +242,17 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   if (r->generation != generation) return;  // its rate changed since: a later event ends it
   sim::Simulator& sim = sys_->simulator();
   r->remaining = 0;
-  r->rate = 0;
   ++r->generation;
-  bool limited = false;  // a unit of its path could hold flows below their cap: they may speed up now
-  for (const FlowLeg& l : r->legs) {  // none for a latency-bound flow
-    limited = limited || limits(*l.res);
-    auto& v = l.res->flows;
-    v[l.slot] = v.back();
-    v.pop_back();
-    if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
-    refresh_demand(*l.res);
+  const bool by_chunks = r->split && (r->throttled || r->l2_path);
+  if (by_chunks) {
+    r->tailing = true;  // keeps its rate and its place on its units until its last chunk has passed
+  } else {
+    r->rate = 0;
+    if (leave(r)) changed(r);
   }
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for, and
   // the time it takes the unit at full rate; the last chunk of a flow split at a tail that the chunk
   // level times counts where it passes.
-  const bool by_chunks = r->split && (r->throttled || r->l2_path);
   const std::uint64_t last = by_chunks ? 0 : r->bytes - (r->nchunks - 1) * r->chunk;
   const std::uint64_t chunks = by_chunks ? r->nchunks - 1 : r->nchunks;
   const std::uint64_t bytes = (r->nchunks - 1) * r->chunk + last;
@@ -258,7 +262,6 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
     PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(bytes) : bytes, chunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r, bytes);
-  if (limited) changed(r);
   if (by_chunks) {
     sim.at(sim.now(), FlowTail{this, r}, kTailAfterEnds);
     return;
@@ -273,24 +276,53 @@ void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
   sys_->land_after(r, after);
 }
 
+bool FlowEngine::leave(TransferRecord* r) {
+  bool limited = false;  // a unit of its path could hold flows below their cap: they may speed up now
+  for (const FlowLeg& l : r->legs) {  // none for a latency-bound flow
+    limited = limited || limits(*l.res);
+    auto& v = l.res->flows;
+    v[l.slot] = v.back();
+    v.pop_back();
+    if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
+    refresh_demand(*l.res);
+  }
+  return limited;
+}
+
 void FlowEngine::start_tail(TransferRecord* r) {
-  // The last chunk is served at what the flows still on each unit leave of it, at their rates from
-  // before this time's reshare (flows that ended together with r are gone): beside a flow that shared
-  // a link half and half it takes two chunk times, as when the chunk level's round robin serves one
-  // chunk of the other first; after contenders that all ended now, it takes one, and the chunk level
-  // orders those tails among themselves. Where the others leave it less than a turn in a round of
-  // them all (one chunk each, as the chunk level's FIFO serves chunks of equal flows), it gets that.
+  // The last chunk is served at what the other flows on each unit leave of it, at their rates from
+  // before this time's reshare (flows that ended together with r are gone; the last chunks of others
+  // waiting or passing meet this one at the chunk level): beside a flow that shared a link half and
+  // half it takes two chunk times, as when the chunk level's round robin serves one chunk of the
+  // other first; after contenders that all ended now, it takes one, and the chunk level orders those
+  // last chunks among themselves. Where the others leave it less than a turn in a round of them all
+  // (one chunk each, as the chunk level's FIFO serves chunks of equal flows), it gets that. Until the
+  // chunk has passed its slowest stage the flow keeps its rate on its units, so the others do not
+  // take its share while its last chunk still uses it.
   const double last = static_cast<double>(r->bytes - (r->nchunks - 1) * r->chunk);
   double idle = 0, slow = 0;
   for (const FlowLeg& l : r->legs) {
     double used = 0;
-    for (const FlowResource::Entry& x : l.res->flows) used += x.weight * x.flow->rate;
-    // At least a fair turn: the chunk level's FIFO serves a chunk of each contender, then this one.
-    const double left = std::max(1.0 - used, 1.0 / static_cast<double>(1 + l.res->flows.size()));
+    std::size_t others = 0;
+    for (const FlowResource::Entry& x : l.res->flows) {
+      if (x.flow->tailing) continue;
+      used += x.weight * x.flow->rate;
+      ++others;
+    }
+    const double left = std::max(1.0 - used, 1.0 / static_cast<double>(1 + others));
     idle = std::max(idle, l.weight * last);
     slow = std::max(slow, l.weight * last / left);
   }
-  sys_->inject_tail(r, static_cast<sim::Duration>(std::max(0.0, std::ceil(slow - idle))));
+  const auto wait = static_cast<sim::Duration>(std::max(0.0, std::ceil(slow - idle)));
+  sys_->simulator().at(sys_->simulator().now() + wait + r->tail, FlowRelease{this, r, r->generation});
+  sys_->inject_tail(r, wait);
+}
+
+void FlowEngine::release(TransferRecord* r) {
+  if (!r->tailing) return;
+  r->tailing = false;
+  r->rate = 0;
+  if (leave(r)) changed(r);
 }
 
 void FlowEngine::abandon() {
@@ -331,7 +363,7 @@ void FlowEngine::reshare() {
   comp_res_.clear();
   auto take_flows = [&](FlowResource& e) {
     for (const FlowResource::Entry& x : e.flows) {
-      if (x.flow->mark != stamp_) {
+      if (x.flow->mark != stamp_ && !x.flow->tailing) {  // a flow's last chunk keeps its rate: left out
         x.flow->mark = stamp_;
         comp_flows_.push_back(x.flow);
       }
@@ -353,7 +385,7 @@ void FlowEngine::reshare() {
       comp_res_.push_back(&e);
       const double level = fill_level(e);
       for (const FlowResource::Entry& x : e.flows) {
-        if (x.cap > level * (1.0 - kSlack) && x.flow->mark != stamp_) {
+        if (x.cap > level * (1.0 - kSlack) && x.flow->mark != stamp_ && !x.flow->tailing) {
           x.flow->mark = stamp_;
           comp_flows_.push_back(x.flow);
         }

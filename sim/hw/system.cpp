@@ -578,6 +578,7 @@ TransferRecord* System::alloc_record() {
   if (free_records_) {
     TransferRecord* r = free_records_;
     free_records_ = r->next_free;
+    r->tailing = false;  // an abandoned flow's record: its units were cleared
     return r;
   }
   records_.push_back(std::make_unique<TransferRecord>());
@@ -663,6 +664,7 @@ void System::land(TransferRecord* r) {
     r->src->in_flight_.remove(r, false);
     r->dst->in_flight_.remove(r, true);
   }
+  if (flows_) flows_->release(r);  // a flow whose last chunk landed before its release (none: safety)
   ++completed_;
   --r->path->users;
   bytes_moved_ += r->bytes;

