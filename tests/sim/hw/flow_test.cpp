@@ -132,6 +132,29 @@ TEST(FlowTiming, FlowsOfferingALinkEqualLoadsSplitItAsChunksDo) {
   }
 }
 
+// Two transfers of one pair together, 4 and 8 MiB in 64 KiB chunks: the chunk level serves their
+// chunks alternately, so the shorter ends after 127 chunk times and the longer, alone from then on,
+// after 192. At the flow level both run at half the link until the shorter's flow (63 chunks) ends at
+// 126; its last chunk waits a turn behind one of the longer's and passes by 128 (one chunk later than
+// the chunk level, whose round robin serves the shorter first here), and the flow keeps its half
+// until then, so the longer ends at 192 exactly as at the chunk level. (Were the shorter's share
+// handed over when its flow ended, the longer would land a chunk early.)
+TEST(FlowTiming, ALastChunkKeepsItsShareUntilItHasPassed) {
+  const Topology t = load_topology("ring4");
+  const std::uint64_t mib = 1 << 20;
+  const std::vector<Xfer> p = {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 8 * mib}};
+  const Outcome c = run_pattern(t, TimingModel::chunk, p);
+  const Outcome f = run_pattern(t, TimingModel::flow, p);
+  sim::Simulator s0;
+  System sys(s0, t, {.functional = false});
+  const PathFigures fig = sys.path_figures(sys.hbm(0), sys.hbm(1));
+  const Duration chunk = fig.chunk_time;
+  EXPECT_EQ(c.landed[1], 192 * chunk + fig.alpha) << "chunk level";
+  EXPECT_EQ(c.landed[0], 127 * chunk + fig.alpha) << "chunk level";
+  EXPECT_EQ(f.landed[0], 128 * chunk + fig.alpha);
+  EXPECT_EQ(f.landed[1], c.landed[1]);
+}
+
 // Max-min fairness, worked by hand: on ring4, a (0->2, 4 MiB, through c0->c1->c2), b (1->2, 4 MiB)
 // and c (0->1, 2 MiB). Each link carries two flows: all three run at half the link's bandwidth B.
 // A flow is a message's chunks but the last; a flow that was held below its cap leaves its last
