@@ -35,6 +35,10 @@ struct FlowReshare {
   FlowEngine* e;
   void operator()() const { e->reshare(); }
 };
+// A flow whose remaining time at its rate is this long (10^6 s) or more, or infinite at rate 0, is
+// starved: it waits for the next recomputation instead of an end event.
+constexpr double kStarved = 1e18;
+
 // Whether a unit can hold a flow below its cap: its flows' caps together exceed it.
 bool limits(const FlowResource& e) { return e.demand > 1.0 + kSlack; }
 
@@ -461,11 +465,19 @@ void FlowEngine::reshare() {
 void FlowEngine::reschedule(TransferRecord* f) {
   sim::Simulator& sim = sys_->simulator();
   const sim::Time now = sim.now();
+  const std::uint64_t body = f->split ? (f->nchunks - 1) * f->chunk : f->bytes;
   sim::Duration left;
-  if (f->rate == f->cap && f->remaining == static_cast<double>(f->bytes)) {
+  if (f->rate == f->cap && f->remaining == static_cast<double>(body)) {
     left = f->full;  // idle all along so far: exactly the chunk level's time
   } else {
-    left = static_cast<sim::Duration>(std::ceil(f->remaining / f->rate * (1.0 - 1e-12)));
+    const double t = std::ceil(f->remaining / f->rate * (1.0 - 1e-12));
+    if (!(t < kStarved)) {
+      // Held at (next to) nothing by the last chunks of flows that keep their share until those
+      // have passed: no end until their release recomputes its rate (any earlier end is void).
+      ++f->generation;
+      return;
+    }
+    left = static_cast<sim::Duration>(t);
   }
   sim.at(now + left, FlowEnd{this, f, ++f->generation});
 }

@@ -155,6 +155,26 @@ TEST(FlowTiming, ALastChunkKeepsItsShareUntilItHasPassed) {
   EXPECT_EQ(f.landed[1], c.landed[1]);
 }
 
+// A transfer that starts while two others' last chunks hold their shares of the link (issued between
+// their flows' end and their release): it gets no bandwidth until they are released, then shares the
+// link as usual, landing near the chunk level's time; never at once (a rate of zero is no end).
+TEST(FlowTiming, AFlowStartingBesideLastChunksWaitsForThem) {
+  const Topology t = load_topology("ring4");
+  const std::uint64_t mib = 1 << 20;
+  sim::Simulator s0;
+  System sys(s0, t, {.functional = false});
+  const Duration chunk = sys.path_figures(sys.hbm(0), sys.hbm(1)).chunk_time;
+  for (const Time at : {126 * chunk + chunk / 4, 126 * chunk + chunk / 2, 127 * chunk - 1}) {
+    SCOPED_TRACE(at);
+    const std::vector<Xfer> p = {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 4 * mib},
+                                 {.src = 0, .dst = 1, .bytes = 4 * mib, .at = at}};
+    const Outcome c = run_pattern(t, TimingModel::chunk, p);
+    const Outcome f = run_pattern(t, TimingModel::flow, p);
+    EXPECT_GT(f.landed[2], at + 60 * chunk) << "flow " << f.landed[2] << " chunk " << c.landed[2];
+    EXPECT_LE(relative_gap(f.landed[2], c.landed[2]), c.landed[2] / 50) << "flow " << f.landed[2] << " chunk " << c.landed[2];
+  }
+}
+
 // Max-min fairness, worked by hand: on ring4, a (0->2, 4 MiB, through c0->c1->c2), b (1->2, 4 MiB)
 // and c (0->1, 2 MiB). Each link carries two flows: all three run at half the link's bandwidth B.
 // A flow is a message's chunks but the last; a flow that was held below its cap leaves its last
