@@ -101,7 +101,6 @@ struct TransferRecord : TransferInfo {
   sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
                                  // request overhead, less the HBM's latency where the L2 holds the source)
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
-  bool shares = true;            // takes part in the sharing (false: latency-bound, kLatencyBound)
   bool split = false;            // the flow is all chunks but the last (its idle time: tail)
   bool throttled = false;        // a unit held it below its cap at some time: the chunk level times its last chunk
   bool tailing = false;          // its last chunk is at the chunk level: it keeps its rate on its units until released

@@ -201,8 +201,7 @@ void FlowEngine::start(TransferRecord* r) {
   r->remaining = static_cast<double>(body);
   r->started = r->updated = sim.now();
   r->legs.clear();
-  r->shares = r->full > kLatencyBound;
-  if (!r->shares) {
+  if (r->full <= kLatencyBound) {  // latency-bound: outside the sharing
     r->rate = r->cap;
     reschedule(r);  // at its idle time, the chunk level's
     return;
