@@ -8,6 +8,7 @@ pkgs=(
   libboost-context-dev libeigen3-dev libfmt-dev nlohmann-json3-dev libgtest-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   libopenblas-dev pkg-config
+  openmpi-bin python3-mpi4py python3-matplotlib python3-yaml
 )
 
 missing=()

@@ -110,4 +110,6 @@ def validate_topology(doc_or_path, origin=None):
     return load_topology(str(doc_or_path))
 
 
+from . import sweep  # noqa: E402  (design-space sweeps: cubesim.sweep.plan / run / load)
+
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -21,6 +21,15 @@ def _enabled(stream):
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+def _duration(s):
+    s = int(round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 class Progress:
     WIDTH = 24
 
@@ -76,7 +85,10 @@ class Progress:
             frac = min(max(self.done / self.total, 0.0), 1.0)
             fill = int(round(frac * self.WIDTH))
             bar = "#" * fill + "-" * (self.WIDTH - fill)
-            return f"{self.label} [{bar}] {self.done}/{self.total}  {elapsed:.1f} s"
+            eta = ""
+            if 0 < self.done < self.total:
+                eta = f", ETA {_duration(elapsed / self.done * (self.total - self.done))}"
+            return f"{self.label} [{bar}] {self.done}/{self.total}  {elapsed:.1f} s{eta}"
         # Indeterminate: a block bouncing across the bar.
         span = self.WIDTH - 4
         pos = int(elapsed / self.interval) % (2 * span)

@@ -6,6 +6,8 @@
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
     cubesim calibrate [--base NAME] [--measurements FILE | --measure-only] [--out OVERLAY] [--check OVERLAY]
+    cubesim sweep plan SPEC | run SPEC --db FILE [--executor thread|process|mpi] [--resume] | report DB |
+                  export DB --csv FILE | plot DB --x PATH --y METRIC [--hue PATH] [--facet PATH]
 
 Human output is aligned tables on stdout; --json FILE writes the same results for machines
 (--json - prints only the JSON, on stdout). Exit codes: 0 success; 1 the job ran and failed (a check
@@ -819,6 +821,207 @@ def cmd_algorithms(args):
 # ---- main ----------------------------------------------------------------------------------------
 
 
+# ---- sweep ---------------------------------------------------------------------------------------
+
+
+def _sweep_mod():
+    from . import sweep
+    return sweep
+
+
+def _short(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, str) and "/" in v:
+        return Path(v).name
+    return json.dumps(v) if not isinstance(v, str) else v
+
+
+def cmd_sweep_plan(args):
+    sw = _sweep_mod()
+    out = Output(args.json)
+    try:
+        p = sw.plan(args.spec)
+    except sw.SpecError as e:
+        raise UsageError(str(e)) from None
+    valid, invalid = p.valid, p.invalid
+    out.say(f"sweep {args.spec}: job {p.job}, spec hash {p.hash}")
+    out.say(f"  {len(p.cases)} cases ({p.total} in the product of {len(p.axes)} axes"
+            + (f", {p.total - len(p.cases)} left out by filters or sample" if p.total != len(p.cases) else "")
+            + f"); {len(valid)} can run, {len(invalid)} cannot; timeout {p.timeout:g} s per case")
+    shown = p.cases[: args.show]
+    if shown:
+        out.say()
+        headers = ["case", "hash"] + p.axes + ["runs?"]
+        rows = [[c.index, c.hash] + [_short(c.params.get(a)) for a in p.axes] + ["yes" if c.invalid is None else "NO"]
+                for c in shown]
+        out.say(format_table(headers, rows))
+        if len(p.cases) > len(shown):
+            out.say(f"  ... {len(p.cases) - len(shown)} more (--show N for more)")
+    if invalid:
+        out.say()
+        out.say(f"cases that cannot run ({len(invalid)}):")
+        for c in invalid[: args.show]:
+            out.say(f"  case {c.index} {json.dumps(c.params)}: {c.invalid}")
+    if shown:
+        out.say()
+        out.say(f"case {shown[0].index} resolved: {json.dumps(shown[0].config)}")
+    out.json({"spec": args.spec, "spec_hash": p.hash, "job": p.job, "axes": p.axes, "total": p.total,
+              "cases": len(p.cases), "valid": len(valid), "timeout_s": p.timeout,
+              "invalid": [{"case": c.index, "params": c.params, "reason": c.invalid} for c in invalid],
+              "first": [{"case": c.index, "hash": c.hash, "params": c.params, "config": c.config} for c in shown]})
+    return EXIT_OK if not invalid else EXIT_FAILED
+
+
+def cmd_sweep_run(args):
+    sw = _sweep_mod()
+    rank0 = True
+    if args.executor == "mpi" and sw.mpi_available():
+        from mpi4py import MPI
+        rank0 = MPI.COMM_WORLD.Get_rank() == 0
+    out = Output(args.json if rank0 else None)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give at least 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout}: give seconds > 0")
+    prog = Progress("sweep", total=1, delay=1.0)
+
+    def progress(done, total, elapsed, eta):
+        prog.update(done)
+        prog.total = total
+
+    try:
+        with prog:
+            rows = sw.run(args.spec, args.db, executor=args.executor, jobs=args.jobs, resume=args.resume,
+                          overwrite=args.overwrite, skip_invalid=args.skip_invalid, retry_failed=args.retry_failed,
+                          timeout=args.timeout, progress=progress, log=lambda s: prog.print(s) if not out.quiet else None)
+    except sw.SpecError as e:
+        raise UsageError(str(e)) from None
+    if rows is None:  # an MPI worker rank: it served cases
+        return EXIT_OK
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    out.say(f"sweep done: {len(rows)} cases in {args.db}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    bad = [r for r in rows if r["status"] not in ("ok", "invalid")]
+    for r in bad[:10]:
+        out.say(f"  case {r['case']} {r['status']}: {r['error']}")
+    out.say(f"  look at it: cubesim sweep report {args.db}; cubesim sweep plot {args.db} --x AXIS --y METRIC")
+    out.json({"db": args.db, "cases": len(rows), "status": counts})
+    return EXIT_OK if not bad else EXIT_FAILED
+
+
+def _open_rows(db):
+    sw = _sweep_mod()
+    try:
+        d = sw.ResultsDB(db, create=False)
+    except sw.SpecError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return d.meta(), d.rows()
+    finally:
+        d.close()
+
+
+def cmd_sweep_report(args):
+    sw = _sweep_mod()
+    out = Output(args.json)
+    meta, rows = _open_rows(args.db)
+    axes = json.loads(meta.get("axes", "[]"))
+    ok = [r for r in rows if r["status"] == "ok"]
+    metric = args.metric
+    metrics = sorted({k for r in ok for k in r["metrics"]})
+    if metric not in metrics and ok:
+        raise UsageError(f"--metric {metric}: not a metric of this sweep; metrics: {', '.join(metrics)}")
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    out.say(f"sweep {args.db}: spec hash {meta.get('spec_hash')}, {len(rows)} cases: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    shown = rows[: args.show]
+    table = [[r["case"]] + [_short(r["params"].get(a)) for a in axes] + [r["status"], _short(r["metrics"].get(metric, "-")),
+             f"{r['wall_s']:.3f}" if r["wall_s"] is not None else "-"] for r in shown]
+    out.say(format_table(["case"] + axes + ["status", metric, "wall s"], table))
+    if len(rows) > len(shown):
+        out.say(f"  ... {len(rows) - len(shown)} more (--show N, or cubesim sweep export)")
+    sens = sw.sensitivity(rows, axes)
+    out.say()
+    out.say(f"sensitivity: per axis, the median over cases that differ only in it of max/min {metric}")
+    srows, ignored = [], []
+    for s in sens:
+        if not s["groups"]:
+            verdict = "cannot tell (no two cases differ only in it)"
+        elif not s["changes"]:
+            verdict = "CHANGES NO METRIC"
+            ignored.append(s["axis"])
+        else:
+            verdict = f"changes {len(s['changes'])} of {len(metrics)} metrics"
+        spread = s["spread"].get(metric)
+        srows.append([s["axis"], len(s["values"]), f"{spread:.3f}x" if spread else "-", verdict])
+    out.say(format_table(["axis", "values", f"{metric} spread", "verdict"], srows))
+    for a in ignored:
+        out.say(f"  warning: {a} changes no metric: the model may ignore it (check the path, or the job it "
+                "applies to)")
+    out.json({"db": args.db, "spec_hash": meta.get("spec_hash"), "status": counts, "metric": metric,
+              "sensitivity": sens, "ignored_axes": ignored})
+    return EXIT_OK
+
+
+def cmd_sweep_export(args):
+    sw = _sweep_mod()
+    if not args.csv and not args.json_out:
+        raise UsageError("sweep export: give --csv FILE and/or --json FILE ('-' for stdout)")
+    for flag, path in (("--csv", args.csv), ("--json", args.json_out)):
+        check_output_path(flag, path)
+    try:
+        rows = sw.export(args.db, csv_path=args.csv, json_path=args.json_out)
+    except sw.SpecError as e:
+        raise UsageError(str(e)) from None
+    if "-" not in (args.csv, args.json_out):
+        print(f"exported {len(rows)} cases" + "".join(f"; {k} {v}" for k, v in (("csv", args.csv), ("json", args.json_out))
+                                                     if v))
+    return EXIT_OK
+
+
+def cmd_sweep_plot(args):
+    sw = _sweep_mod()
+    check_output_path("--out", args.out)
+    where = dict(parse_sets(args.where)) if args.where else None
+    try:
+        path = sw.plot(args.db, args.x, args.y, hue=args.hue, facet=args.facet, where=where, out=args.out,
+                       logx=args.logx, logy=args.logy)
+    except sw.SpecError as e:
+        raise UsageError(str(e)) from None
+    print(f"plot: {path}")
+    return EXIT_OK
+
+
+def cmd_sweep_bench(args):
+    sw = _sweep_mod()
+    out = Output(args.json)
+    mpi = [int(x) for x in args.mpi.split(",") if x] if args.mpi else []
+    if mpi and not sw.mpi_available():
+        raise UsageError(f"--mpi needs mpi4py on Open MPI; install it with: {sw.MPI_INSTALL}")
+    with Progress("sweep bench"):
+        rows = sw.benchmark(cases=args.cases, jobs=args.jobs, mpi_np=mpi)
+    target = {"thread": 0.9, "process": 0.9, "mpi": 0.85}
+    table = []
+    for r in rows:
+        t = target.get(r["executor"])
+        met = "" if t is None else ("yes" if r["efficiency"] >= t else "NO")
+        table.append([r["executor"], r["workers"], r["cases"], f"{r['cases_per_s']:.1f}", f"{r['efficiency']:.3f}",
+                      f"{r['of_independent']:.3f}" if "of_independent" in r else "",
+                      "" if t is None else f">= {t}", met + (" (oversubscribed)" if r.get("oversubscribed") else "")])
+        r["target"], r["met"] = t, (None if t is None else r["efficiency"] >= t)
+    out.say("sweep throughput: `cubesim run --topology mesh4x4 --timing-only` cases (efficiency: rate / (workers x "
+            "serial rate), MPI against its 1-worker run; of independent: rate / that of as many plain processes "
+            "looping over the cases, the machine's own ceiling)")
+    out.say(format_table(["executor", "workers", "cases", "cases/s", "efficiency", "of independent", "target", "met"],
+                         table))
+    out.json({"bench": "sweep", "rows": rows})
+    return EXIT_OK
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="cubesim",
@@ -953,6 +1156,60 @@ def build_parser():
     be = sub.add_parser("backends", help="the backends: name, whether it runs here (and why not), summary, options")
     json_opt(be)
     be.set_defaults(fn=cmd_backends)
+
+    sw = sub.add_parser("sweep", help="design-space sweeps: plan, run (thread/process/MPI), report, export, plot",
+                        description="Sweeps a job (the MLP step or a collective) over axes of topology fields and run "
+                        "options, from a JSON (or YAML) spec; results go case by case into a SQLite database, so a "
+                        "killed sweep resumes. See python/cubesim/sweep.py and examples/sweeps/.")
+    wsub = sw.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
+    wsub.required = True
+    wp = wsub.add_parser("plan", help="the case count, a few resolved cases, and the cases that cannot run")
+    wp.add_argument("spec", metavar="SPEC")
+    wp.add_argument("--show", type=int_in(0, 10**9, "a count"), default=8, metavar="N", help="cases to list (default 8)")
+    json_opt(wp)
+    wp.set_defaults(fn=cmd_sweep_plan)
+    wr = wsub.add_parser("run", help="run a sweep into a SQLite database")
+    wr.add_argument("spec", metavar="SPEC")
+    wr.add_argument("--db", required=True, metavar="FILE", help="the SQLite database the results go to")
+    wr.add_argument("--executor", default="process", choices=["thread", "process", "mpi"],
+                    help="thread; process (default: forked workers, a crash or timeout kills only its case); mpi "
+                    "(under mpirun: rank 0 leads, the other ranks run cases)")
+    wr.add_argument("--jobs", type=int, metavar="N", help="thread/process: cases at once (default: one per CPU)")
+    wr.add_argument("--resume", action="store_true", help="run only the cases the database lacks")
+    wr.add_argument("--retry-failed", action="store_true", help="with --resume: also re-run failed, crashed, timed out")
+    wr.add_argument("--overwrite", action="store_true", help="start the database again")
+    wr.add_argument("--skip-invalid", action="store_true", help="record cases that cannot run as invalid, run the rest")
+    wr.add_argument("--timeout", type=float, metavar="S", help="seconds per case (default: the spec's timeout_s, or 600)")
+    json_opt(wr)
+    wr.set_defaults(fn=cmd_sweep_run)
+    wrep = wsub.add_parser("report", help="a table of the cases and the sensitivity per axis (flags ignored axes)")
+    wrep.add_argument("db", metavar="DB")
+    wrep.add_argument("--metric", default="sim_time_ps", help="the metric shown (default sim_time_ps)")
+    wrep.add_argument("--show", type=int_in(0, 10**9, "a count"), default=20, metavar="N", help="cases to list (default 20)")
+    json_opt(wrep)
+    wrep.set_defaults(fn=cmd_sweep_report)
+    we = wsub.add_parser("export", help="the results as CSV (flat) and/or JSON")
+    we.add_argument("db", metavar="DB")
+    we.add_argument("--csv", metavar="FILE")
+    we.add_argument("--json", dest="json_out", metavar="FILE")
+    we.set_defaults(fn=cmd_sweep_export)
+    wpl = wsub.add_parser("plot", help="a metric against an axis, PNG/SVG (matplotlib)")
+    wpl.add_argument("db", metavar="DB")
+    wpl.add_argument("--x", required=True, metavar="PATH")
+    wpl.add_argument("--y", required=True, metavar="METRIC")
+    wpl.add_argument("--hue", metavar="PATH", help="one line per value of this axis")
+    wpl.add_argument("--facet", metavar="PATH", help="one panel per value of this axis")
+    wpl.add_argument("--where", action="append", metavar="PATH=VALUE", help="keep only these cases (repeatable)")
+    wpl.add_argument("--out", default="sweep.png", metavar="FILE", help="a .png, .svg or .pdf (default sweep.png)")
+    wpl.add_argument("--logx", action="store_true")
+    wpl.add_argument("--logy", action="store_true")
+    wpl.set_defaults(fn=cmd_sweep_plot)
+    wb = wsub.add_parser("bench", help="sweep throughput of the executors against the single-case rate")
+    wb.add_argument("--cases", type=int_in(1, 10**6, "a count"), default=1000, metavar="N")
+    wb.add_argument("--jobs", type=int_in(1, 4096, "a count"), metavar="N", help="workers (default: one per CPU)")
+    wb.add_argument("--mpi", metavar="N,M", help="also MPI sweeps with these worker counts (mpirun, rank 0 leads)")
+    json_opt(wb)
+    wb.set_defaults(fn=cmd_sweep_bench)
     return p
 
 

@@ -4,6 +4,8 @@
 #include <cassert>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <vector>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -90,8 +92,52 @@ __attribute__((always_inline)) inline transfer_t switch_to(void* ctx, void* data
 }  // namespace
 
 namespace detail {
+// Stacks a simulator no longer needs, kept for the next one in this process (a sweep runs thousands
+// of short simulations, several at once on threads): unmapping a stack, and mprotect-ing a new
+// one's guard page, make the kernel shoot down the TLB of every CPU running a thread of the
+// process, which cost each of two threads running simulations side by side about a tenth of its
+// time. At most kMaxStacks are kept (their pages stay committed as deep as they were used).
+class StackCache {
+ public:
+  static constexpr std::size_t kMaxStacks = 1024;
+  static StackCache& instance() {
+    static StackCache* cache = new StackCache;  // never destroyed: stacks may be returned at exit
+    return *cache;
+  }
+  // A cached stack of this mapping (size, guard), or nullptr.
+  void* take(std::size_t mapped, bool guarded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = entries_.size(); i-- > 0;) {
+      if (entries_[i].mapped == mapped && entries_[i].guarded == guarded) {
+        void* sp = entries_[i].sp;
+        entries_[i] = entries_.back();
+        entries_.pop_back();
+        return sp;
+      }
+    }
+    return nullptr;
+  }
+  // Keeps the stack if there is room; false: the caller unmaps it.
+  bool give(std::size_t mapped, bool guarded, void* sp) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (entries_.size() >= kMaxStacks) return false;
+    entries_.push_back({mapped, guarded, sp});
+    return true;
+  }
+
+ private:
+  struct Entry {
+    std::size_t mapped;
+    bool guarded;
+    void* sp;
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
 // Stacks are anonymous mappings (reserved, committed page by page on first touch), recycled through
-// a free list. A guarded stack has one PROT_NONE page below its usable range, so an overflow faults.
+// a free list, and handed to the process-wide StackCache when the simulator goes. A guarded stack
+// has one PROT_NONE page below its usable range, so an overflow faults.
 class StackPool {
  public:
   StackPool(std::size_t size, bool guarded) : guarded_(guarded) {
@@ -100,13 +146,20 @@ class StackPool {
     size_ = (size + page - 1) / page * page;
   }
   ~StackPool() {
-    for (void* sp : free_) ::munmap(clean(sp) - mapped(), mapped());
+    StackCache& cache = StackCache::instance();
+    for (void* sp : free_) {
+      if (!cache.give(mapped(), guarded_, sp)) ::munmap(static_cast<char*>(sp) - mapped(), mapped());
+    }
   }
   // Returns the top of a stack of size() usable bytes.
   void* get() {
     if (!free_.empty()) {
       void* sp = free_.back();
       free_.pop_back();
+      return clean(sp);
+    }
+    if (void* sp = StackCache::instance().take(mapped(), guarded_)) {
+      ++allocated_;
       return clean(sp);
     }
     void* base = ::mmap(nullptr, mapped(), PROT_READ | PROT_WRITE,
