@@ -897,6 +897,10 @@ def cmd_sweep_run(args):
                           timeout=args.timeout, progress=progress, log=lambda s: prog.print(s) if not out.quiet else None)
     except sw.SpecError as e:
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(f"cubesim: sweep interrupted; the cases that finished are in {args.db}: run the same command with "
+              "--resume for the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if rows is None:  # an MPI worker rank: it served cases
         return EXIT_OK
     counts = {}

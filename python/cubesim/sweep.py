@@ -654,9 +654,31 @@ def _report_metrics(rep):
 # ---- executors -----------------------------------------------------------------------------------
 
 
-def _worker_loop(conn):
+_FORK_LOCK = threading.Lock()
+_PARENT_ENDS = set()  # the parent's ends of every worker's pipe (a child closes the others' copies)
+
+
+def _die_with_parent():
+    """Linux: the worker is killed when the thread that forked it goes (a SIGKILLed sweep leaves no
+    orphans behind)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_loop(conn, own_parent_end):
     """A forked worker: runs (fn, args) pairs from the pipe until it is closed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    for fd in list(_PARENT_ENDS):  # copies of other workers' pipes: a worker's EOF must be its own
+        if fd != own_parent_end:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     while True:
         try:
             fn, args = conn.recv()
@@ -680,12 +702,16 @@ class _Isolated:
         self.proc = self.conn = None
 
     def _start(self):
-        ctx = multiprocessing.get_context("fork")
-        parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_loop, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        self.conn = parent
+        # One fork at a time: a child forked while another worker's pipe is half set up would hold
+        # a copy of that worker's child end, and the parent would never see that worker die.
+        with _FORK_LOCK:
+            ctx = multiprocessing.get_context("fork")
+            parent, child = ctx.Pipe()
+            _PARENT_ENDS.add(parent.fileno())
+            self.proc = ctx.Process(target=_worker_loop, args=(child, parent.fileno()), daemon=True)
+            self.proc.start()
+            child.close()
+            self.conn = parent
 
     def call(self, fn, args, timeout):
         if self.proc is None or not self.proc.is_alive():
@@ -699,7 +725,7 @@ class _Isolated:
         except (EOFError, OSError):
             self.proc.join(5)
             code = self.proc.exitcode
-            self.proc = self.conn = None
+            self._close()
             how = f"signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit code {code}"
             raise WorkerCrashed(f"the process running the case died ({how})") from None
         if not ok:
@@ -710,8 +736,13 @@ class _Isolated:
         if self.proc is not None:
             self.proc.kill()
             self.proc.join(5)
+        self._close()
+
+    def _close(self):
         if self.conn is not None:
-            self.conn.close()
+            with _FORK_LOCK:
+                _PARENT_ENDS.discard(self.conn.fileno())
+                self.conn.close()
         self.proc = self.conn = None
 
 
@@ -786,12 +817,24 @@ class _CallKw:
 _MPI_ISOLATED = None
 
 
-def _mpi_task(config, timeout):
-    """What an MPI worker runs: the case in a forked child of its own (crash and timeout isolation)."""
+def _mpi_batch(configs, timeout):
+    """What an MPI worker runs: a few cases, each in a forked child of its own (crash and timeout
+    isolation), returning [(status, result or error)] in order. Batches amortise the round trip to
+    rank 0 (mpi4py polls with a backoff of up to a millisecond each way)."""
     global _MPI_ISOLATED
     if _MPI_ISOLATED is None:
         _MPI_ISOLATED = _Isolated()
-    return _MPI_ISOLATED.call(run_case, (config,), timeout)
+    out = []
+    for config in configs:
+        try:
+            out.append(("ok", _MPI_ISOLATED.call(run_case, (config,), timeout)))
+        except CaseTimeout as e:
+            out.append(("timeout", str(e)))
+        except WorkerCrashed as e:
+            out.append(("crashed", str(e)))
+        except Exception as e:  # noqa: BLE001
+            out.append(("failed", str(e)))
+    return out
 
 
 def _isolated_task(config):
@@ -1028,18 +1071,30 @@ def _drive(p, d, todo, kind, jobs, timeout, progress):
         starts[idx] = time.monotonic()
         return run_case(config)
 
+    def record(c, status, value):
+        if status == "ok":
+            d.write(c, "ok", metrics=value["metrics"], wall_s=value["wall_s"])
+        else:
+            d.write(c, status, error=value, wall_s=timeout if status == "timeout" else None)
+
     try:
         if kind == "mpi":
             ex = ex.__enter__()
+            from mpi4py import MPI
+            workers = max(MPI.COMM_WORLD.Get_size() - 1, 1)
+            size = max(1, min(16, len(todo) // (4 * workers)))  # a few batches per worker at least
+        else:
+            size = 1
         futs = {}
-        for c in todo:
+        for i in range(0, len(todo), size):
+            group = todo[i:i + size]
             if kind == "thread":
-                f = ex.submit(timed, c.config, c.index)
+                f = ex.submit(timed, group[0].config, group[0].index)
             elif kind == "process":
-                f = ex.submit(run_case, c.config)
+                f = ex.submit(run_case, group[0].config)
             else:
-                f = ex.submit(_mpi_task, c.config, timeout)
-            futs[f] = c
+                f = ex.submit(_mpi_batch, [c.config for c in group], timeout)
+            futs[f] = group
             f.add_done_callback(finished_q.put)
         pending = set(futs)
         finished = 0
@@ -1051,22 +1106,27 @@ def _drive(p, d, todo, kind, jobs, timeout, progress):
                 f = None
             if f is not None and f in pending:
                 pending.discard(f)
-                c = futs[f]
+                group = futs[f]
                 try:
                     res = f.result()
-                    d.write(c, "ok", metrics=res["metrics"], wall_s=res["wall_s"])
+                    if kind == "mpi":
+                        for c, (status, value) in zip(group, res):
+                            record(c, status, value)
+                    else:
+                        record(group[0], "ok", res)
                 except CaseTimeout as e:
-                    d.write(c, "timeout", error=str(e), wall_s=timeout)
+                    record(group[0], "timeout", str(e))
                 except WorkerCrashed as e:
-                    d.write(c, "crashed", error=str(e))
-                except Exception as e:  # noqa: BLE001 - a case's own failure
+                    record(group[0], "crashed", str(e))
+                except Exception as e:  # noqa: BLE001 - a case's own failure (or an MPI worker's)
                     msg = str(e) if isinstance(e, RuntimeError) and kind != "thread" else f"{type(e).__name__}: {e}"
-                    d.write(c, "failed", error=msg)
-                finished += 1
+                    for c in group:
+                        record(c, "failed", msg)
+                finished += len(group)
             if kind == "thread":  # a thread cannot be killed: record the case and leave the thread
                 now = time.monotonic()
-                for f in [f for f in pending if starts.get(futs[f].index) is not None]:
-                    c = futs[f]
+                for f in [f for f in pending if starts.get(futs[f][0].index) is not None]:
+                    c = futs[f][0]
                     if now - starts[c.index] > timeout:
                         d.write(c, "timeout", error=f"timed out after {timeout:g} s (its thread was abandoned; the "
                                 "process executor kills such cases)", wall_s=timeout)
@@ -1077,6 +1137,9 @@ def _drive(p, d, todo, kind, jobs, timeout, progress):
                 el = time.monotonic() - t0
                 eta = el / finished * (len(todo) - finished) if finished else None
                 progress(finished, len(todo), el, eta)
+    except BaseException:  # Ctrl-C: keep what finished, stop waiting for the rest (resume runs it)
+        abandoned += 1
+        raise
     finally:
         if kind == "mpi":
             ex.__exit__(None, None, None)

@@ -174,11 +174,13 @@ class StackPool {
       throw std::runtime_error("cubesim: cannot protect a stack guard page (mprotect failed)");
     }
     ++allocated_;
+    ++fresh_;
     return clean(static_cast<char*>(base) + mapped());
   }
   void put(void* sp) { free_.push_back(sp); }
   std::size_t size() const { return size_; }
   std::size_t allocated() const { return allocated_; }
+  std::size_t fresh() const { return fresh_; }
 
  private:
   std::size_t mapped() const { return size_ + (guarded_ ? page_ : 0); }
@@ -195,6 +197,7 @@ class StackPool {
   bool guarded_;
   std::vector<void*> free_;
   std::size_t allocated_ = 0;
+  std::size_t fresh_ = 0;  // of those, mapped anew (not from the StackCache)
 };
 }  // namespace detail
 
@@ -245,6 +248,7 @@ Simulator::~Simulator() {
 
 std::size_t Simulator::stack_size() const { return stacks_->size(); }
 std::size_t Simulator::stacks_allocated() const { return stacks_->allocated(); }
+std::size_t Simulator::stacks_mapped() const { return stacks_->fresh(); }
 
 void* Simulator::allocate_record(std::size_t bytes, std::size_t align, void** sp, std::size_t* size) {
   void* top_ptr = stacks_->get();

@@ -161,6 +161,9 @@ class Simulator {
   std::uint64_t processes_live() const { return live_count_; }
   std::size_t stack_size() const;
   std::size_t stacks_allocated() const;  // stacks created so far (pooled, reused)
+  // Of those, the stacks mapped anew; the others came from the process-wide cache of stacks that
+  // simulators destroyed earlier left behind (at most 1024 are kept, simulator.cpp's StackCache).
+  std::size_t stacks_mapped() const;
 
  private:
   template <class F>

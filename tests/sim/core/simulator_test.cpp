@@ -316,6 +316,40 @@ TEST(Simulator, HundredThousandProcessesFinishWithoutLeaks) {
   EXPECT_LE(sim.stacks_allocated(), 2100u);  // at most ~2 waves alive at once
 }
 
+// A simulator takes the stacks an earlier one left (a sweep runs thousands of short simulations):
+// no new mapping, and the processes on the reused stacks run as on fresh ones.
+TEST(Simulator, ReusesTheStacksOfAnEarlierSimulator) {
+  SimulatorOptions o;
+  o.stack_size = 44 * 4096;  // a size no other simulator in this test uses
+  auto run = [&](std::uint64_t seed, std::size_t* mapped) {
+    Simulator sim(o);
+    std::uint64_t sum = 0;
+    for (int i = 0; i < 12; ++i) {
+      sim.spawn("p", [&sum, i, seed] {
+        volatile char deep[8192];  // touch the stack well below its top
+        deep[0] = static_cast<char>(i);
+        this_process::sleep(ps(1 + (seed * 7 + static_cast<std::uint64_t>(i)) % 5));
+        sum += seed * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(deep[0]);
+      });
+    }
+    sim.run();
+    EXPECT_EQ(sim.stacks_allocated(), 12u);
+    *mapped = sim.stacks_mapped();
+    return sum;
+  };
+  std::size_t first = 0, second = 0;
+  EXPECT_EQ(run(3, &first), 3u * 66u + 66u);
+  EXPECT_EQ(first, 12u);
+  EXPECT_EQ(run(5, &second), 5u * 66u + 66u);
+  EXPECT_EQ(second, 0u);  // all twelve from the cache
+  SimulatorOptions other = o;
+  other.stack_size = 45 * 4096;  // another size: not interchangeable
+  Simulator sim(other);
+  sim.spawn("q", [] {});
+  sim.run();
+  EXPECT_EQ(sim.stacks_mapped(), 1u);
+}
+
 TEST(Simulator, TeardownUnwindsBlockedProcesses) {
   Tracked::live = 0;
   Event never("never");
