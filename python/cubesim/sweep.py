@@ -1005,17 +1005,10 @@ def open_db(p, db, resume=False, overwrite=False):
 
 
 def make_executor(kind, jobs, timeout):
-    """(executor, owns_cases_timeout). None for mpi on a worker rank (it served and is done)."""
+    """The thread or process executor (the MPI one is entered by run(), on every rank)."""
     if kind == "thread":
         return cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="cubesim-sweep")
-    if kind == "process":
-        return ProcessExecutor(jobs, timeout)
-    if kind == "mpi":
-        if not mpi_available():
-            raise SpecError(f"--executor mpi needs mpi4py on Open MPI; install it with: {MPI_INSTALL}")
-        from mpi4py.futures import MPICommExecutor
-        return MPICommExecutor()
-    raise SpecError(f"--executor {kind}: give one of {', '.join(EXECUTORS)}")
+    return ProcessExecutor(jobs, timeout)
 
 
 def run(spec, db, executor="process", jobs=None, resume=False, overwrite=False, skip_invalid=False,
@@ -1023,15 +1016,25 @@ def run(spec, db, executor="process", jobs=None, resume=False, overwrite=False, 
     """Runs a sweep into the SQLite database db and returns its Rows (None on an MPI worker rank,
     which only serves cases). SpecError before anything runs for a bad spec, invalid cases (unless
     skip_invalid: they are recorded as 'invalid' rows), a database that cannot be used."""
+    if executor not in EXECUTORS:
+        raise SpecError(f"--executor {executor}: give one of {', '.join(EXECUTORS)}")
+    if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+        raise SpecError(f"--jobs {jobs}: give a count >= 1")
     if executor == "mpi":
         if not mpi_available():
             raise SpecError(f"--executor mpi needs mpi4py on Open MPI; install it with: {MPI_INSTALL}")
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.Get_rank() != 0:
-            from mpi4py.futures import MPICommExecutor
-            with MPICommExecutor() as ex:  # a worker: serves cases until rank 0 is done
-                assert ex is None
-            return None
+        from mpi4py.futures import MPICommExecutor
+        # Every rank enters the executor first: the others serve cases until rank 0 leaves it, which
+        # it does however the sweep ends (a bad spec, an error, Ctrl-C), so no rank is left waiting.
+        with MPICommExecutor() as ex:
+            if ex is None:
+                return None
+            return _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed, timeout, progress,
+                        log, ex)
+    return _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed, timeout, progress, log, None)
+
+
+def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed, timeout, progress, log, mpi_ex):
     p = plan(spec)
     timeout = float(timeout if timeout is not None else p.timeout)
     log = log or (lambda s: None)
@@ -1052,17 +1055,17 @@ def run(spec, db, executor="process", jobs=None, resume=False, overwrite=False, 
         log(f"sweep {p.hash}: {len(p.cases)} cases, {len(p.cases) - len(todo)} already in {db}, {len(todo)} to run "
             f"({executor} executor)")
         if todo:
-            _drive(p, d, todo, executor, jobs or os.cpu_count() or 1, timeout, progress)
+            _drive(p, d, todo, executor, jobs or os.cpu_count() or 1, timeout, progress, mpi_ex)
         return Rows(d.rows())
     finally:
         d.close()
 
 
-def _drive(p, d, todo, kind, jobs, timeout, progress):
+def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
     """Submits every case, then records each as it finishes (a done-callback queues it: O(1) a
     case, where waiting on the whole pending set would cost O(cases) each time)."""
     import queue
-    ex = make_executor(kind, jobs, timeout)
+    ex = mpi_ex if kind == "mpi" else make_executor(kind, jobs, timeout)
     starts = {}
     abandoned = 0
     finished_q = queue.Queue()
@@ -1079,7 +1082,6 @@ def _drive(p, d, todo, kind, jobs, timeout, progress):
 
     try:
         if kind == "mpi":
-            ex = ex.__enter__()
             from mpi4py import MPI
             workers = max(MPI.COMM_WORLD.Get_size() - 1, 1)
             size = max(1, min(16, len(todo) // (4 * workers)))  # a few batches per worker at least
@@ -1141,9 +1143,7 @@ def _drive(p, d, todo, kind, jobs, timeout, progress):
         abandoned += 1
         raise
     finally:
-        if kind == "mpi":
-            ex.__exit__(None, None, None)
-        else:
+        if kind != "mpi":  # run() leaves the MPI executor
             ex.shutdown(wait=abandoned == 0, cancel_futures=True)
     return abandoned
 

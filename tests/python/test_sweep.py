@@ -265,6 +265,14 @@ def test_resume_refuses_another_specs_database_and_existing_db_needs_resume(tmp_
         sweep.run(coll_spec(n_bw=1), tmp_path)
 
 
+def test_unknown_executor_and_bad_jobs_are_refused_before_anything(tmp_path):
+    with pytest.raises(sweep.SpecError, match="give one of thread, process, mpi"):
+        sweep.run(coll_spec(n_bw=1), tmp_path / "x.db", executor="fibers")
+    with pytest.raises(sweep.SpecError, match="--jobs 0"):
+        sweep.run(coll_spec(n_bw=1), tmp_path / "x.db", jobs=0)
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_mpi_executor_missing_names_the_install_line(monkeypatch, tmp_path):
     monkeypatch.setattr(sweep, "mpi_available", lambda: False)
     with pytest.raises(sweep.SpecError, match="apt-get install openmpi-bin python3-mpi4py"):
@@ -286,6 +294,13 @@ def test_mpi_sweep_under_mpirun_gives_the_same_rows(tmp_path):
     mpi = sweep.load(tmp_path / "mpi.db")
     local = sweep.run(spec, tmp_path / "local.db", executor="thread", jobs=2)
     assert metrics_by_hash(mpi) == metrics_by_hash(local)
+    # a bad spec under mpirun: rank 0 says why and the workers are released (no hang)
+    spec["axes"].append({"path": "run.tpp", "values": [1]})
+    spec_path.write_text(json.dumps(spec))
+    r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable, "-m", "cubesim", "sweep", "run",
+                        str(spec_path), "--db", str(tmp_path / "bad.db"), "--executor", "mpi"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "'tpp' is not an option of job 'collective'" in r.stderr
 
 
 def test_a_hundred_case_sweep(tmp_path):
