@@ -77,6 +77,9 @@ JOB_OPTIONS = {
         "algorithm": "ring", "timing_only": True, "timing": "chunk", "seed": 1,
     },
 }
+MAX_AXIS_VALUES = 1_000_000  # values on one axis
+MAX_PRODUCT = 1_000_000  # combinations of the axes' values, before filters
+MAX_CASES = 200_000  # cases after filters and sample (each is a resolved config in memory)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
@@ -139,6 +142,9 @@ def _values_of(axis, where):
     if kind == "values":
         if not isinstance(spec, list) or not spec:
             raise SpecError(f"{where}.values: give a non-empty list")
+        for v in spec:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SpecError(f"{where}.values: {v} is not a finite number")
         return list(spec)
     if not isinstance(spec, dict):
         raise SpecError(f"{where}.{kind}: give an object, e.g. " + {
@@ -157,17 +163,23 @@ def _values_of(axis, where):
             raise SpecError(f"{where}.range.step: must be > 0 (got {step})")
         if hi < lo:
             raise SpecError(f"{where}.range: 'to' ({hi}) is below 'from' ({lo})")
+        if not all(math.isfinite(x) for x in (lo, hi, step)):
+            raise SpecError(f"{where}.range: from, to and step must be finite numbers")
         n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+        if n > MAX_AXIS_VALUES:
+            raise SpecError(f"{where}.range: {n} values; an axis holds at most {MAX_AXIS_VALUES} (raise step)")
         vals = [lo + i * step for i in range(n)]
         return [int(v) if all(isinstance(x, int) for x in (lo, step)) else round(v, 12) for v in vals]
     if kind == "log":
         lo, hi = num("from"), num("to")
-        if lo <= 0 or hi < lo:
-            raise SpecError(f"{where}.log: needs 0 < from <= to (got from {lo}, to {hi})")
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi < lo:
+            raise SpecError(f"{where}.log: needs finite 0 < from <= to (got from {lo}, to {hi})")
         if "factor" in spec:
             f = num("factor")
-            if f <= 1:
+            if not math.isfinite(f) or f <= 1:
                 raise SpecError(f"{where}.log.factor: must be > 1 (got {f})")
+            if math.log(hi / lo) / math.log(f) > MAX_AXIS_VALUES:
+                raise SpecError(f"{where}.log: more than {MAX_AXIS_VALUES} values; an axis holds at most that")
             vals, v = [], lo
             while v <= hi * (1 + 1e-12):
                 vals.append(v)
@@ -175,8 +187,8 @@ def _values_of(axis, where):
             return vals
         if "num" in spec:
             n = num("num")
-            if not isinstance(n, int) or n < 1:
-                raise SpecError(f"{where}.log.num: give a count >= 1 (got {n})")
+            if not isinstance(n, int) or not 1 <= n <= MAX_AXIS_VALUES:
+                raise SpecError(f"{where}.log.num: give a count from 1 to {MAX_AXIS_VALUES} (got {n})")
             vals = [lo * (hi / lo) ** (i / (n - 1)) if n > 1 else lo for i in range(n)]
             if spec.get("int", isinstance(lo, int) and isinstance(hi, int)):
                 vals = sorted(set(int(round(v)) for v in vals))
@@ -185,8 +197,8 @@ def _values_of(axis, where):
                         "log-spaced values)")
     # random: n draws with a seed, from uniform / loguniform / randint / choice
     n, seed = spec.get("n"), spec.get("seed")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise SpecError(f"{where}.random.n: give the number of draws (an integer >= 1)")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_AXIS_VALUES:
+        raise SpecError(f"{where}.random.n: give the number of draws (an integer from 1 to {MAX_AXIS_VALUES})")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise SpecError(f"{where}.random.seed: give an integer seed (draws are reproducible)")
     rng = random.Random(seed)
@@ -431,9 +443,14 @@ def plan(spec, validate=True):
         raise SpecError(f"timeout_s: give seconds > 0 (got {json.dumps(timeout)})")
 
     axis_paths = [p for paths, _ in groups for p in paths]
+    product = math.prod(len(vals) for _, vals in groups)
+    if product > MAX_PRODUCT:
+        raise SpecError(f"axes: their product is {product} combinations; a sweep expands at most {MAX_PRODUCT} "
+                        "(filters apply after the product: narrow the axes)")
     import cubesim as cs
     default_topology = cs.DEFAULT_TOPOLOGY
     cases, total, seen_hashes = [], 0, set()
+    sample = doc.get("sample")
     for index, combo in enumerate(itertools.product(*[vals for _, vals in groups])):
         total += 1
         params = {}
@@ -467,11 +484,13 @@ def plan(spec, validate=True):
         config = _canonical({"job": job, "topology": _resolve_topology(topo, base_dir),
                              "set": dict(sorted(sets.items())), "run": run})
         case = Case(index, params, config)
+        if len(cases) >= MAX_CASES and sample is None:
+            raise SpecError(f"the spec gives more than {MAX_CASES} cases; a sweep holds at most that (add filters, "
+                            "narrow the axes, or take a seeded sample)")
         if case.hash in seen_hashes:  # two axis values that resolve alike (a random choice drawn twice)
             continue
         seen_hashes.add(case.hash)
         cases.append(case)
-    sample = doc.get("sample")
     if sample is not None:
         if not isinstance(sample, dict) or not isinstance(sample.get("n"), int) or sample["n"] < 1 \
                 or not isinstance(sample.get("seed"), int):
