@@ -84,6 +84,16 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def check_timeout(t, where):
+    """Seconds per case: a finite number in (0, one week]."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t <= MAX_TIMEOUT_S:
+        raise SpecError(f"{where}: give seconds, more than 0 and at most {MAX_TIMEOUT_S} (got {t!r})")
+    return float(t)
+
+
 class SpecError(ValueError):
     """A spec (or a request about one) that cannot be run as written; the message names where."""
 
@@ -165,7 +175,10 @@ def _values_of(axis, where):
             raise SpecError(f"{where}.range: 'to' ({hi}) is below 'from' ({lo})")
         if not all(math.isfinite(x) for x in (lo, hi, step)):
             raise SpecError(f"{where}.range: from, to and step must be finite numbers")
-        n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+        try:
+            n = int(math.floor((hi - lo) / step + 1e-9)) + 1
+        except (OverflowError, ValueError):
+            n = MAX_AXIS_VALUES + 1
         if n > MAX_AXIS_VALUES:
             raise SpecError(f"{where}.range: {n} values; an axis holds at most {MAX_AXIS_VALUES} (raise step)")
         vals = [lo + i * step for i in range(n)]
@@ -227,9 +240,9 @@ def _values_of(axis, where):
 
 def _axis_groups(doc):
     """[(paths, [tuple of values])]: one group per axis; a zip axis is one group of several paths."""
-    axes = doc.get("axes", [])
-    if not isinstance(axes, list):
-        raise SpecError("axes: give a list of axes")
+    axes = doc.get("axes")
+    if not isinstance(axes, list) or not axes:
+        raise SpecError("axes: give a non-empty list of axes (a sweep of one case is `cubesim run`)")
     groups, seen = [], set()
     for i, axis in enumerate(axes):
         where = f"axes[{i}]"
@@ -266,6 +279,8 @@ class _Filter:
 
     def __init__(self, text, where):
         self.text, self.where = text, where
+        if not isinstance(text, str):
+            raise SpecError(f"{where}: give the filter as a string, e.g. \"run.ffn % run.tp == 0\"")
         try:
             self.tree = ast.parse(text, mode="eval")
         except SyntaxError as e:
@@ -306,6 +321,12 @@ class _Filter:
                 return ev(n.body) if ev(n.test) else ev(n.orelse)
             if isinstance(n, ast.BinOp):
                 a, b = ev(n.left), ev(n.right)
+                for x in (a, b):  # numbers only, of sane size: a filter must not take the machine
+                    if not _num(x) or (isinstance(x, int) and x.bit_length() > 256):
+                        raise SpecError(f"{self.where}: {self.text!r}: arithmetic takes numbers of at most 256 bits "
+                                        f"(got {type(x).__name__})")
+                if isinstance(n.op, ast.Pow) and (abs(b) > 64 or (isinstance(a, int) and a.bit_length() * abs(b) > 256)):
+                    raise SpecError(f"{self.where}: {self.text!r}: powers are limited to 256-bit results")
                 f = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b, ast.Div: lambda: a / b,
                      ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b, ast.Pow: lambda: a ** b}[type(n.op)]
                 return f()
@@ -342,9 +363,13 @@ def _get_dotted(doc, path):
     return cur
 
 
-def _canonical(v):
-    """JSON-stable value (floats that are whole stay floats; tuples become lists)."""
-    return json.loads(json.dumps(v))
+def _canonical(v, where="a value"):
+    """JSON-stable value (tuples become lists); SpecError for what JSON cannot hold exactly (NaN,
+    infinities, dates and other YAML types)."""
+    try:
+        return json.loads(json.dumps(v, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"{where}: {e} (give numbers, strings, booleans, lists or objects; finite numbers only)") from None
 
 
 class Case:
@@ -438,9 +463,7 @@ def plan(spec, validate=True):
     if not isinstance(filters, list):
         raise SpecError("filters: give a list of expressions")
     filters = [_Filter(f, f"filters[{i}]") for i, f in enumerate(filters)]
-    timeout = doc.get("timeout_s", 600)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise SpecError(f"timeout_s: give seconds > 0 (got {json.dumps(timeout)})")
+    timeout = check_timeout(doc.get("timeout_s", 600), "timeout_s")
 
     axis_paths = [p for paths, _ in groups for p in paths]
     product = math.prod(len(vals) for _, vals in groups)
@@ -449,6 +472,32 @@ def plan(spec, validate=True):
                         "(filters apply after the product: narrow the axes)")
     import cubesim as cs
     default_topology = cs.DEFAULT_TOPOLOGY
+    # A dotted path that names no field of the topology is the spec's error, said once (not once a case).
+    first_topo = groups[axis_paths.index("topology")][1][0][0] if "topology" in axis_paths else \
+        base.get("topology", default_topology)
+    probe = _resolve_topology(first_topo, base_dir)
+    checks = [(f"base.set.{k}", k, v) for k, v in base_set.items()]
+    checks += [(f"axis path '{pth}'", pth[len("topology."):], vals[0][i]) for pths, vals in groups
+               for i, pth in enumerate(pths) if pth.startswith("topology.")]
+    for where, path, value in checks:
+        try:
+            cs.load_topology(probe, overrides={path: value})
+        except cs.TopologyError as e:
+            if str(e).startswith("override path"):
+                raise SpecError(f"{where}: {e}") from None
+    doc_hashes = {}
+
+    def doc_hash(resolved):
+        """The content hash of a topology as loaded (extends resolved): part of every case's config,
+        so a changed file is a new case, not a resumed one."""
+        if resolved not in doc_hashes:
+            try:
+                text = json.dumps(cs.load_topology(resolved).doc, sort_keys=True)
+            except cs.TopologyError as e:
+                text = "invalid: " + str(e)
+            doc_hashes[resolved] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return doc_hashes[resolved]
+
     cases, total, seen_hashes = [], 0, set()
     sample = doc.get("sample")
     for index, combo in enumerate(itertools.product(*[vals for _, vals in groups])):
@@ -456,7 +505,7 @@ def plan(spec, validate=True):
         params = {}
         for (paths, _), values in zip(groups, combo):
             params.update(zip(paths, values))
-        params = _canonical(params)
+        params = _canonical(params, "axis values")
         topo = params.get("topology", base.get("topology", default_topology))
         sets = dict(base_set)
         run = dict(options)
@@ -481,8 +530,9 @@ def plan(spec, validate=True):
 
         if not all(f(lookup) for f in filters):
             continue
-        config = _canonical({"job": job, "topology": _resolve_topology(topo, base_dir),
-                             "set": dict(sorted(sets.items())), "run": run})
+        resolved = _resolve_topology(topo, base_dir)
+        config = _canonical({"job": job, "topology": resolved, "topology_sha256": doc_hash(resolved),
+                             "set": dict(sorted(sets.items())), "run": run}, "the case's configuration")
         case = Case(index, params, config)
         if len(cases) >= MAX_CASES and sample is None:
             raise SpecError(f"the spec gives more than {MAX_CASES} cases; a sweep holds at most that (add filters, "
@@ -528,9 +578,33 @@ def _validate(p):
         c.invalid = _check_run(cfg["job"], run, t, backends)
 
 
+_BOOL_OPTIONS = ("bias", "sequence_parallel", "timing_only")
+_INT_OPTIONS = {"tokens": (1, 2**40), "hidden": (1, 2**40), "ffn": (1, 2**40), "seed": (0, 2**64 - 1),
+                "data_seed": (0, 2**64 - 1), "bytes": (1, 2**48), "tp": (1, 65536), "ranks": (1, 65536)}
+_ENUM_OPTIONS = {"gelu": ("tanh", "erf"), "timing": ("chunk", "flow"), "dtype": tuple(DTYPE_BYTES),
+                 "collective": COLLECTIVES}
+
+
+def _option_error(job, run):
+    """Why a job option has the wrong type or value (None if all are fine)."""
+    for k, v in run.items():
+        if k in _BOOL_OPTIONS and not isinstance(v, bool):
+            return f"run.{k} {json.dumps(v)}: give true or false"
+        if k in _INT_OPTIONS and not (v is None and k in ("tp", "ranks")):
+            lo, hi = _INT_OPTIONS[k]
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                return f"run.{k} {json.dumps(v)}: give an integer from {lo} to {hi}"
+        if k in _ENUM_OPTIONS and v not in _ENUM_OPTIONS[k]:
+            return f"run.{k} {json.dumps(v)}: give one of {', '.join(_ENUM_OPTIONS[k])}"
+    return None
+
+
 def _check_run(job, run, topo, backends):
     """Why a case's job options cannot run on topology topo (None if they can)."""
     import cubesim as cs
+    bad = _option_error(job, run)
+    if bad:
+        return bad
     b = backends.get(run["backend"])
     if b is None:
         return f"run.backend '{run['backend']}': not a backend; valid: {', '.join(backends)}"
@@ -1054,8 +1128,11 @@ def run(spec, db, executor="process", jobs=None, resume=False, overwrite=False, 
 
 
 def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed, timeout, progress, log, mpi_ex):
+    if executor != "mpi" and int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        raise SpecError("this is one of several MPI ranks (started by mpirun): give --executor mpi, or every rank "
+                        "runs the whole sweep into the same database")
     p = plan(spec)
-    timeout = float(timeout if timeout is not None else p.timeout)
+    timeout = check_timeout(timeout, "--timeout") if timeout is not None else p.timeout
     log = log or (lambda s: None)
     if p.invalid and not skip_invalid:
         lines = "\n".join(f"  case {c.index} {c.params}: {c.invalid}" for c in p.invalid[:10])
@@ -1064,7 +1141,7 @@ def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed
                         "add a filter that leaves them out, or --skip-invalid to record them as invalid and run the rest")
     d = open_db(p, db, resume=resume, overwrite=overwrite)
     try:
-        keep = {"ok", "invalid"} if retry_failed else None
+        keep = {"ok"} if retry_failed else None  # retried: failed, timeout, crashed and invalid (checked again)
         done = d.done_hashes(keep)
         todo = [c for c in p.cases if c.hash not in done]
         for c in todo:

@@ -127,10 +127,14 @@ def test_bad_specs_are_refused_naming_the_place(mutate, needle):
 def test_cases_that_cannot_run_are_reported_before_anything_runs(tmp_path):
     spec = coll_spec(n_bw=1)
     spec["axes"].append({"path": "run.ranks", "values": [2, 8]})  # ring4 has 4 cubes
-    spec["axes"].append({"path": "topology.network.link.latency_nss", "values": [100]})  # a typo
+    spec["axes"].append({"path": "topology.network.link.latency_nss", "values": [100]})  # a typo: said once
+    with pytest.raises(sweep.SpecError, match="axis path 'topology.network.link.latency_nss'.*did you mean 'latency_ns'"):
+        sweep.plan(spec)
+    spec["axes"].pop()
+    spec["axes"].append({"path": "topology.network.link.latency_ns", "values": [100, -5]})  # a bad value: per case
     p = sweep.plan(spec)
-    assert len(p.invalid) == len(p.cases)
-    assert "did you mean 'latency_ns'" in p.invalid[0].invalid
+    neg = [c for c in p.cases if c.params["topology.network.link.latency_ns"] == -5]
+    assert len(neg) == len(p.cases) // 2 and all(c.invalid and "latency_ns" in c.invalid for c in neg)
     spec["axes"].pop()
     p = sweep.plan(spec)
     bad = p.invalid
