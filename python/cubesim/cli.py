@@ -870,7 +870,7 @@ def cmd_sweep_plan(args):
               "cases": len(p.cases), "valid": len(valid), "timeout_s": p.timeout,
               "invalid": [{"case": c.index, "params": c.params, "reason": c.invalid} for c in invalid],
               "first": [{"case": c.index, "hash": c.hash, "params": c.params, "config": c.config} for c in shown]})
-    return EXIT_OK if not invalid else EXIT_FAILED
+    return EXIT_OK if not invalid else EXIT_USAGE  # as `sweep run` refuses them
 
 
 def cmd_sweep_run(args):
@@ -912,7 +912,12 @@ def cmd_sweep_run(args):
         out.say(f"  case {r['case']} {r['status']}: {r['error']}")
     out.say(f"  look at it: cubesim sweep report {args.db}; cubesim sweep plot {args.db} --x AXIS --y METRIC")
     out.json({"db": args.db, "cases": len(rows), "status": counts})
-    return EXIT_OK if not bad else EXIT_FAILED
+    code = EXIT_OK if not bad else EXIT_FAILED
+    if rows.abandoned:  # thread executor: simulations still running past their timeout; do not wait
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _open_rows(db):
@@ -932,6 +937,7 @@ def cmd_sweep_report(args):
     out = Output(args.json)
     meta, rows = _open_rows(args.db)
     axes = json.loads(meta.get("axes", "[]"))
+    groups = json.loads(meta.get("axis_groups", "null")) or axes
     ok = [r for r in rows if r["status"] == "ok"]
     metric = args.metric
     metrics = sorted({k for r in ok for k in r["metrics"]})
@@ -948,7 +954,7 @@ def cmd_sweep_report(args):
     out.say(format_table(["case"] + axes + ["status", metric, "wall s"], table))
     if len(rows) > len(shown):
         out.say(f"  ... {len(rows) - len(shown)} more (--show N, or cubesim sweep export)")
-    sens = sw.sensitivity(rows, axes)
+    sens = sw.sensitivity(rows, groups)
     out.say()
     out.say(f"sensitivity: per axis, the median over cases that differ only in it of max/min {metric}")
     srows, ignored = [], []

@@ -552,6 +552,7 @@ def plan(spec, validate=True):
         raise SpecError(f"the spec gives no cases ({total} in the product of the axes, none left after the filters"
                         " and sample); loosen the filters" if total else "the spec gives no cases")
     p = Plan(doc, base_dir, cases, total, axis_paths)
+    p.groups = [list(paths) for paths, _ in groups]  # a zip axis is one group of paths
     p.timeout = float(timeout)
     if validate:
         _validate(p)
@@ -899,6 +900,81 @@ class ProcessExecutor(cf.Executor):
                 t.join()
 
 
+class ThreadExecutor(cf.Executor):
+    """A concurrent.futures.Executor of `jobs` daemon threads (the simulator releases the GIL while it
+    runs). A call cannot be stopped from outside; `abandon()` says one has outlived its timeout: a
+    new thread takes its place, and the old one ends when its call does. Daemon threads do not hold
+    the process open at exit."""
+
+    def __init__(self, jobs):
+        import queue
+        self._queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._target = jobs
+        self._live = 0
+        self._shutdown = False
+        for _ in range(jobs):
+            self._spawn()
+
+    def _spawn(self):
+        with self._lock:
+            self._live += 1
+        threading.Thread(target=self._serve, name="cubesim-sweep", daemon=True).start()
+
+    def _serve(self):
+        while True:
+            with self._lock:
+                if self._live > self._target:  # a replaced thread whose call has ended
+                    self._live -= 1
+                    return
+            item = self._queue.get()
+            if item is None:
+                with self._lock:
+                    self._live -= 1
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001
+                fut.set_exception(e)
+
+    def abandon(self):
+        """One running call is past its timeout: start a thread in its place."""
+        with self._lock:
+            self._target += 1
+        self._spawn()
+        with self._lock:
+            self._target -= 1
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        if kwargs:
+            args = args + (kwargs,)
+            fn = _CallKw(fn)
+        fut = cf.Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        import queue
+        self._shutdown = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        with self._lock:
+            n = self._live
+        for _ in range(n):
+            self._queue.put(None)
+
+
 class _CallKw:
     def __init__(self, fn):
         self.fn = fn
@@ -950,8 +1026,19 @@ class ResultsDB:
 
     def __init__(self, path, create=True):
         self.path = str(path)
-        if not create and not Path(self.path).is_file():
-            raise SpecError(f"--db {self.path}: no such database")
+        if not create:  # read it as it is: a file that is not a sweep's database is refused, not changed
+            if not Path(self.path).is_file():
+                raise SpecError(f"{self.path}: no such database")
+            try:
+                self.conn = sqlite3.connect(f"file:{Path(self.path).resolve()}?mode=ro", uri=True, timeout=30)
+                schema = self.meta().get("schema")
+                self.conn.execute("SELECT idx, hash, params, config, status, metrics, error, wall_s, finished_at "
+                                  "FROM cases LIMIT 1")
+            except sqlite3.DatabaseError as e:
+                raise SpecError(f"{self.path}: not a sweep database ({e})") from None
+            if schema != SCHEMA:
+                raise SpecError(f"{self.path}: not a sweep database (schema {schema!r}, expected {SCHEMA!r})")
+            return
         try:
             self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self.conn.execute("PRAGMA journal_mode=WAL")
@@ -1002,8 +1089,14 @@ class ResultsDB:
 class Rows(list):
     """The results, one dict per case in case order; to_dataframe() where pandas is installed."""
 
+    abandoned = 0
+
     def to_dataframe(self):
-        import pandas as pd
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Rows.to_dataframe needs pandas (apt-get install python3-pandas); the rows are plain "
+                              "dicts without it") from None
         return pd.DataFrame(flatten(self))
 
 
@@ -1078,6 +1171,8 @@ def open_db(p, db, resume=False, overwrite=False):
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise SpecError(f"--db {db}: cannot write there (permission denied)")
     if path.exists() and path.stat().st_size > 0:
+        if overwrite or resume:
+            ResultsDB(path, create=False).close()  # refuses a file that is not a sweep database
         if overwrite:
             for suffix in ("", "-wal", "-shm"):
                 Path(str(path) + suffix).unlink(missing_ok=True)
@@ -1093,14 +1188,14 @@ def open_db(p, db, resume=False, overwrite=False):
     if not meta.get("spec_hash"):
         import cubesim as cs
         d.set_meta(spec_hash=p.hash, spec=json.dumps(p.spec, sort_keys=True), schema=SCHEMA,
-                   version=cs.__version__, axes=json.dumps(p.axes))
+                   version=cs.__version__, axes=json.dumps(p.axes), axis_groups=json.dumps(p.groups))
     return d
 
 
 def make_executor(kind, jobs, timeout):
     """The thread or process executor (the MPI one is entered by run(), on every rank)."""
     if kind == "thread":
-        return cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="cubesim-sweep")
+        return ThreadExecutor(jobs)
     return ProcessExecutor(jobs, timeout)
 
 
@@ -1150,9 +1245,10 @@ def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed
         todo = [c for c in todo if c.invalid is None]
         log(f"sweep {p.hash}: {len(p.cases)} cases, {len(p.cases) - len(todo)} already in {db}, {len(todo)} to run "
             f"({executor} executor)")
-        if todo:
-            _drive(p, d, todo, executor, jobs or os.cpu_count() or 1, timeout, progress, mpi_ex)
-        return Rows(d.rows())
+        abandoned = _drive(p, d, todo, executor, jobs or os.cpu_count() or 1, timeout, progress, mpi_ex) if todo else 0
+        rows = Rows(d.rows())
+        rows.abandoned = abandoned  # thread executor: calls still running past their timeout
+        return rows
     finally:
         d.close()
 
@@ -1197,6 +1293,8 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
         pending = set(futs)
         finished = 0
         t0 = time.monotonic()
+        if progress is not None:
+            progress(0, len(todo), 0.0, None)
         while pending:
             try:
                 f = finished_q.get(timeout=0.5 if kind == "thread" else None)
@@ -1226,9 +1324,10 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
                 for f in [f for f in pending if starts.get(futs[f][0].index) is not None]:
                     c = futs[f][0]
                     if now - starts[c.index] > timeout:
-                        d.write(c, "timeout", error=f"timed out after {timeout:g} s (its thread was abandoned; the "
-                                "process executor kills such cases)", wall_s=timeout)
+                        d.write(c, "timeout", error=f"timed out after {timeout:g} s (it runs on in its thread, which "
+                                "a new one replaced; the process executor kills such cases)", wall_s=timeout)
                         pending.discard(f)
+                        ex.abandon()
                         abandoned += 1
                         finished += 1
             if progress is not None:
@@ -1251,31 +1350,38 @@ DEFAULT_METRIC = "sim_time_ps"
 
 
 def sensitivity(rows, axes, metrics=None):
-    """Per axis: how much it moves each metric with every other axis held fixed. Returns a list of
-    {"axis", "values", "groups", "spread": {metric: median over groups of max/min}, "changes": [metrics it
-    changes]}; an axis with an empty "changes" moves no metric (a parameter the model ignores)."""
+    """Per axis: how much it moves each metric with every other axis held fixed. axes: paths, or
+    lists of paths varied together (a zip axis). Returns a list of {"axis" (the paths joined by '+'),
+    "values", "groups" (sets of cases that differ only in this axis), "spread": {metric: median over
+    groups of max/min}, "changes": [metrics it changes]}; an axis with groups but an empty "changes"
+    moves no metric (a parameter the model ignores)."""
     ok = [r for r in rows if r["status"] == "ok"]
     if metrics is None:
         metrics = sorted({k for r in ok for k, v in r["metrics"].items() if isinstance(v, (int, float, str))
                           and not isinstance(v, bool)})
     out = []
     for a in axes:
+        paths = [a] if isinstance(a, str) else list(a)
         groups = {}
         for r in ok:
-            if a not in r["params"]:
+            if not all(p in r["params"] for p in paths):
                 continue
-            key = json.dumps({k: v for k, v in r["params"].items() if k != a}, sort_keys=True)
+            key = json.dumps({k: v for k, v in r["params"].items() if k not in paths}, sort_keys=True)
             groups.setdefault(key, []).append(r)
-        values = sorted({json.dumps(r["params"][a]) for r in ok if a in r["params"]})
+
+        def value(r):
+            return json.dumps([r["params"][p] for p in paths])
+
+        values = sorted({value(r) for g in groups.values() for r in g})
         spread, changes = {}, []
-        multi = [g for g in groups.values() if len({json.dumps(r["params"][a]) for r in g}) > 1]
+        multi = [g for g in groups.values() if len({value(r) for r in g}) > 1]
         for m in metrics:
             ratios, changed = [], False
             for g in multi:
                 vals = [r["metrics"].get(m) for r in g]
                 if len({json.dumps(v) for v in vals}) > 1:
                     changed = True
-                nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+                nums = [v for v in vals if _num(v)]
                 if nums and min(nums) > 0:
                     ratios.append(max(nums) / min(nums))
             if changed:
@@ -1283,8 +1389,9 @@ def sensitivity(rows, axes, metrics=None):
             if ratios:
                 ratios.sort()
                 spread[m] = ratios[len(ratios) // 2]
-        out.append({"axis": a, "values": [json.loads(v) for v in values], "groups": len(multi), "spread": spread,
-                    "changes": changes})
+        vals = [json.loads(v) for v in values]
+        out.append({"axis": "+".join(paths), "values": [v[0] for v in vals] if len(paths) == 1 else vals,
+                    "groups": len(multi), "spread": spread, "changes": changes})
     return out
 
 
@@ -1321,6 +1428,8 @@ def plot(db, x, y, hue=None, facet=None, where=None, out="sweep.png", logx=False
         flat = [r for r in flat if json.dumps(r.get(k)) == json.dumps(v) or str(r.get(k)) == str(v)]
     if not flat:
         raise SpecError("--where leaves no cases")
+    if not any(_num(r.get(y)) for r in flat):
+        raise SpecError(f"--y {y}: not a number in these cases; plot a numeric metric (sim_time_ps, events, ...)")
     facets = sorted({json.dumps(r.get(facet)) for r in flat}) if facet else ["null"]
     fig, axs = plt.subplots(1, len(facets), figsize=(5 * len(facets), 4), squeeze=False, sharey=True)
     reduced = False

@@ -209,6 +209,20 @@ def test_failed_crashed_and_timed_out_cases_are_recorded_and_the_others_finish(t
     assert all(r["status"] == "ok" for r in rows2) and len(rows2) == len(p.cases)
 
 
+def test_the_thread_executor_records_a_timeout_and_goes_on_without_waiting(tmp_path):
+    # case 0 takes ~6 s (it cannot be stopped in a thread and runs on); case 1 a few milliseconds
+    spec = {"job": "mlp", "base": {"topology": "torus8x8"},
+            "axes": [{"zip": [{"path": "run.tp", "values": [64, 2]}, {"path": "run.hidden", "values": [4096, 64]},
+                              {"path": "run.ffn", "values": [16384, 256]}, {"path": "run.tokens", "values": [4096, 32]}]}],
+            "timeout_s": 0.3}
+    t0 = time.monotonic()
+    rows = sweep.run(spec, tmp_path / "t.db", executor="thread", jobs=1)
+    assert time.monotonic() - t0 < 4  # it did not wait for the long case (0.3 s timeout + a small case)
+    assert rows[0]["status"] == "timeout" and "runs on in its thread" in rows[0]["error"]
+    assert rows.abandoned == 1
+    assert rows[1]["params"]["run.tp"] == 2 and rows[1]["status"] == "ok"
+
+
 def test_a_real_case_past_its_timeout_is_killed(tmp_path):
     spec = {"job": "mlp", "base": {"topology": "torus8x8", "run": {"hidden": 8192, "ffn": 65536, "tokens": 8192}},
             "axes": [{"path": "run.tp", "values": [64]}], "timeout_s": 0.5}
