@@ -1272,16 +1272,28 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
         else:
             d.write(c, status, error=value, wall_s=timeout if status == "timeout" else None)
 
-    try:
-        if kind == "mpi":
-            from mpi4py import MPI
-            workers = max(MPI.COMM_WORLD.Get_size() - 1, 1)
-            size = max(1, min(16, len(todo) // (4 * workers)))  # a few batches per worker at least
-        else:
+    # Thread and process executors get every case at once. MPI tasks are fed as workers free up, in
+    # batches of about a quarter second of cases (mpi4py polls with a backoff of up to a millisecond
+    # each way, which cases of a few milliseconds would feel), so a case's row is written at most
+    # that much later than it finished, and long cases go one at a time.
+    if kind == "mpi":
+        from mpi4py import MPI
+        in_flight = 2 * max(MPI.COMM_WORLD.Get_size() - 1, 1)
+    else:
+        in_flight = len(todo)
+    futs, pending = {}, set()
+    next_case = 0
+    case_walls = []
+
+    def refill():
+        nonlocal next_case
+        while len(pending) < in_flight and next_case < len(todo):
             size = 1
-        futs = {}
-        for i in range(0, len(todo), size):
-            group = todo[i:i + size]
+            if kind == "mpi" and case_walls:
+                mean = sum(case_walls[-64:]) / len(case_walls[-64:])
+                size = max(1, min(16, int(0.25 / max(mean, 1e-4))))
+            group = todo[next_case:next_case + size]
+            next_case += len(group)
             if kind == "thread":
                 f = ex.submit(timed, group[0].config, group[0].index)
             elif kind == "process":
@@ -1289,8 +1301,11 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
             else:
                 f = ex.submit(_mpi_batch, [c.config for c in group], timeout)
             futs[f] = group
+            pending.add(f)
             f.add_done_callback(finished_q.put)
-        pending = set(futs)
+
+    try:
+        refill()
         finished = 0
         t0 = time.monotonic()
         if progress is not None:
@@ -1308,6 +1323,8 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
                     if kind == "mpi":
                         for c, (status, value) in zip(group, res):
                             record(c, status, value)
+                            if status == "ok":
+                                case_walls.append(value["wall_s"])
                     else:
                         record(group[0], "ok", res)
                 except CaseTimeout as e:
@@ -1319,6 +1336,7 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
                     for c in group:
                         record(c, "failed", msg)
                 finished += len(group)
+                refill()
             if kind == "thread":  # a thread cannot be killed: record the case and leave the thread
                 now = time.monotonic()
                 for f in [f for f in pending if starts.get(futs[f][0].index) is not None]:

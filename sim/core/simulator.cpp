@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -101,7 +102,14 @@ class StackCache {
  public:
   static constexpr std::size_t kMaxStacks = 1024;
   static StackCache& instance() {
-    static StackCache* cache = new StackCache;  // never destroyed: stacks may be returned at exit
+    static StackCache* cache = [] {
+      auto* c = new StackCache;  // never destroyed: stacks may be returned at exit
+      // A process forked while another thread holds the lock (a sweep forks its workers while
+      // simulations run on other threads) would inherit it held: fork waits for it instead.
+      ::pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                       [] { instance().mu_.unlock(); });
+      return c;
+    }();
     return *cache;
   }
   // A cached stack of this mapping (size, guard), or nullptr.

@@ -112,6 +112,20 @@ def test_random_axes_are_seeded_and_in_range():
     (lambda s: s.update(filters=["__import__('os')"]), "Call"),
     (lambda s: s.update(filters=["run.nothing > 1"]), "names 'run.nothing'"),
     (lambda s: s.update(job="train"), "not a job"),
+    (lambda s: s.update(axes=[]), "non-empty list of axes"),
+    (lambda s: s["axes"].append({"path": "run.seed", "range": {"from": 1, "to": 1e9}}), "at most 1000000"),
+    (lambda s: s["axes"].append({"path": "run.seed", "range": {"from": -1e308, "to": 1e308, "step": 5e-324}}),
+     "at most 1000000"),
+    (lambda s: s["axes"].extend({"path": p, "range": {"from": 1, "to": 200}}
+                                for p in ("run.seed", "run.ranks", "topology.network.link.latency_ns")), "product is"),
+    (lambda s: s["axes"].append({"path": "run.seed", "values": [float("nan")]}), "not a finite number"),
+    (lambda s: s["axes"].append({"path": "run.seed", "values": [[float("inf")]]}), "finite numbers only"),
+    (lambda s: s["base"]["run"].update(seed=float("nan")), "finite numbers only"),
+    (lambda s: s.update(filters=["9**9**9 > 1"]), "256-bit"),
+    (lambda s: s.update(filters=["[1] * 10**9 == 1"]), "numbers of at most 256 bits"),
+    (lambda s: s.update(filters=[1]), "as a string"),
+    (lambda s: s.update(timeout_s=float("inf")), "timeout_s"),
+    (lambda s: s.update(timeout_s=0), "timeout_s"),
     (lambda s: s.update(extra=1), "unknown key"),
     (lambda s: s["axes"].append({"zip": [{"path": "run.seed", "values": [1, 2]},
                                          {"path": "run.dtype", "values": ["f32"]}]}), "different lengths"),
@@ -122,6 +136,17 @@ def test_bad_specs_are_refused_naming_the_place(mutate, needle):
     with pytest.raises(sweep.SpecError, match=None) as e:
         sweep.plan(spec)
     assert needle in str(e.value)
+
+
+def test_wrongly_typed_run_options_are_invalid_cases_with_the_reason():
+    spec = coll_spec(n_bw=1)
+    spec["axes"].append({"path": "run.timing_only", "values": ["false", True]})
+    spec["axes"].append({"path": "run.seed", "values": [1.5, 3]})
+    p = sweep.plan(spec)
+    reasons = {c.invalid for c in p.invalid}
+    assert len(p.invalid) == 3 * len(p.cases) // 4
+    assert any('run.timing_only "false": give true or false' in r for r in reasons)
+    assert any("run.seed 1.5: give an integer from 0 to" in r for r in reasons)
 
 
 def test_cases_that_cannot_run_are_reported_before_anything_runs(tmp_path):
@@ -343,6 +368,41 @@ def test_report_flags_an_axis_that_changes_no_metric(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "run.seed changes no metric" in out
     assert json.loads((tmp_path / "rep.json").read_text())["ignored_axes"] == ["run.seed"]
+
+
+def test_a_zip_axis_is_judged_as_one(tmp_path):
+    spec = coll_spec(n_bw=2)
+    spec["axes"].append({"zip": [{"path": "run.seed", "values": [1, 2]},
+                                 {"path": "topology.network.link.latency_ns", "values": [100, 5000]}]})
+    db = tmp_path / "z.db"
+    sweep.run(spec, db, executor="thread", jobs=2)
+    p = sweep.plan(spec)
+    sens = {s["axis"]: s for s in sweep.sensitivity(sweep.load(db), p.groups)}
+    z = sens["run.seed+topology.network.link.latency_ns"]
+    assert z["groups"] > 0 and z["values"] == [[1, 100], [2, 5000]]
+    assert "sim_time_ps" in z["changes"] and z["spread"]["sim_time_ps"] > 1.0
+
+
+def test_read_only_commands_refuse_a_file_that_is_not_a_sweep_database(tmp_path):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE cases (x INTEGER)")
+    before = other.read_bytes()
+    for argv in (["sweep", "report", str(other)], ["sweep", "export", str(other), "--csv", str(tmp_path / "x.csv")]):
+        assert main(argv) == 2
+    assert other.read_bytes() == before
+    with pytest.raises(sweep.SpecError, match="not a sweep database"):
+        sweep.run(coll_spec(n_bw=1), other, executor="thread", overwrite=True)
+    assert other.read_bytes() == before
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    assert main(["sweep", "report", str(empty)]) == 2 and empty.read_bytes() == b""
+
+
+def test_several_mpi_ranks_without_the_mpi_executor_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    with pytest.raises(sweep.SpecError, match="give --executor mpi"):
+        sweep.run(coll_spec(n_bw=1), tmp_path / "x.db", executor="process")
 
 
 def test_export_csv_and_json_and_plot(tmp_path):

@@ -339,7 +339,7 @@ TEST(Simulator, ReusesTheStacksOfAnEarlierSimulator) {
   };
   std::size_t first = 0, second = 0;
   EXPECT_EQ(run(3, &first), 3u * 66u + 66u);
-  EXPECT_EQ(first, 12u);
+  EXPECT_LE(first, 12u);  // 12 unless an earlier test in this process left stacks of this size
   EXPECT_EQ(run(5, &second), 5u * 66u + 66u);
   EXPECT_EQ(second, 0u);  // all twelve from the cache
   SimulatorOptions other = o;
@@ -347,7 +347,8 @@ TEST(Simulator, ReusesTheStacksOfAnEarlierSimulator) {
   Simulator sim(other);
   sim.spawn("q", [] {});
   sim.run();
-  EXPECT_EQ(sim.stacks_mapped(), 1u);
+  EXPECT_LE(sim.stacks_mapped(), 1u);
+  EXPECT_EQ(sim.stacks_allocated(), 1u);
 }
 
 TEST(Simulator, TeardownUnwindsBlockedProcesses) {
