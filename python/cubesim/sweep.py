@@ -56,7 +56,6 @@ import sqlite3
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 SCHEMA = "cubesim.sweep/1"
@@ -1004,10 +1003,6 @@ def _mpi_batch(configs, timeout):
         except Exception as e:  # noqa: BLE001
             out.append(("failed", str(e)))
     return out
-
-
-def _isolated_task(config):
-    return run_case(config)
 
 
 def mpi_available():
