@@ -143,7 +143,9 @@ py::object host_dict(const hw::HostSpec& h) {
 }
 
 hw::Topology load_with_overrides(const std::string& name_or_path, const py::object& overrides) {
-  return hw::load_topology(name_or_path, overrides_arg(overrides));
+  const auto ov = overrides_arg(overrides);
+  ReleaseGil nogil;  // reading, merging and validating touch no Python object (threads of a sweep load at once)
+  return hw::load_topology(name_or_path, ov);
 }
 
 }  // namespace
