@@ -839,16 +839,49 @@ class _Isolated:
         self.proc = self.conn = None
 
 
-class ProcessExecutor(cf.Executor):
+class _QueueExecutor(cf.Executor):
+    """What the sweep's executors share: calls go through a queue to worker threads, which take
+    (future, fn, args) items and stop at a None."""
+
+    def __init__(self):
+        import queue
+        self._queue = queue.Queue()
+        self._shutdown = False
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        if kwargs:
+            args = args + (kwargs,)
+            fn = _CallKw(fn)
+        fut = cf.Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def _stop(self, workers, cancel_futures):
+        """No more calls; with cancel_futures the queued ones are cancelled; a None for each worker."""
+        import queue
+        self._shutdown = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in range(workers):
+            self._queue.put(None)
+
+
+class ProcessExecutor(_QueueExecutor):
     """A concurrent.futures.Executor of `jobs` forked workers, each call isolated: a call that passes
     `timeout` seconds fails with CaseTimeout, one whose worker dies with WorkerCrashed; the worker is
     replaced and the other calls go on."""
 
     def __init__(self, jobs, timeout=None):
-        import queue
-        self._queue = queue.Queue()
+        super().__init__()
         self._timeout = timeout
-        self._shutdown = False
         self._threads = [threading.Thread(target=self._serve, name=f"cubesim-sweep-{i}", daemon=True)
                          for i in range(jobs)]
         for t in self._threads:
@@ -871,47 +904,24 @@ class ProcessExecutor(cf.Executor):
         finally:
             iso.kill()
 
-    def submit(self, fn, /, *args, **kwargs):
-        if self._shutdown:
-            raise RuntimeError("cannot submit after shutdown")
-        if kwargs:
-            args = args + (kwargs,)
-            fn = _CallKw(fn)
-        fut = cf.Future()
-        self._queue.put((fut, fn, args))
-        return fut
-
     def shutdown(self, wait=True, *, cancel_futures=False):
-        self._shutdown = True
-        if cancel_futures:
-            import queue
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
-        for _ in self._threads:
-            self._queue.put(None)
+        self._stop(len(self._threads), cancel_futures)
         if wait:
             for t in self._threads:
                 t.join()
 
 
-class ThreadExecutor(cf.Executor):
+class ThreadExecutor(_QueueExecutor):
     """A concurrent.futures.Executor of `jobs` daemon threads (the simulator releases the GIL while it
     runs). A call cannot be stopped from outside; `abandon()` says one has outlived its timeout: a
     new thread takes its place, and the old one ends when its call does. Daemon threads do not hold
     the process open at exit."""
 
     def __init__(self, jobs):
-        import queue
-        self._queue = queue.Queue()
+        super().__init__()
         self._lock = threading.Lock()
         self._target = jobs
         self._live = 0
-        self._shutdown = False
         for _ in range(jobs):
             self._spawn()
 
@@ -947,31 +957,10 @@ class ThreadExecutor(cf.Executor):
         with self._lock:
             self._target -= 1
 
-    def submit(self, fn, /, *args, **kwargs):
-        if self._shutdown:
-            raise RuntimeError("cannot submit after shutdown")
-        if kwargs:
-            args = args + (kwargs,)
-            fn = _CallKw(fn)
-        fut = cf.Future()
-        self._queue.put((fut, fn, args))
-        return fut
-
     def shutdown(self, wait=True, *, cancel_futures=False):
-        import queue
-        self._shutdown = True
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
         with self._lock:
             n = self._live
-        for _ in range(n):
-            self._queue.put(None)
+        self._stop(n, cancel_futures)
 
 
 class _CallKw:
