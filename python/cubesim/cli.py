@@ -824,11 +824,6 @@ def cmd_algorithms(args):
 # ---- sweep ---------------------------------------------------------------------------------------
 
 
-def _sweep_mod():
-    from . import sweep
-    return sweep
-
-
 def _short(v):
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -838,7 +833,7 @@ def _short(v):
 
 
 def cmd_sweep_plan(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     out = Output(args.json)
     try:
         p = sw.plan(args.spec)
@@ -874,7 +869,7 @@ def cmd_sweep_plan(args):
 
 
 def cmd_sweep_run(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     rank0 = True
     if args.executor == "mpi" and sw.mpi_available():
         from mpi4py import MPI
@@ -921,7 +916,7 @@ def cmd_sweep_run(args):
 
 
 def _open_rows(db):
-    sw = _sweep_mod()
+    sw = cs.sweep
     try:
         d = sw.ResultsDB(db, create=False)
     except sw.SpecError as e:
@@ -933,7 +928,7 @@ def _open_rows(db):
 
 
 def cmd_sweep_report(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     out = Output(args.json)
     meta, rows = _open_rows(args.db)
     axes = json.loads(meta.get("axes", "[]"))
@@ -978,7 +973,7 @@ def cmd_sweep_report(args):
 
 
 def cmd_sweep_export(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     if not args.csv and not args.json_out:
         raise UsageError("sweep export: give --csv FILE and/or --json FILE ('-' for stdout)")
     for flag, path in (("--csv", args.csv), ("--json", args.json_out)):
@@ -994,7 +989,7 @@ def cmd_sweep_export(args):
 
 
 def cmd_sweep_plot(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     check_output_path("--out", args.out)
     where = dict(parse_sets(args.where)) if args.where else None
     try:
@@ -1007,7 +1002,7 @@ def cmd_sweep_plot(args):
 
 
 def cmd_sweep_bench(args):
-    sw = _sweep_mod()
+    sw = cs.sweep
     out = Output(args.json)
     mpi = [int(x) for x in args.mpi.split(",") if x] if args.mpi else []
     if mpi and not sw.mpi_available():
@@ -1194,7 +1189,8 @@ def build_parser():
     wr.set_defaults(fn=cmd_sweep_run)
     wrep = wsub.add_parser("report", help="a table of the cases and the sensitivity per axis (flags ignored axes)")
     wrep.add_argument("db", metavar="DB")
-    wrep.add_argument("--metric", default="sim_time_ps", help="the metric shown (default sim_time_ps)")
+    wrep.add_argument("--metric", default=cs.sweep.DEFAULT_METRIC,
+                      help=f"the metric shown (default {cs.sweep.DEFAULT_METRIC})")
     wrep.add_argument("--show", type=int_in(0, 10**9, "a count"), default=20, metavar="N", help="cases to list (default 20)")
     json_opt(wrep)
     wrep.set_defaults(fn=cmd_sweep_report)
