@@ -180,6 +180,7 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
         det_gemm_store(acc.data(), sh.tn, sh.bias ? &bv : nullptr,
                        MutableMatrixView{c_host.data(), C.dtype, st.mt, st.nt, tc.view_row_stride, tc.view_col_stride});
         tcm.write(tc.dst.addr, std::span<const std::byte>(reinterpret_cast<const std::byte*>(c_host.data()), c_host.size()));
+        if (sys.faults().armed()) sys.faults().on_gemm_tile(pe.cube(), pe.index(), tcm, tc.dst.addr, tc.dst.bytes());
       }
       pe.vector_op(static_cast<std::uint64_t>(st.mt * st.nt), C.dtype, "bias+round");
       writes[oslot] = sys.start_transfer(tcm, tc.dst, *C.memory, tc.src);
@@ -449,6 +450,8 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
           det_gemm_store(x.acc.data(), P.tn, P.bias ? &bv : nullptr,
                          MutableMatrixView{c_host.data(), C.dtype, mt, nt, tc.view_row_stride, tc.view_col_stride});
           x.pe->tcm().write(tc.dst.addr, bytes(c_host));
+          if (sys.faults().armed())
+            sys.faults().on_gemm_tile(x.pe->cube(), x.pe->index(), x.pe->tcm(), tc.dst.addr, tc.dst.bytes());
         }
         x.write = sys.start_transfer(x.pe->tcm(), tc.dst, *C.memory, tc.src);
         P.dma_bytes += tc.src.bytes();

@@ -87,6 +87,10 @@ class Memory final : public PathUnit {
   void write(std::uint64_t addr, std::span<const std::byte> data);
   void read(std::uint64_t addr, std::span<std::byte> out);
   void fill(std::uint64_t addr, std::uint64_t len, std::byte value);
+  // The bytes as they are, with no hazard check, no time and no counters: what fault injection
+  // (fault.h) reads and changes. Bytes never written read as zero.
+  void peek(std::uint64_t addr, std::span<std::byte> out) const { store_.read(addr, out.data(), out.size()); }
+  void poke(std::uint64_t addr, std::span<const std::byte> data) { store_.write(addr, data.data(), data.size()); }
   template <class T>
   void write_as(std::uint64_t addr, std::span<const T> values) {
     write(addr, std::as_bytes(values));

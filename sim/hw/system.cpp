@@ -659,6 +659,7 @@ void System::land(TransferRecord* r) {
       if ((soff += n) == s.row_bytes) soff = 0, ++srow;
       if ((doff += n) == d.row_bytes) doff = 0, ++drow;
     }
+    if (faults_.armed()) faults_.on_landed(*r);
   }
   if (hazard_tracker_.enabled()) {
     r->src->in_flight_.remove(r, false);

@@ -34,6 +34,7 @@
 #include "sim/core/event.h"
 #include "sim/core/simulator.h"
 #include "sim/hw/cube.h"
+#include "sim/hw/fault.h"
 #include "sim/hw/hazard.h"
 #include "sim/hw/link.h"
 #include "sim/hw/memory.h"
@@ -147,6 +148,12 @@ class System {
     start_transfer(src, src_region, dst, dst_region).wait();
   }
 
+  // ---- faults ----
+  // Seeded fault injection at this system's units (fault.h): armed specs corrupt the bytes of
+  // transfers, tiles, reductions and memories at rest; log() records each.
+  FaultInjector& faults() { return faults_; }
+  const FaultInjector& faults() const { return faults_; }
+
   // ---- checks and statistics ----
   // Reports recorded under HazardMode::kRecord, in the order they happened.
   const std::vector<HazardReport>& hazards() const { return hazard_tracker_.reports(); }
@@ -198,6 +205,7 @@ class System {
   Topology topo_;
   SystemOptions opts_;
   HazardTracker hazard_tracker_;
+  FaultInjector faults_{*this};
   Router router_;
   std::vector<Unit*> units_;  // every unit, by UnitId
   mutable std::shared_ptr<const std::vector<UnitInfo>> catalog_;  // units(), made on first use
