@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "kernels/checksum.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
 #include "runtime/storage.h"
@@ -142,6 +143,22 @@ class Backend {
   // Runs the whole collective (values, on every member once all have called) and returns true; or
   // false, and the runtime runs the selected algorithm over Comm (copy + reduce).
   virtual bool collective(const CollectiveRequest& r) { return false; }
+
+  // Checksums where the data lives (runtime/checksum.h), for backends that compute them on their
+  // device: checksum_slots() makes `slots` zeroed 64-bit slots on `rank` (null: the runtime computes
+  // on host values and charge()s the time), checksum() takes one into a slot (t is on the calling rank),
+  // read_checksums() copies all of them to the host in one read.
+  virtual std::shared_ptr<void> checksum_slots(int rank, std::size_t slots) { return nullptr; }
+  virtual void checksum(const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base, void* slots,
+                        std::size_t slot) {}
+  virtual void read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) {}
+
+  // A logical point where a fault may strike (hw::FaultSpec's sites gemm_tile and reduce): the runtime
+  // calls it after a GEMM wrote its output `t` and after a reduction step wrote `t`. The simulator
+  // passes reductions to its fault injector (its GEMM tiles reach it from the PEs); a backend on
+  // hardware may replay fault specs here by changing bits of t in device memory.
+  enum class FaultPoint { gemm_output, reduce };
+  virtual void fault_point(FaultPoint p, const Tensor& t) {}
 
   // Whether begin_region/end_region measure real time (backends on hardware: cuda).
   virtual bool measures_time() const { return false; }

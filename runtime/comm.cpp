@@ -393,6 +393,7 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
       kernels::reduce_values(a, b, dst.dtype(), n, op);
       dst.storage().write(dst.byte_offset(), a, bytes);
     }
+    be.fault_point(Backend::FaultPoint::reduce, dst);
   }
   OpCost c;
   c.kind = OpCost::Kind::reduce;

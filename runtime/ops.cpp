@@ -157,6 +157,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& 
     cost.bytes_written = c.nbytes();
     account(c, cost);
   }
+  if (values(c)) be.fault_point(Backend::FaultPoint::gemm_output, c);
   be.end_region(region);
   if (ctx.options().record_ops) {
     ctx.record_op(OpRecord{rank, "gemm", name,

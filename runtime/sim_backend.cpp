@@ -195,6 +195,12 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
   return true;
 }
 
+void SimBackend::fault_point(FaultPoint p, const Tensor& t) {
+  if (p != FaultPoint::reduce || !system_->faults().armed() || !t.is_contiguous()) return;
+  const auto& st = static_cast<const SimStorage&>(t.storage());
+  system_->faults().on_reduce(device_of(t.device()), st.memory(), st.addr() + t.byte_offset(), t.nbytes());
+}
+
 std::unique_ptr<Context> make_sim_context(ContextOptions ctx_opts, hw::Topology topology, SimBackendOptions sim_opts) {
   return std::make_unique<Context>(ctx_opts, std::make_unique<SimBackend>(std::move(topology), std::move(sim_opts)));
 }

@@ -95,6 +95,9 @@ class SimBackend final : public Backend {
   void declare_tracks(int ranks) override;
   int rank_of_helper(std::string_view process_name) const override;  // "cube3.pe0/..." -> the rank on cube 3
   void abandon_run() override;
+  // Reductions reach the system's fault injector (hw::FaultSite::reduce) here; GEMM tiles reach it
+  // from the PEs (kernels/sim_pe_gemm.h).
+  void fault_point(FaultPoint p, const Tensor& t) override;
 
   hw::System& system() { return *system_; }
   // The time `cost` takes on rank `rank`'s cube (roofline of its PEs' MAC or vector rate against HBM).

@@ -68,8 +68,6 @@ int Topology::find_link(int from, int to) const {
   return -1;
 }
 
-namespace {
-
 // ---------------------------------------------------------------- small helpers
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
@@ -107,6 +105,8 @@ std::string did_you_mean(std::string_view s, const std::vector<std::string>& can
   const std::string best = closest(s, candidates);
   return best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best);
 }
+
+namespace {
 
 std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
   std::string s;

@@ -315,4 +315,11 @@ Topology topology_from_json(const nlohmann::json& doc, const std::string& origin
 // per-cube overrides first, so one cube can differ from the template.
 void apply_override(nlohmann::json& doc, std::string_view dotted_path, const nlohmann::json& value);
 
+// Typos: the Levenshtein distance, the candidate closest to s when it is close enough to be a typo
+// of it (else ""), and " (did you mean 'x'?)" for that candidate (else ""). Every reader of user
+// documents (topologies, SDC recipes) suggests keys with these.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+std::string closest(std::string_view s, const std::vector<std::string>& candidates);
+std::string did_you_mean(std::string_view s, const std::vector<std::string>& candidates);
+
 }  // namespace cubesim::hw

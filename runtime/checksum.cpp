@@ -1,0 +1,61 @@
+#include "runtime/checksum.h"
+
+#include <fmt/format.h>
+
+#include "runtime/backend.h"
+#include "runtime/context.h"
+#include "runtime/errors.h"
+
+namespace cubesim::rt {
+
+Checksums::Checksums(int rank, std::size_t slots) : rank_(rank), slots_(slots), host_(slots, 0) {
+  Context& ctx = Context::current("Checksums");
+  if (Context::current_rank("Checksums") != rank)
+    throw RuntimeError(fmt::format("Checksums: made for rank {} on rank {}: a rank takes its own checksums", rank,
+                                   Context::current_rank("Checksums")));
+  device_ = ctx.backend().checksum_slots(rank, slots);
+}
+
+Checksums::~Checksums() = default;
+
+void Checksums::take(std::size_t slot, const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base) {
+  if (slot >= slots_)
+    throw RuntimeError(fmt::format("Checksums::take: slot {} of {} (valid: 0..{})", slot, slots_, slots_ - 1));
+  Context& ctx = Context::current("checksum");
+  ctx.check_owned(t, "checksum");
+  if (t.device() != rank_)
+    throw RuntimeError(fmt::format("checksum on rank {}: tensor {} lives on rank {}", rank_, t.describe(), t.device()));
+  Backend& be = ctx.backend();
+  if (device_) {
+    be.checksum(t, kind, base, device_.get(), slot);
+    return;
+  }
+  if (!be.timing_only() && t.numel() > 0) {
+    const std::vector<std::uint8_t> bytes = t.to_host_bytes();
+    host_[slot] = kernels::checksum(bytes.data(), t.dtype(), t.numel(), kind, base);
+  } else {
+    host_[slot] = 0;
+  }
+  // One integer add per element (plus the mix's hash) on the vector units, against reading t once.
+  OpCost c;
+  c.kind = OpCost::Kind::elementwise;
+  c.name = "checksum";
+  c.dtype = t.dtype();
+  c.bytes_read = t.nbytes();
+  c.flops = static_cast<double>(t.numel()) * (kind == kernels::ChecksumKind::mix ? 4 : 1);
+  c.kernel = true;
+  const sim::Time t0 = ctx.simulator().now();
+  be.charge(rank_, c);
+  const sim::Time t1 = ctx.simulator().now();
+  ctx.add_compute(rank_, t1 - t0);
+  if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank_), "checksum", t0, t1);
+}
+
+std::vector<std::uint64_t> Checksums::read() {
+  if (!device_) return host_;
+  std::vector<std::uint64_t> out(slots_);
+  Context::current("Checksums::read").backend().read_checksums(rank_, device_.get(), out.data(), slots_);
+  return out;
+}
+
+}  // namespace cubesim::rt

@@ -1,0 +1,50 @@
+// checksum.h — exact checksums of tensors (kernels/checksum.h), taken where the data lives.
+//
+// A rank takes the checksums of one step into numbered slots as it goes and reads them all at once:
+// on the cuda backend each take() is a device reduction into a device array and read() is the one
+// device-to-host copy of the step; on the simulator each take() is charged on the rank's vector
+// units (a roofline of one integer add per element against HBM) at the moment it is taken; the
+// host computes them for free. Every backend gives the same bits (integer sums do not depend on
+// the order a device adds in).
+//
+//   rt::Checksums cs(rank, 4 * layers);
+//   cs.take(4 * l + 0, shard, kernels::ChecksumKind::word);
+//   ...
+//   std::vector<std::uint64_t> v = cs.read();
+//
+// The element order of a strided view is row-major over the view; `base` is its first element's
+// index in a larger tensor (kernels/checksum.h: mix sums of chunks add up to the whole's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/checksum.h"
+#include "runtime/tensor.h"
+
+namespace cubesim::rt {
+
+class Checksums {
+ public:
+  // Inside spawn(), on the calling rank.
+  Checksums(int rank, std::size_t slots);
+  ~Checksums();
+  Checksums(const Checksums&) = delete;
+  Checksums& operator=(const Checksums&) = delete;
+
+  std::size_t size() const { return slots_; }
+  // Takes t's checksum into `slot` (RuntimeError when the slot is out of range or t is not on this
+  // rank). A timing-only backend charges the time and stores 0.
+  void take(std::size_t slot, const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base = 0);
+  // Every slot (0 where nothing was taken), in one read.
+  std::vector<std::uint64_t> read();
+
+ private:
+  int rank_;
+  std::size_t slots_;
+  std::shared_ptr<void> device_;     // the backend's slots (cuda), or null
+  std::vector<std::uint64_t> host_;  // the slots computed on host values
+};
+
+}  // namespace cubesim::rt

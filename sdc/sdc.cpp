@@ -1,0 +1,733 @@
+#include "sdc/sdc.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "base/dtype.h"
+#include "runtime/checksum.h"
+#include "runtime/collectives.h"
+#include "runtime/errors.h"
+#include "runtime/ops.h"
+#include "runtime/process_group.h"
+#include "runtime/sim_backend.h"
+#include "sim/hw/topology.h"
+
+namespace cubesim::sdc {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kTensorNames[] = {"shard", "full", "input", "output"};
+constexpr const char* kPointNames[] = {"comm_input", "comm_output", "compute_input", "compute_output"};
+constexpr const char* kVerdictNames[] = {"clean", "comm", "compute", "memory"};
+
+// ---------------------------------------------------------------- the recipe document
+
+[[noreturn]] void bad(std::string_view origin, const std::string& path, const std::string& msg) {
+  throw std::invalid_argument(fmt::format("{}: {}: {}", origin, path, msg));
+}
+
+void check_keys(const json& obj, const json& defaults, std::string_view origin, const std::string& path) {
+  if (!obj.is_object()) bad(origin, path.empty() ? "(top level)" : path, fmt::format("expected an object, got {}", obj.dump()));
+  std::vector<std::string> valid;
+  for (const auto& [k, v] : defaults.items()) valid.push_back(k);
+  for (const auto& [k, v] : obj.items()) {
+    if (!defaults.contains(k)) {
+      std::string list;
+      for (const auto& v2 : valid) list += (list.empty() ? "" : ", ") + v2;
+      bad(origin, path.empty() ? k : path + "." + k,
+          fmt::format("unknown key{} (valid here: {})", hw::did_you_mean(k, valid), list));
+    }
+  }
+}
+
+template <class T>
+T get_int(const json& obj, const char* key, T dflt, long double lo, long double hi, std::string_view origin,
+          const std::string& path) {
+  if (!obj.contains(key)) return dflt;
+  const json& v = obj.at(key);
+  const std::string p = path.empty() ? key : path + "." + key;
+  if (!v.is_number_integer() && !(v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+    bad(origin, p, fmt::format("expected an integer in [{}, {}], got {}", static_cast<double>(lo),
+                               static_cast<double>(hi), v.dump()));
+  const long double x = v.is_number_unsigned() ? static_cast<long double>(v.get<std::uint64_t>())
+                        : v.is_number_integer() ? static_cast<long double>(v.get<std::int64_t>())
+                                                : static_cast<long double>(v.get<double>());
+  if (x < lo || x > hi)
+    bad(origin, p, fmt::format("{} is out of range: valid are integers in [{:.0f}, {:.0f}]", v.dump(),
+                               static_cast<double>(lo), static_cast<double>(hi)));
+  return static_cast<T>(x);
+}
+
+std::string get_string(const json& obj, const char* key, std::string dflt, std::string_view origin,
+                       const std::string& path) {
+  if (!obj.contains(key)) return dflt;
+  const json& v = obj.at(key);
+  if (!v.is_string()) bad(origin, path.empty() ? key : path + "." + key, fmt::format("expected a string, got {}", v.dump()));
+  return v.get<std::string>();
+}
+
+template <class F>
+auto parse_field(std::string_view origin, const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    bad(origin, path, e.what());
+  } catch (const rt::RuntimeError& e) {
+    bad(origin, path, e.what());
+  }
+}
+
+json fault_to_json(const RecipeFault& f) {
+  const hw::FaultSpec& s = f.spec;
+  return json{{"site", hw::fault_site_name(s.site)},
+              {"model", hw::fault_model_name(s.model)},
+              {"link", s.link},
+              {"cube", s.cube},
+              {"pe", s.pe},
+              {"address", s.address},
+              {"bytes", s.bytes},
+              {"at_us", f.at_us},
+              {"nth", s.nth},
+              {"bits", s.bits},
+              {"words", s.words},
+              {"word_bytes", s.word_bytes},
+              {"stuck_value", s.stuck_value},
+              {"seed", s.seed},
+              {"tensor", f.tensor},
+              {"layer", f.layer},
+              {"rank", f.rank}};
+}
+
+// ---------------------------------------------------------------- the model's data
+
+// A uniform value in [-1, 1) from a 64-bit draw (exact in double; portable, unlike std's distributions).
+double unit(std::uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-52 - 1.0; }
+
+std::vector<std::uint8_t> to_dtype(const std::vector<float>& v, DType t) {
+  std::vector<std::uint8_t> out(v.size() * dtype_size(t));
+  for (std::size_t i = 0; i < v.size(); ++i) store_f32(out.data(), t, static_cast<std::int64_t>(i), v[i]);
+  return out;
+}
+
+// W [ffn, hidden], scaled so x·Wᵀ stays O(1).
+std::vector<std::uint8_t> weight_bytes(const Recipe& r) {
+  std::mt19937_64 rng(r.weight_seed);
+  std::vector<float> w(static_cast<std::size_t>(r.ffn * r.hidden));
+  const double scale = std::sqrt(3.0 / static_cast<double>(r.hidden));
+  for (auto& x : w) x = static_cast<float>(unit(rng()) * scale);
+  return to_dtype(w, r.dtype);
+}
+
+std::vector<std::uint8_t> input_bytes(const Recipe& r, int rank) {
+  std::mt19937_64 rng(r.input_seed + static_cast<std::uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
+  std::vector<float> x(static_cast<std::size_t>(r.tokens * r.hidden));
+  for (auto& v : x) v = static_cast<float>(unit(rng()) * 1.7);
+  return to_dtype(x, r.dtype);
+}
+
+// The rank-fill pattern: word i of rank q's buffer.
+std::uint32_t fill_word(int q, std::int64_t i) {
+  return static_cast<std::uint32_t>(kernels::fmix64((static_cast<std::uint64_t>(q) << 40) ^ static_cast<std::uint64_t>(i)));
+}
+std::vector<std::uint8_t> fill_bytes(int q, std::int64_t n, DType t) {
+  const std::size_t w = dtype_size(t);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n) * w);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t v = fill_word(q, i);
+    std::memcpy(out.data() + static_cast<std::size_t>(i) * w, &v, w);
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> poison_bytes(std::int64_t n, DType t) {
+  const std::size_t w = dtype_size(t);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n) * w);
+  const std::uint32_t nan = w == 4 ? 0x7fc0deadu : 0x7fdeu;
+  for (std::int64_t i = 0; i < n; ++i) std::memcpy(out.data() + static_cast<std::size_t>(i) * w, &nan, w);
+  return out;
+}
+
+// Slots of one layer in a rank's Checksums: per kind, 3 points + one per chunk.
+std::size_t slots_per_layer(int p) { return 2 * (3 + static_cast<std::size_t>(p)); }
+
+struct RankOut {
+  std::vector<Checks> checks;                 // per layer
+  std::vector<sim::Time> starts;              // rank-fill, then each layer
+  std::vector<std::uint8_t> fill;             // the gathered rank-fill buffer
+  std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;  // per layer: shard, full, input, output
+};
+
+int check_ranks(rt::Context& ctx, const Recipe& r) {
+  const int p = r.ranks > 0 ? r.ranks : ctx.world_size();
+  if (p > ctx.world_size())
+    throw rt::RuntimeError(fmt::format("sdc: ranks = {} but the context has {} (valid: 0 for all, or 1..{})", p,
+                                       ctx.world_size(), ctx.world_size()));
+  if (r.ffn % p != 0)
+    throw rt::RuntimeError(fmt::format("sdc: ffn = {} is not divisible by the {} ranks: every rank holds ffn / ranks "
+                                       "rows of the weight (valid: a multiple of {})",
+                                       r.ffn, p, p));
+  return p;
+}
+
+// Runs the model on ctx; `arm` (rank, tensors) adds the faults aimed at that rank's tensors.
+rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<RankOut>& out, bool keep_all_tensors,
+                        const std::function<void(int, const std::array<rt::Tensor, 4>*, int)>& arm) {
+  out.assign(static_cast<std::size_t>(p), {});
+  const std::vector<std::uint8_t> w = weight_bytes(r);
+  const std::int64_t rows = r.ffn / p;
+  const std::size_t esz = dtype_size(r.dtype);
+  const bool values = !ctx.backend().timing_only();
+  rt::CollectiveOptions co;
+  co.algorithm = r.algorithm;
+  return ctx.spawn(p, [&](int rank) {
+    RankOut& o = out[static_cast<std::size_t>(rank)];
+    rt::ProcessGroup* world = nullptr;
+    if (p < ctx.world_size()) {
+      std::vector<int> members(static_cast<std::size_t>(p));
+      for (int i = 0; i < p; ++i) members[static_cast<std::size_t>(i)] = i;
+      world = &ctx.new_group(members);
+    }
+    o.starts.push_back(ctx.simulator().now());
+    const std::int64_t shard_n = rows * r.hidden;
+    if (r.rank_fill) {
+      const auto mine_b = fill_bytes(rank, shard_n, r.dtype);
+      rt::Tensor mine = ctx.from_host_bytes(rank, {shard_n}, r.dtype, mine_b.data(), mine_b.size());
+      rt::Tensor all = ctx.empty(rank, {p * shard_n}, r.dtype, "rank-fill");
+      if (values) {
+        const auto poison = poison_bytes(p * shard_n, r.dtype);
+        all.copy_from_host_bytes(poison.data(), poison.size());
+      }
+      rt::all_gather(all, mine, world, co);
+      if (values) o.fill = all.to_host_bytes();
+    }
+    // Every layer's tensors, placed up front (the same values in each layer).
+    const std::uint8_t* shard_src = w.data() + static_cast<std::size_t>(rank * shard_n) * esz;
+    const auto x_b = input_bytes(r, rank);
+    const auto poison_full = values ? poison_bytes(r.ffn * r.hidden, r.dtype) : std::vector<std::uint8_t>{};
+    const auto poison_out = values ? poison_bytes(r.tokens * r.ffn, r.dtype) : std::vector<std::uint8_t>{};
+    std::vector<std::array<rt::Tensor, 4>> t(static_cast<std::size_t>(r.layers));
+    std::vector<rt::Tensor> pre(static_cast<std::size_t>(r.layers));
+    for (int l = 0; l < r.layers; ++l) {
+      auto& tl = t[static_cast<std::size_t>(l)];
+      tl[0] = ctx.from_host_bytes(rank, {rows, r.hidden}, r.dtype, shard_src, static_cast<std::uint64_t>(shard_n) * esz);
+      tl[1] = ctx.empty(rank, {r.ffn, r.hidden}, r.dtype, "full weight");
+      tl[2] = ctx.from_host_bytes(rank, {r.tokens, r.hidden}, r.dtype, x_b.data(), x_b.size());
+      pre[static_cast<std::size_t>(l)] = ctx.empty(rank, {r.tokens, r.ffn}, r.dtype, "pre-activation");
+      tl[3] = ctx.empty(rank, {r.tokens, r.ffn}, r.dtype, "output");
+      if (values) {
+        tl[1].copy_from_host_bytes(poison_full.data(), poison_full.size());
+        pre[static_cast<std::size_t>(l)].copy_from_host_bytes(poison_out.data(), poison_out.size());
+        tl[3].copy_from_host_bytes(poison_out.data(), poison_out.size());
+      }
+    }
+    if (arm) arm(rank, t.data(), r.layers);
+    const std::size_t per = slots_per_layer(p);
+    rt::Checksums cs(rank, per * static_cast<std::size_t>(r.layers));
+    for (int l = 0; l < r.layers; ++l) {
+      const auto& tl = t[static_cast<std::size_t>(l)];
+      const std::size_t base = per * static_cast<std::size_t>(l);
+      o.starts.push_back(ctx.simulator().now());
+      auto take = [&](std::size_t i, const rt::Tensor& x, std::uint64_t first = 0) {
+        cs.take(base + 2 * i, x, kernels::ChecksumKind::word, first);
+        cs.take(base + 2 * i + 1, x, kernels::ChecksumKind::mix, first);
+      };
+      take(0, tl[0]);
+      rt::all_gather(tl[1], tl[0], world, co);
+      for (int j = 0; j < p; ++j)
+        take(3 + static_cast<std::size_t>(j), tl[1].narrow(0, j * rows, rows), static_cast<std::uint64_t>(j * shard_n));
+      take(1, tl[2]);
+      rt::matmul(tl[2], tl[1].t(), nullptr, pre[static_cast<std::size_t>(l)], "sdc gemm");
+      rt::gelu(r.gelu, pre[static_cast<std::size_t>(l)], tl[3]);
+      take(2, tl[3]);
+    }
+    const std::vector<std::uint64_t> v = cs.read();
+    o.checks.resize(static_cast<std::size_t>(r.layers));
+    for (int l = 0; l < r.layers; ++l) {
+      const std::size_t base = per * static_cast<std::size_t>(l);
+      Checks& c = o.checks[static_cast<std::size_t>(l)];
+      c.chunk_word.assign(static_cast<std::size_t>(p), 0);
+      c.chunk_mix.assign(static_cast<std::size_t>(p), 0);
+      for (int j = 0; j < p; ++j) {
+        c.chunk_word[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j)];
+        c.chunk_mix[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j) + 1];
+        c.word[1] += c.chunk_word[static_cast<std::size_t>(j)];
+        c.mix[1] += c.chunk_mix[static_cast<std::size_t>(j)];
+      }
+      c.word[0] = v[base], c.mix[0] = v[base + 1];
+      c.word[2] = v[base + 2], c.mix[2] = v[base + 3];
+      c.word[3] = v[base + 4], c.mix[3] = v[base + 5];
+    }
+    if (values) {
+      const int keep = keep_all_tensors ? r.layers : 1;
+      o.tensors.resize(static_cast<std::size_t>(keep));
+      for (int l = 0; l < keep; ++l)
+        for (int i = 0; i < 4; ++i)
+          o.tensors[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] =
+              t[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)].to_host_bytes();
+    }
+  });
+}
+
+bool same(const Checks& a, const Checks& b, Point p, bool word) {
+  const int i = static_cast<int>(p);
+  return word ? a.word[static_cast<std::size_t>(i)] == b.word[static_cast<std::size_t>(i)]
+              : a.mix[static_cast<std::size_t>(i)] == b.mix[static_cast<std::size_t>(i)];
+}
+
+std::string hex_word(const std::uint8_t* p, std::size_t w) {
+  std::uint32_t v = 0;
+  std::memcpy(&v, p, w);
+  return fmt::format("{:#0{}x}", v, 2 + 2 * static_cast<int>(w));
+}
+
+}  // namespace
+
+std::string_view point_name(Point p) { return kPointNames[static_cast<int>(p)]; }
+std::string_view verdict_kind_name(Verdict::Kind k) { return kVerdictNames[static_cast<int>(k)]; }
+
+json recipe_to_json(const Recipe& r) {
+  json faults = json::array();
+  for (const auto& f : r.faults) faults.push_back(fault_to_json(f));
+  return json{{"mode", "fsdp"},
+              {"layers", r.layers},
+              {"tokens", r.tokens},
+              {"hidden", r.hidden},
+              {"ffn", r.ffn},
+              {"dtype", dtype_name(r.dtype)},
+              {"ranks", r.ranks},
+              {"algorithm", rt::algorithm_name(r.algorithm)},
+              {"weight_seed", r.weight_seed},
+              {"input_seed", r.input_seed},
+              {"gelu", kernels::gelu_kind_name(r.gelu)},
+              {"rank_fill", r.rank_fill},
+              {"faults", faults}};
+}
+
+Recipe parse_recipe(const json& doc, std::string_view origin) {
+  const Recipe d;
+  json defaults = recipe_to_json(d);
+  check_keys(doc, defaults, origin, "");
+  Recipe r;
+  const std::string mode = get_string(doc, "mode", "fsdp", origin, "");
+  if (mode != "fsdp") bad(origin, "mode", fmt::format("'{}' is not a mode (valid: fsdp)", mode));
+  r.layers = get_int<int>(doc, "layers", d.layers, 1, 4096, origin, "");
+  r.tokens = get_int<std::int64_t>(doc, "tokens", d.tokens, 1, 1 << 20, origin, "");
+  r.hidden = get_int<std::int64_t>(doc, "hidden", d.hidden, 1, 1 << 20, origin, "");
+  r.ffn = get_int<std::int64_t>(doc, "ffn", d.ffn, 1, 1 << 20, origin, "");
+  r.ranks = get_int<int>(doc, "ranks", d.ranks, 0, rt::kMaxRanks, origin, "");
+  r.weight_seed = get_int<std::uint64_t>(doc, "weight_seed", d.weight_seed, 0, 18446744073709551615.0L, origin, "");
+  r.input_seed = get_int<std::uint64_t>(doc, "input_seed", d.input_seed, 0, 18446744073709551615.0L, origin, "");
+  const std::string dt = get_string(doc, "dtype", "bf16", origin, "");
+  r.dtype = parse_field(origin, "dtype", [&] { return parse_dtype(dt); });
+  const std::string alg = get_string(doc, "algorithm", "ring", origin, "");
+  r.algorithm = parse_field(origin, "algorithm", [&] { return rt::parse_algorithm(alg); });
+  const auto ok = rt::supported_algorithms("all_gather");
+  if (std::find(ok.begin(), ok.end(), r.algorithm) == ok.end()) {
+    std::string list;
+    for (auto a : ok) list += (list.empty() ? "" : ", ") + std::string(rt::algorithm_name(a));
+    bad(origin, "algorithm", fmt::format("'{}' cannot run all_gather (valid: {})", alg, list));
+  }
+  const std::string g = get_string(doc, "gelu", "tanh", origin, "");
+  r.gelu = parse_field(origin, "gelu", [&] { return kernels::parse_gelu_kind(g); });
+  if (doc.contains("rank_fill")) {
+    if (!doc["rank_fill"].is_boolean()) bad(origin, "rank_fill", fmt::format("expected true or false, got {}", doc["rank_fill"].dump()));
+    r.rank_fill = doc["rank_fill"].get<bool>();
+  }
+  if (doc.contains("faults")) {
+    const json& fs = doc["faults"];
+    if (!fs.is_array()) bad(origin, "faults", fmt::format("expected a list of faults, got {}", fs.dump()));
+    const json fdef = fault_to_json(RecipeFault{});
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const std::string path = fmt::format("faults.{}", i);
+      const json& f = fs[i];
+      check_keys(f, fdef, origin, path);
+      RecipeFault rf;
+      hw::FaultSpec& s = rf.spec;
+      const std::string site = get_string(f, "site", "link", origin, path);
+      s.site = parse_field(origin, path + ".site", [&] { return hw::parse_fault_site(site, "site"); });
+      const std::string model = get_string(f, "model", "bit_flip", origin, path);
+      s.model = parse_field(origin, path + ".model", [&] { return hw::parse_fault_model(model, "model"); });
+      s.link = get_int<int>(f, "link", -1, -1, 1 << 21, origin, path);
+      s.cube = get_int<int>(f, "cube", -1, -1, 1 << 16, origin, path);
+      s.pe = get_int<int>(f, "pe", -1, -1, 1 << 16, origin, path);
+      s.address = get_int<std::uint64_t>(f, "address", 0, 0, 1e18L, origin, path);
+      s.bytes = get_int<std::uint64_t>(f, "bytes", 0, 0, 1e18L, origin, path);
+      if (f.contains("at_us")) {
+        if (!f["at_us"].is_number() || !std::isfinite(f["at_us"].get<double>()) || f["at_us"].get<double>() > 1e12)
+          bad(origin, path + ".at_us", fmt::format("expected microseconds from the run's start (a number <= 1e12; < 0: none), got {}", f["at_us"].dump()));
+        rf.at_us = f["at_us"].get<double>();
+      }
+      s.nth = get_int<std::uint64_t>(f, "nth", 1, 1, 1e18L, origin, path);
+      s.bits = get_int<int>(f, "bits", 2, 2, 32, origin, path);
+      s.words = get_int<int>(f, "words", 2, 2, 1 << 20, origin, path);
+      s.word_bytes = get_int<int>(f, "word_bytes", static_cast<int>(dtype_size(r.dtype)), 2, 4, origin, path);
+      s.stuck_value = get_int<int>(f, "stuck_value", 0, 0, 1, origin, path);
+      s.seed = get_int<std::uint64_t>(f, "seed", 0, 0, 18446744073709551615.0L, origin, path);
+      parse_field(origin, path, [&] { hw::check_fault_model(s, "fault"); return 0; });
+      rf.tensor = get_string(f, "tensor", "", origin, path);
+      if (!rf.tensor.empty()) {
+        if (std::find(std::begin(kTensorNames), std::end(kTensorNames), rf.tensor) == std::end(kTensorNames))
+          bad(origin, path + ".tensor", fmt::format("'{}' is not a tensor of the model (valid: shard, full, input, output)", rf.tensor));
+        if (s.site != hw::FaultSite::hbm)
+          bad(origin, path + ".tensor", "only an hbm fault (at rest) aims at a tensor; give site \"hbm\"");
+      }
+      rf.layer = get_int<int>(f, "layer", 0, 0, r.layers - 1, origin, path);
+      rf.rank = get_int<int>(f, "rank", 0, 0, rt::kMaxRanks, origin, path);
+      if ((s.site == hw::FaultSite::hbm || s.site == hw::FaultSite::tcm) && rf.at_us < 0)
+        bad(origin, path + ".at_us", "a fault at rest strikes at a time: give at_us (microseconds from the run's start)");
+      r.faults.push_back(rf);
+    }
+  }
+  return r;
+}
+
+void apply_overrides(json& doc, const std::vector<std::string>& sets, std::string_view origin) {
+  const json full = [&] {
+    // The shape every path must exist in: the defaults, with the document's own faults (so
+    // faults.<i> exists for each fault the document has).
+    json f = recipe_to_json(Recipe{});
+    if (doc.contains("faults") && doc["faults"].is_array()) {
+      for (std::size_t i = 0; i < doc["faults"].size(); ++i) f["faults"].push_back(fault_to_json(RecipeFault{}));
+    }
+    return f;
+  }();
+  for (const std::string& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw std::invalid_argument(fmt::format("{}: override '{}': expected path=value (e.g. layers=16, faults.0.nth=3)", origin, s));
+    const std::string path = s.substr(0, eq), text = s.substr(eq + 1);
+    json value;
+    try {
+      value = json::parse(text);
+    } catch (const json::exception&) {
+      value = text;
+    }
+    json* node = &doc;
+    const json* shape = &full;
+    std::string so_far;
+    std::size_t start = 0;
+    while (true) {
+      const auto dot = path.find('.', start);
+      const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      const bool last = dot == std::string::npos;
+      so_far += (so_far.empty() ? "" : ".") + key;
+      if (shape->is_array()) {
+        std::size_t idx = 0;
+        const bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), ::isdigit);
+        if (numeric) idx = std::stoul(key);
+        if (!numeric || idx >= shape->size())
+          throw std::invalid_argument(fmt::format("{}: override '{}': '{}' is not an entry of the list: it has {} "
+                                                  "(valid indices: 0 to {}; add entries in the recipe file)",
+                                                  origin, s, key, shape->size(), static_cast<long>(shape->size()) - 1));
+        if (!node->is_array()) *node = json::array();
+        while (node->size() <= idx) node->push_back(json::object());
+        shape = &(*shape)[idx];
+        node = &(*node)[idx];
+      } else {
+        if (!shape->is_object() || !shape->contains(key)) {
+          std::vector<std::string> valid;
+          if (shape->is_object())
+            for (const auto& [k, v] : shape->items()) valid.push_back(k);
+          throw std::invalid_argument(fmt::format("{}: override '{}': the recipe has no key '{}'{}", origin, s, so_far,
+                                                  hw::did_you_mean(key, valid)));
+        }
+        if (!node->is_object()) *node = json::object();
+        shape = &(*shape)[key];
+        node = &(*node)[key];
+      }
+      if (last) break;
+      start = dot + 1;
+    }
+    *node = value;
+  }
+}
+
+Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl) {
+  rt::ContextOptions o;
+  o.world_size = ranks;
+  o.algorithm = r.algorithm;
+  if (nccl) o.nccl = *nccl;
+  rt::Context host(o);
+  Recipe clean = r;
+  clean.faults.clear();
+  const int p = check_ranks(host, clean);
+  std::vector<RankOut> out;
+  run_model(host, clean, p, out, false, nullptr);
+  Golden g;
+  for (auto& o2 : out) {
+    g.checks.push_back(o2.checks.at(0));
+    g.tensors.push_back(o2.tensors.at(0));
+  }
+  return g;
+}
+
+void judge(Result& res, const Golden& ref) {
+  const int p = res.ranks;
+  const Recipe& r = res.recipe;
+  res.divergences.clear();
+  // The rank-fill check: chunk j must be rank j's pattern, exactly.
+  // (Its errors were found when the result was made; here they become divergences.)
+  for (const auto& [rank, chunk] : res.rank_fill_bad)
+    res.divergences.push_back({-1, rank, Point::comm_output, chunk, true, true});
+  for (int l = 0; l < r.layers; ++l) {
+    for (Point pt : kPoints) {
+      for (int rank = 0; rank < p; ++rank) {
+        const Checks& got = res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)];
+        const Checks& want = ref.checks[static_cast<std::size_t>(rank)];
+        if (pt == Point::comm_output) {
+          for (int j = 0; j < p; ++j) {
+            const bool w = got.chunk_word[static_cast<std::size_t>(j)] != want.chunk_word[static_cast<std::size_t>(j)];
+            const bool m = got.chunk_mix[static_cast<std::size_t>(j)] != want.chunk_mix[static_cast<std::size_t>(j)];
+            if (w || m) res.divergences.push_back({l, rank, pt, j, w, m});
+          }
+        } else {
+          const bool w = !same(got, want, pt, true), m = !same(got, want, pt, false);
+          if (w || m) res.divergences.push_back({l, rank, pt, -1, w, m});
+        }
+      }
+    }
+  }
+  Verdict& v = res.verdict;
+  v = Verdict{};
+  if (res.divergences.empty()) {
+    v.text = res.changed_tensors.empty() ? "clean: every checksum matches the replay"
+                                         : "clean by the checksums, but a tensor changed after its checksum was taken";
+    return;
+  }
+  // The first layer (or the rank-fill check) with a divergence, and within it the first point.
+  const int layer = res.divergences.front().layer;
+  Point first = Point::compute_output;
+  for (const auto& d : res.divergences)
+    if (d.layer == layer && static_cast<int>(d.point) < static_cast<int>(first)) first = d.point;
+  v.layer = layer;
+  if (first == Point::comm_output) {
+    // The chunk's first divergent rank along the ring's forwarding order from its owner: where the
+    // corruption entered (the ranks after it received it forwarded). The direct algorithm sends each
+    // chunk straight to every rank, so any divergent rank is an entry; the first in that order is taken.
+    int best_rank = -1, best_dist = p + 1;
+    for (const auto& d : res.divergences) {
+      if (d.layer != layer || d.point != Point::comm_output) continue;
+      const int dist = ((d.rank - d.chunk) % p + p) % p;
+      const int eff = dist == 0 ? p : dist;  // the owner's own copy comes last
+      if (eff < best_dist) best_dist = eff, best_rank = d.rank;
+    }
+    v.kind = Verdict::Kind::comm;
+    v.rank = best_rank;
+  } else {
+    for (const auto& d : res.divergences)
+      if (d.layer == layer && d.point == first) {
+        v.rank = d.rank;
+        break;
+      }
+    v.kind = first == Point::compute_output ? Verdict::Kind::compute : Verdict::Kind::memory;
+  }
+  const std::string where = layer < 0 ? "the rank-fill check" : fmt::format("layer {}", layer);
+  switch (v.kind) {
+    case Verdict::Kind::comm: v.text = fmt::format("corruption in comm at {} on rank {}", where, v.rank); break;
+    case Verdict::Kind::compute: v.text = fmt::format("corruption in compute at {} on rank {}", where, v.rank); break;
+    case Verdict::Kind::memory:
+      v.text = fmt::format("corruption at rest at {} on rank {} ({} differs before the layer used it)", where, v.rank,
+                           point_name(first));
+      break;
+    case Verdict::Kind::clean: break;
+  }
+  if (!res.non_finite.empty()) v.text += fmt::format("; non-finite values: {}", res.non_finite.front());
+}
+
+Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
+  const int p = check_ranks(ctx, r);
+  auto* sim = dynamic_cast<rt::SimBackend*>(&ctx.backend());
+  if (!r.faults.empty() && (!sim || sim->timing_only()))
+    throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need the sim backend with values "
+                                       "(this context: {}{}); remove the faults or run on sim without timing_only",
+                                       r.faults.size(), ctx.backend().name(),
+                                       ctx.backend().timing_only() ? ", timing-only" : ""));
+  Golden own;
+  if (!ref && !ctx.backend().timing_only()) {
+    own = golden(r, p, ctx.backend().topology() ? &ctx.backend().topology()->nccl : nullptr);
+    ref = &own;
+  }
+  Result res;
+  res.recipe = r;
+  res.ranks = p;
+  for (int rank = 0; rank < p; ++rank) res.cubes.push_back(ctx.backend().device_of(rank));
+  hw::FaultInjector* inj = sim ? &sim->system().faults() : nullptr;
+  if (inj) inj->clear();
+  const sim::Time t0 = ctx.simulator().now();
+  // Faults not aimed at a tensor are armed now; those aimed at one, when their rank has placed it.
+  auto at_of = [&](const RecipeFault& f) -> std::optional<sim::Time> {
+    if (f.at_us < 0) return std::nullopt;
+    return t0 + static_cast<sim::Time>(std::llround(f.at_us * 1e6));
+  };
+  for (std::size_t i = 0; i < r.faults.size(); ++i) {
+    const RecipeFault& f = r.faults[i];
+    if (!f.tensor.empty()) {
+      if (f.rank >= p)
+        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
+      continue;
+    }
+    hw::FaultSpec s = f.spec;
+    s.at = at_of(f);
+    try {
+      inj->add(s, fmt::format("faults.{}", i));
+    } catch (const hw::FaultError& e) {
+      throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
+    }
+  }
+  std::function<void(int, const std::array<rt::Tensor, 4>*, int)> arm;
+  if (inj) {
+    arm = [&](int rank, const std::array<rt::Tensor, 4>* t, int layers) {
+      for (std::size_t i = 0; i < r.faults.size(); ++i) {
+        const RecipeFault& f = r.faults[i];
+        if (f.tensor.empty() || f.rank != rank || f.layer >= layers) continue;
+        const int which = static_cast<int>(std::find(std::begin(kTensorNames), std::end(kTensorNames), f.tensor) -
+                                           std::begin(kTensorNames));
+        const rt::Tensor& x = t[f.layer][static_cast<std::size_t>(which)];
+        const auto& st = static_cast<const rt::SimStorage&>(x.storage());
+        hw::FaultSpec s = f.spec;
+        s.cube = sim->device_of(rank);
+        s.address = st.addr() + x.byte_offset() + std::min(f.spec.address, x.nbytes() - 1);
+        s.bytes = std::min(f.spec.bytes ? f.spec.bytes : x.nbytes(), st.addr() + x.byte_offset() + x.nbytes() - s.address);
+        s.at = at_of(f);
+        inj->add(s, fmt::format("faults.{}", i));
+      }
+    };
+  }
+  std::vector<RankOut> out;
+  res.report = run_model(ctx, r, p, out, true, arm);
+  res.checks.assign(static_cast<std::size_t>(r.layers), std::vector<Checks>(static_cast<std::size_t>(p)));
+  for (int rank = 0; rank < p; ++rank) {
+    auto& o = out[static_cast<std::size_t>(rank)];
+    res.starts.push_back(o.starts);
+    for (int l = 0; l < r.layers; ++l)
+      res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)] = std::move(o.checks[static_cast<std::size_t>(l)]);
+  }
+  if (inj) {
+    res.faults = inj->log();
+    for (std::size_t i : inj->pending()) {
+      res.faults_not_fired.push_back(fmt::format(
+          "faults.{} ({}{}): never fired; the run ended at {} (its start: {})", i,
+          hw::fault_site_name(inj->specs()[i].site),
+          inj->specs()[i].at ? fmt::format(", at {}", sim::format_time(*inj->specs()[i].at)) : fmt::format(", nth {}", inj->specs()[i].nth),
+          sim::format_time(ctx.simulator().now()), sim::format_time(t0)));
+    }
+    inj->clear();
+  }
+  if (!ref) {
+    res.verdict.text = "no values (timing-only): nothing checked";
+    return res;
+  }
+  // The rank-fill check, word by word.
+  const std::size_t esz = dtype_size(r.dtype);
+  const std::int64_t shard_n = r.ffn / p * r.hidden;
+  if (r.rank_fill) {
+    for (int rank = 0; rank < p; ++rank) {
+      const auto& got = out[static_cast<std::size_t>(rank)].fill;
+      for (int j = 0; j < p; ++j) {
+        const auto want = fill_bytes(j, shard_n, r.dtype);
+        const std::uint8_t* g = got.data() + static_cast<std::size_t>(j * shard_n) * esz;
+        if (std::memcmp(g, want.data(), want.size()) == 0) continue;
+        std::size_t i = 0;
+        while (std::memcmp(g + i * esz, want.data() + i * esz, esz) == 0) ++i;
+        res.rank_fill_bad.emplace_back(rank, j);
+        res.rank_fill_errors.push_back(fmt::format("rank {}, chunk {}: word {} is {} (expected {})", rank, j, i,
+                                                   hex_word(g + i * esz, esz), hex_word(want.data() + i * esz, esz)));
+      }
+    }
+  }
+  // Activation: which tensors differ from the reference at the end, and non-finite outputs.
+  for (int l = 0; l < r.layers; ++l)
+    for (int rank = 0; rank < p; ++rank)
+      for (int i = 0; i < 4; ++i) {
+        const auto& got = out[static_cast<std::size_t>(rank)].tensors[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)];
+        const auto& want = ref->tensors[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+        if (got != want) res.changed_tensors.push_back(fmt::format("layer {} rank {} {}", l, rank, kTensorNames[i]));
+        if (i == 3 && got != want) {
+          std::int64_t nan = 0, inf = 0;
+          for (std::size_t e = 0; e < got.size() / esz; ++e) {
+            const float x = load_f32(got.data(), r.dtype, static_cast<std::int64_t>(e));
+            nan += std::isnan(x), inf += std::isinf(x);
+          }
+          if (nan || inf)
+            res.non_finite.push_back(fmt::format("layer {} rank {} output: {} NaN, {} Inf", l, rank, nan, inf));
+        }
+      }
+  judge(res, *ref);
+  return res;
+}
+
+Truth truth_of(const Result& r, const hw::FaultRecord& f) {
+  Truth t;
+  t.kind = f.site == hw::FaultSite::link || f.site == hw::FaultSite::reduce ? Verdict::Kind::comm
+           : f.site == hw::FaultSite::hbm || f.site == hw::FaultSite::tcm  ? Verdict::Kind::memory
+                                                                           : Verdict::Kind::compute;
+  const auto it = std::find(r.cubes.begin(), r.cubes.end(), f.cube);
+  if (it == r.cubes.end()) return t;
+  t.rank = static_cast<int>(it - r.cubes.begin());
+  const auto& starts = r.starts[static_cast<std::size_t>(t.rank)];
+  // starts[0]: the rank-fill check (layer -1); starts[l + 1]: layer l.
+  for (std::size_t i = 0; i < starts.size(); ++i)
+    if (starts[i] <= f.time) t.layer = static_cast<int>(i) - 1;
+  return t;
+}
+
+json result_to_json(const Result& r) {
+  json layers = json::array();
+  for (std::size_t l = 0; l < r.checks.size(); ++l) {
+    json ranks = json::array();
+    for (std::size_t rank = 0; rank < r.checks[l].size(); ++rank) {
+      const Checks& c = r.checks[l][rank];
+      json pts = json::object();
+      for (Point p : kPoints) {
+        const auto i = static_cast<std::size_t>(p);
+        pts[std::string(point_name(p))] = {{"word", fmt::format("{:016x}", c.word[i])}, {"mix", fmt::format("{:016x}", c.mix[i])}};
+      }
+      ranks.push_back({{"rank", rank}, {"checksums", pts}});
+    }
+    layers.push_back({{"layer", l}, {"ranks", ranks}});
+  }
+  json div = json::array();
+  for (const auto& d : r.divergences)
+    div.push_back({{"layer", d.layer}, {"rank", d.rank}, {"point", point_name(d.point)}, {"chunk", d.chunk},
+                   {"word", d.word}, {"mix", d.mix}});
+  json faults = json::array();
+  for (const auto& f : r.faults)
+    faults.push_back({{"spec", f.spec},
+                      {"site", hw::fault_site_name(f.site)},
+                      {"model", hw::fault_model_name(f.model)},
+                      {"time_ps", f.time},
+                      {"unit", f.unit},
+                      {"memory", f.memory},
+                      {"cube", f.cube},
+                      {"address", f.address},
+                      {"bytes", f.bytes},
+                      {"bits_changed", f.bits_changed},
+                      {"operation", f.operation},
+                      {"text", hw::describe(f)}});
+  return json{{"recipe", recipe_to_json(r.recipe)},
+              {"ranks", r.ranks},
+              {"sim_time_ps", r.report.sim_time},
+              {"events", r.report.events},
+              {"verdict",
+               {{"kind", verdict_kind_name(r.verdict.kind)},
+                {"layer", r.verdict.layer},
+                {"rank", r.verdict.rank},
+                {"text", r.verdict.text}}},
+              {"divergences", div},
+              {"rank_fill_errors", r.rank_fill_errors},
+              {"changed_tensors", r.changed_tensors},
+              {"non_finite", r.non_finite},
+              {"faults", faults},
+              {"faults_not_fired", r.faults_not_fired},
+              {"layers", layers}};
+}
+
+}  // namespace cubesim::sdc

@@ -1,0 +1,154 @@
+// sdc.h — the silent-data-corruption model: layers that must all compute the same thing, four exact
+// checksums per layer, and a verdict that says where a corruption entered (comm or compute, layer, rank).
+//
+// Every layer shares one weight W [ffn, hidden] (drawn from weight_seed) and gets the same reference
+// input x [tokens, hidden] (input_seed + rank), so every layer's tensors are bitwise identical and
+// any difference is corruption, not numerical noise. In `fsdp` mode each layer
+//   comm:    all_gather of the rank's weight shard (rows [r·ffn/p, (r+1)·ffn/p) of W) into the full W
+//   compute: h = gelu(x · Wᵀ)
+// and checksums (kernels/checksum.h, both kinds) are taken at comm_input (the shard), comm_output
+// (the gathered W, per chunk: chunk j is rank j's shard), compute_input (x) and compute_output (h),
+// where the data lives, the moment each is ready. A step first runs the rank-fill check: an
+// all_gather of buffers whose every word names its rank and position, verified exactly.
+//
+// The expected checksums come from a replay on the host backend (the numerics contract makes every
+// backend's bits equal), so a checksum is compared exactly, not within a tolerance, and also across
+// layers. The verdict is the first divergence in program order: a comm_input or compute_input that
+// differs means the data was corrupted at rest (`memory`); a comm_output chunk that differs while
+// the inputs match means the collective (`comm`; the rank is where the chunk first differs along
+// the ring's forwarding order from its owner); a compute_output that differs while everything before
+// it matches means compute (`compute`).
+//
+//   sdc::Recipe r = sdc::parse_recipe(json, "recipe.json");
+//   auto ctx = rt::make_sim_context({}, hw::load_topology("ring4"));
+//   sdc::Result res = sdc::run(*ctx, r);
+//   fmt::print("{}\n", res.verdict.text);   // "corruption in comm at layer 3 on rank 2"
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/checksum.h"
+#include "kernels/elementwise.h"
+#include "runtime/collective_types.h"
+#include "runtime/context.h"
+#include "sim/hw/fault.h"
+
+namespace cubesim::sdc {
+
+enum class Mode { fsdp };
+enum class Point { comm_input, comm_output, compute_input, compute_output };
+inline constexpr Point kPoints[] = {Point::comm_input, Point::comm_output, Point::compute_input,
+                                    Point::compute_output};
+std::string_view point_name(Point p);  // "comm_input", ...
+
+// A fault of the recipe: a hw::FaultSpec, with at-rest faults optionally aimed at one of the model's
+// tensors ("shard", "full", "input", "output" of a layer on a rank) instead of an address.
+struct RecipeFault {
+  hw::FaultSpec spec;
+  double at_us = -1;  // from the start of the run (< 0: none)
+  std::string tensor;  // hbm only: aim at this tensor (empty: spec.address/bytes)
+  int layer = 0, rank = 0;
+};
+
+struct Recipe {
+  Mode mode = Mode::fsdp;
+  int layers = 8;
+  std::int64_t tokens = 16, hidden = 128, ffn = 256;
+  DType dtype = DType::bf16;
+  int ranks = 0;  // 0: every device of the context
+  rt::Algorithm algorithm = rt::Algorithm::ring;
+  std::uint64_t weight_seed = 1, input_seed = 2;
+  kernels::GeluKind gelu = kernels::GeluKind::tanh;
+  bool rank_fill = true;
+  std::vector<RecipeFault> faults;  // simulator only
+};
+
+// The recipe as JSON, every field present (what --dry-run prints and overrides apply to).
+nlohmann::json recipe_to_json(const Recipe& r);
+// Reads a recipe document: unknown keys, wrong types and invalid values throw std::invalid_argument
+// naming `origin`, the dotted path and what would be valid. Missing keys take the defaults above.
+Recipe parse_recipe(const nlohmann::json& doc, std::string_view origin);
+// Applies "path=value" overrides (dotted paths into the recipe's JSON, array indices as numbers:
+// "faults.0.nth=3"; the value is JSON, or a string when it is not JSON) to a document. A path that
+// the full recipe does not have is refused, naming the closest key.
+void apply_overrides(nlohmann::json& doc, const std::vector<std::string>& sets, std::string_view origin);
+
+// Checksums of one layer on one rank: [point] for word and mix; comm_output also per chunk.
+struct Checks {
+  std::array<std::uint64_t, 4> word{}, mix{};
+  std::vector<std::uint64_t> chunk_word, chunk_mix;  // comm_output's chunks (one per rank of the group)
+};
+
+struct Divergence {
+  int layer = 0;  // -1: the rank-fill check
+  int rank = 0;
+  Point point = Point::comm_output;
+  int chunk = -1;  // comm_output: the chunk (its owner's rank)
+  bool word = false, mix = false;  // which checksums differ
+};
+
+struct Verdict {
+  enum class Kind { clean, comm, compute, memory };
+  Kind kind = Kind::clean;
+  int layer = -1;  // -1: the rank-fill check (comm)
+  int rank = -1;
+  std::string text;  // "clean", "corruption in comm at layer 3 on rank 2", ...
+};
+std::string_view verdict_kind_name(Verdict::Kind k);  // "clean", "comm", "compute", "memory"
+
+// Checksums and reference tensors of a clean run (the host replay); reused across runs of a recipe.
+struct Golden {
+  std::vector<Checks> checks;  // per rank (every layer is the same)
+  // Per rank, the bytes of each tensor ("shard", "full", "input", "output").
+  std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;
+};
+
+struct Result {
+  Recipe recipe;
+  int ranks = 0;
+  std::vector<int> cubes;  // rank r ran on cube cubes[r] (the simulator; the rank itself elsewhere)
+  rt::RunReport report;
+  std::vector<std::vector<Checks>> checks;      // [layer][rank]
+  std::vector<std::vector<sim::Time>> starts;   // [rank][layer + 1]: when the rank began the rank-fill check (0) and each layer
+  std::vector<std::string> rank_fill_errors;    // "rank 2, chunk 1: word 17 is 0x... (expected 0x...)"
+  std::vector<std::pair<int, int>> rank_fill_bad;  // (rank, chunk) of each error
+  std::vector<Divergence> divergences;          // program order: layer, then point, then rank
+  Verdict verdict;
+  // Activation: the tensors (per layer and rank) whose bytes differ from the reference at the end.
+  std::vector<std::string> changed_tensors;     // "layer 3 rank 1 full"
+  std::vector<std::string> non_finite;          // "layer 3 rank 1 output: 2 NaN, 0 Inf"
+  std::vector<hw::FaultRecord> faults;          // as injected (simulator)
+  std::vector<std::string> faults_not_fired;    // "faults[0] (link 3, nth 9): never fired; the run ended at ..."
+};
+
+// The reference of a recipe for `ranks` ranks (a host context, no faults); `nccl`: the simulated
+// topology's section when the recipe's algorithm is nccl (its chunking follows it).
+Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl = nullptr);
+// Runs the recipe on ctx. Faults need a simulating backend that keeps values (RuntimeError
+// otherwise); a recipe too large for the context (ranks, ffn not divisible by ranks) is refused
+// naming the field. `ref`: the recipe's golden for the same rank count (made when null).
+Result run(rt::Context& ctx, const Recipe& r, const Golden* ref = nullptr);
+
+// The verdict of a result's checks against the golden (run() calls it; exposed for tests).
+void judge(Result& res, const Golden& ref);
+
+// Where a fault that fired should be found: the rank whose memory it changed (its cube's rank), the
+// layer that rank was in then (-1: the rank-fill check), and `comm` for a link, `compute` for a GEMM
+// tile or a DMA channel (the PEs' operand and tile traffic), `memory` at rest. A fault on a cube no
+// rank runs on gives rank -1.
+struct Truth {
+  Verdict::Kind kind = Verdict::Kind::clean;
+  int layer = -1, rank = -1;
+};
+Truth truth_of(const Result& r, const hw::FaultRecord& f);
+
+nlohmann::json result_to_json(const Result& r);
+
+}  // namespace cubesim::sdc

@@ -1,0 +1,213 @@
+// The SDC model (sdc/sdc.h): clean runs match the host replay on every layer and rank; a fault at
+// each site is detected and localised to where it entered; recipes and overrides refuse bad input
+// naming the path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/errors.h"
+#include "runtime/sim_backend.h"
+#include "sdc/sdc.h"
+#include "sim/hw/topology.h"
+
+namespace cubesim::sdc {
+namespace {
+
+Recipe small_recipe() {
+  Recipe r;
+  r.layers = 4;
+  r.tokens = 8;
+  r.hidden = 64;
+  r.ffn = 128;
+  return r;
+}
+
+std::unique_ptr<rt::Context> ring4() { return rt::make_sim_context({}, hw::load_topology("ring4")); }
+
+TEST(Sdc, ACleanRunMatchesTheReplayOnEveryLayer) {
+  const Recipe r = small_recipe();
+  auto ctx = ring4();
+  const Result res = run(*ctx, r);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean) << res.verdict.text;
+  EXPECT_TRUE(res.divergences.empty());
+  EXPECT_TRUE(res.rank_fill_errors.empty());
+  EXPECT_TRUE(res.changed_tensors.empty());
+  ASSERT_EQ(res.checks.size(), 4u);
+  for (int l = 1; l < 4; ++l)
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(res.checks[l][rank].word, res.checks[0][rank].word);
+      EXPECT_EQ(res.checks[l][rank].mix, res.checks[0][rank].mix);
+    }
+  // Every rank gathers the same weight; the inputs (one seed per rank) differ.
+  for (int rank = 1; rank < 4; ++rank) {
+    EXPECT_EQ(res.checks[0][rank].mix[1], res.checks[0][0].mix[1]);
+    EXPECT_NE(res.checks[0][rank].mix[2], res.checks[0][0].mix[2]);
+  }
+  // The checksums are charged: the run is longer than without them? At least it took time.
+  EXPECT_GT(res.report.sim_time, 0u);
+  // The host runs it too and agrees bit for bit.
+  rt::Context host(rt::ContextOptions{.world_size = 4});
+  const Result h = run(host, r);
+  EXPECT_EQ(h.verdict.kind, Verdict::Kind::clean);
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(h.checks[2][rank].mix, res.checks[2][rank].mix);
+}
+
+// A layer-`layer` moment: every rank has begun that layer (from a clean run's timeline), in us
+// from the run's start.
+double layer_moment(const Recipe& r, int layer) {
+  auto ctx = ring4();
+  const sim::Time t0 = ctx->simulator().now();
+  const Result clean = run(*ctx, r);
+  sim::Time t = 0;
+  for (const auto& s : clean.starts) t = std::max(t, s[static_cast<std::size_t>(layer + 1)]);
+  return static_cast<double>(t - t0) / 1e6;
+}
+
+Result with_fault(Recipe r, RecipeFault f) {
+  r.faults = {f};
+  auto ctx = ring4();
+  return run(*ctx, r);
+}
+
+void expect_found(const Result& res, Verdict::Kind kind, int layer, int rank) {
+  ASSERT_EQ(res.faults.size(), 1u) << res.verdict.text;
+  const Truth t = truth_of(res, res.faults[0]);
+  EXPECT_EQ(t.kind, kind);
+  EXPECT_EQ(t.layer, layer);
+  EXPECT_EQ(t.rank, rank);
+  EXPECT_EQ(res.verdict.kind, kind) << res.verdict.text << " / " << hw::describe(res.faults[0]);
+  EXPECT_EQ(res.verdict.layer, layer) << res.verdict.text;
+  EXPECT_EQ(res.verdict.rank, rank) << res.verdict.text;
+}
+
+TEST(Sdc, ALinkFaultIsCorruptionInCommWhereItEntered) {
+  const Recipe r = small_recipe();
+  sim::Simulator s;
+  hw::System sys(s, hw::load_topology("ring4"));
+  const int link = sys.route(1, 2).at(0);
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::link, .model = hw::FaultModel::multi_bit, .link = link, .nth = 1, .bits = 3, .seed = 5};
+  f.at_us = layer_moment(r, 2);
+  const Result res = with_fault(r, f);
+  expect_found(res, Verdict::Kind::comm, 2, 2);
+  EXPECT_FALSE(res.changed_tensors.empty());
+  // Only layer 2 differs: the later layers gather afresh.
+  for (const auto& d : res.divergences) EXPECT_EQ(d.layer, 2);
+}
+
+TEST(Sdc, AFaultInTheRankFillCheckIsFoundThere) {
+  sim::Simulator s;
+  hw::System sys(s, hw::load_topology("ring4"));
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::link, .link = sys.route(3, 0).at(0), .nth = 1, .seed = 9};
+  const Result res = with_fault(small_recipe(), f);
+  expect_found(res, Verdict::Kind::comm, -1, 0);
+  ASSERT_FALSE(res.rank_fill_errors.empty());
+  EXPECT_NE(res.rank_fill_errors[0].find("rank 0, chunk 3"), std::string::npos) << res.rank_fill_errors[0];
+}
+
+TEST(Sdc, AGemmTileFaultIsCorruptionInCompute) {
+  const Recipe r = small_recipe();
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::gemm_tile, .model = hw::FaultModel::word_burst, .cube = 3, .nth = 1, .words = 4, .seed = 2};
+  f.at_us = layer_moment(r, 1);
+  const Result res = with_fault(r, f);
+  expect_found(res, Verdict::Kind::compute, 1, 3);
+}
+
+TEST(Sdc, AnInputCorruptedAtRestIsMemory) {
+  const Recipe r = small_recipe();
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::hbm, .model = hw::FaultModel::stuck_at, .stuck_value = 1, .seed = 4};
+  f.tensor = "input";
+  f.layer = 3;
+  f.rank = 1;
+  f.at_us = layer_moment(r, 1);  // long before layer 3 reads it
+  const Result res = with_fault(r, f);
+  ASSERT_EQ(res.faults.size(), 1u);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::memory) << res.verdict.text;
+  EXPECT_EQ(res.verdict.layer, 3);
+  EXPECT_EQ(res.verdict.rank, 1);
+  EXPECT_NE(res.verdict.text.find("compute_input"), std::string::npos) << res.verdict.text;
+}
+
+TEST(Sdc, SameFaultSameResult) {
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::dma, .cube = 2, .nth = 7, .seed = 3};
+  const Result a = with_fault(small_recipe(), f), b = with_fault(small_recipe(), f);
+  EXPECT_EQ(result_to_json(a).dump(), result_to_json(b).dump());
+  EXPECT_EQ(a.report.event_hash, b.report.event_hash);
+}
+
+TEST(Sdc, AMomentPastTheEndIsReported) {
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::link, .link = 0, .seed = 3};
+  f.at_us = 1e9;
+  const Result res = with_fault(small_recipe(), f);
+  EXPECT_TRUE(res.faults.empty());
+  ASSERT_EQ(res.faults_not_fired.size(), 1u);
+  EXPECT_NE(res.faults_not_fired[0].find("faults.0 (link, at "), std::string::npos) << res.faults_not_fired[0];
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean);
+}
+
+void expect_bad(const nlohmann::json& doc, const std::string& needle, const std::vector<std::string>& sets = {}) {
+  try {
+    nlohmann::json d = doc;
+    apply_overrides(d, sets, "r.json");
+    parse_recipe(d, "r.json");
+    ADD_FAILURE() << "accepted " << d.dump();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sdc, RecipesRefuseBadInputNamingThePath) {
+  using nlohmann::json;
+  expect_bad(json{{"layer", 3}}, "r.json: layer: unknown key (did you mean 'layers'?)");
+  expect_bad(json{{"layers", 0}}, "r.json: layers: 0 is out of range");
+  expect_bad(json{{"dtype", "fp8"}}, "r.json: dtype:");
+  expect_bad(json{{"algorithm", "tree"}}, "r.json: algorithm: 'tree' cannot run all_gather");
+  expect_bad(json{{"faults", {{{"site", "pe"}}}}}, "r.json: faults.0.site: site: unknown fault site 'pe'");
+  expect_bad(json{{"faults", {{{"model", "flip"}}}}}, "faults.0.model");
+  expect_bad(json{{"faults", {{{"nht", 2}}}}}, "faults.0.nht: unknown key (did you mean 'nth'?)");
+  expect_bad(json{{"faults", {{{"site", "hbm"}}}}}, "faults.0.at_us: a fault at rest strikes at a time");
+  expect_bad(json{{"faults", {{{"tensor", "weights"}, {"site", "hbm"}, {"at_us", 1}}}}}, "'weights' is not a tensor");
+  expect_bad(json::object(), "the recipe has no key 'layres' (did you mean 'layers'?)", {"layres=3"});
+  expect_bad(json::object(), "'0' is not an entry of the list: it has 0", {"faults.0.nth=3"});
+  expect_bad(json::object(), "expected path=value", {"layers"});
+  // Overrides that exist apply.
+  json d = json{{"faults", {{{"site", "link"}, {"link", 1}}}}};
+  apply_overrides(d, {"layers=3", "faults.0.nth=4", "dtype=f16"}, "r.json");
+  const Recipe r = parse_recipe(d, "r.json");
+  EXPECT_EQ(r.layers, 3);
+  EXPECT_EQ(r.faults.at(0).spec.nth, 4u);
+  EXPECT_EQ(r.dtype, DType::f16);
+  EXPECT_EQ(parse_recipe(recipe_to_json(r), "again").faults.at(0).spec.link, 1);
+}
+
+TEST(Sdc, FaultsOutsideTheTopologyAreRefusedBeforeTheRun) {
+  Recipe r = small_recipe();
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::gemm_tile, .cube = 0, .pe = 200};
+  r.faults = {f};
+  auto ctx = ring4();
+  try {
+    run(*ctx, r);
+    FAIL();
+  } catch (const rt::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("faults.0.pe = 200: a cube of 'ring4' has PEs 0.."), std::string::npos) << e.what();
+  }
+  // The same context runs a clean recipe afterwards.
+  EXPECT_EQ(run(*ctx, small_recipe()).verdict.kind, Verdict::Kind::clean);
+  rt::Context host(rt::ContextOptions{.world_size = 4});
+  try {
+    run(host, r);
+    FAIL();
+  } catch (const rt::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("need the sim backend with values"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cubesim::sdc
