@@ -567,6 +567,7 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     if (f.at_us < 0) return std::nullopt;
     return t0 + static_cast<sim::Time>(std::llround(f.at_us * 1e6));
   };
+  std::vector<std::ptrdiff_t> slot(r.faults.size(), -1);  // recipe fault -> the injector's spec
   for (std::size_t i = 0; i < r.faults.size(); ++i) {
     const RecipeFault& f = r.faults[i];
     if (!f.tensor.empty()) {
@@ -581,6 +582,7 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     } catch (const hw::FaultError& e) {
       throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
     }
+    slot[i] = static_cast<std::ptrdiff_t>(inj->specs().size()) - 1;
   }
   std::function<void(int, const std::array<rt::Tensor, 4>*, int)> arm;
   if (inj) {
@@ -598,6 +600,7 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
         s.bytes = std::min(f.spec.bytes ? f.spec.bytes : x.nbytes(), st.addr() + x.byte_offset() + x.nbytes() - s.address);
         s.at = at_of(f);
         inj->add(s, fmt::format("faults.{}", i));
+        slot[i] = static_cast<std::ptrdiff_t>(inj->specs().size()) - 1;
       }
     };
   }
@@ -612,13 +615,26 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   }
   if (inj) {
     res.faults = inj->log();
-    for (std::size_t i : inj->pending()) {
+    const std::vector<std::size_t> pending = inj->pending();
+    for (std::size_t i = 0; i < r.faults.size(); ++i) {
+      const hw::FaultSpec& s = r.faults[i].spec;
+      const bool armed = slot[i] >= 0;
+      const auto k = static_cast<std::size_t>(std::max<std::ptrdiff_t>(slot[i], 0));
+      res.fault_operations.push_back(armed ? inj->seen(k) : 0);
+      if (armed && std::find(pending.begin(), pending.end(), k) == pending.end()) continue;  // it fired
+      const std::string when = r.faults[i].at_us >= 0 ? fmt::format("at {} us", r.faults[i].at_us) : fmt::format("nth {}", s.nth);
       res.faults_not_fired.push_back(fmt::format(
-          "faults.{} ({}{}): never fired; the run ended at {} (its start: {})", i,
-          hw::fault_site_name(inj->specs()[i].site),
-          inj->specs()[i].at ? fmt::format(", at {}", sim::format_time(*inj->specs()[i].at)) : fmt::format(", nth {}", inj->specs()[i].nth),
-          sim::format_time(ctx.simulator().now()), sim::format_time(t0)));
+          "faults.{} ({}, {}): never fired{}; the run took {} (its matching operations: {})", i,
+          hw::fault_site_name(s.site), when, armed ? "" : " (its rank never placed the tensor)",
+          sim::format_time(ctx.simulator().now() - t0), res.fault_operations.back()));
     }
+    // The faults' log names the injector's specs; give it the recipe's numbering.
+    for (auto& rec : res.faults)
+      for (std::size_t i = 0; i < slot.size(); ++i)
+        if (slot[i] == static_cast<std::ptrdiff_t>(rec.spec)) {
+          rec.spec = i;
+          break;
+        }
     inj->clear();
   }
   if (!ref) {
@@ -673,9 +689,11 @@ Truth truth_of(const Result& r, const hw::FaultRecord& f) {
   if (it == r.cubes.end()) return t;
   t.rank = static_cast<int>(it - r.cubes.begin());
   const auto& starts = r.starts[static_cast<std::size_t>(t.rank)];
-  // starts[0]: the rank-fill check (layer -1); starts[l + 1]: layer l.
-  for (std::size_t i = 0; i < starts.size(); ++i)
-    if (starts[i] <= f.time) t.layer = static_cast<int>(i) - 1;
+  // starts[0]: the rank-fill check (layer -1); starts[l + 1]: layer l. A phase's last landing and the
+  // next phase's start share an instant (the rank resumes when the bytes land): a fault at a start
+  // belongs to the phase before it (every operation of a phase comes strictly after its start).
+  for (std::size_t i = 1; i < starts.size(); ++i)
+    if (starts[i] < f.time) t.layer = static_cast<int>(i) - 1;
   return t;
 }
 

@@ -125,7 +125,8 @@ struct Result {
   std::vector<std::string> changed_tensors;     // "layer 3 rank 1 full"
   std::vector<std::string> non_finite;          // "layer 3 rank 1 output: 2 NaN, 0 Inf"
   std::vector<hw::FaultRecord> faults;          // as injected (simulator)
-  std::vector<std::string> faults_not_fired;    // "faults[0] (link 3, nth 9): never fired; the run ended at ..."
+  std::vector<std::string> faults_not_fired;    // "faults.0 (link, nth 9): never fired; the run ended at ..."
+  std::vector<std::uint64_t> fault_operations;  // per recipe fault: the matching operations it saw
 };
 
 // The reference of a recipe for `ranks` ranks (a host context, no faults); `nccl`: the simulated

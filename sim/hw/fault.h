@@ -115,6 +115,9 @@ class FaultInjector {
   const std::vector<FaultRecord>& log() const { return log_; }
   // The specs that have not fired (a moment past the end of a run, a site nothing used).
   std::vector<std::size_t> pending() const;
+  // The operations spec i has matched so far (from its `at` on): a spec whose nth is never reached
+  // counts a site's operations (a census for drawing faults).
+  std::uint64_t seen(std::size_t i) const { return state_.at(i).seen; }
 
   // ---- sites (the System and the kernels call these) ----
   // A transfer's bytes have landed at its destination.

@@ -8,6 +8,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
+#include "sdc/campaign.h"
 #include "sdc/sdc.h"
 #include "sim/hw/topology.h"
 
@@ -147,7 +148,7 @@ TEST(Sdc, AMomentPastTheEndIsReported) {
   const Result res = with_fault(small_recipe(), f);
   EXPECT_TRUE(res.faults.empty());
   ASSERT_EQ(res.faults_not_fired.size(), 1u);
-  EXPECT_NE(res.faults_not_fired[0].find("faults.0 (link, at "), std::string::npos) << res.faults_not_fired[0];
+  EXPECT_NE(res.faults_not_fired[0].find("faults.0 (link, at 1000000000 us): never fired"), std::string::npos) << res.faults_not_fired[0];
   EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean);
 }
 
@@ -207,6 +208,56 @@ TEST(Sdc, FaultsOutsideTheTopologyAreRefusedBeforeTheRun) {
   } catch (const rt::RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("need the sim backend with values"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace cubesim::sdc
+
+namespace cubesim::sdc {
+namespace {
+
+TEST(SdcCampaign, EveryActivatedFaultIsDetectedAndLocalised) {
+  Recipe r = small_recipe();
+  CampaignOptions o;
+  o.faults = 150;
+  o.seed = 21;
+  o.clean_runs = 4;
+  o.threads = 2;
+  std::uint64_t calls = 0;
+  o.progress = [&](std::uint64_t done, std::uint64_t total) {
+    EXPECT_EQ(total, 154u);
+    EXPECT_LE(done, total);
+    ++calls;
+  };
+  const CampaignResult c = run_campaign(hw::load_topology("ring4"), r, o);
+  EXPECT_EQ(calls, 154u);
+  EXPECT_EQ(c.total.injected, 150u);
+  EXPECT_EQ(c.total.fired, 150u);
+  EXPECT_GT(c.total.activated, 100u);
+  EXPECT_EQ(c.total.detected, c.total.activated) << campaign_to_json(c, false).dump(1);
+  EXPECT_EQ(c.total.silent, 0u);
+  EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
+  EXPECT_EQ(c.total.masked + c.total.activated, c.total.fired);
+  EXPECT_EQ(c.false_positives, 0u);
+  EXPECT_EQ(c.clean_layer_steps, 4u * 4 * 4);
+  for (const char* site : {"link", "dma", "gemm_tile"}) EXPECT_GT(c.by_site.at(site).injected, 20u) << site;
+  // One thread, same table.
+  o.threads = 1;
+  o.progress = nullptr;
+  const CampaignResult one = run_campaign(hw::load_topology("ring4"), r, o);
+  auto a = campaign_to_json(c), b = campaign_to_json(one);
+  a.erase("wall_s"), b.erase("wall_s");
+  EXPECT_EQ(a.dump(), b.dump());
+}
+
+TEST(SdcCampaign, BadOptionsAreRefused) {
+  Recipe r = small_recipe();
+  CampaignOptions o;
+  o.sites = {hw::FaultSite::reduce};
+  EXPECT_THROW(run_campaign(hw::load_topology("ring4"), r, o), rt::RuntimeError);
+  o = {};
+  r.faults = {RecipeFault{}};
+  EXPECT_THROW(run_campaign(hw::load_topology("ring4"), r, o), rt::RuntimeError);
 }
 
 }  // namespace
