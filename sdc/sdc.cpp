@@ -165,11 +165,11 @@ struct RankOut {
   std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;  // per layer: shard, full, input, output
 };
 
-int check_ranks(rt::Context& ctx, const Recipe& r) {
-  const int p = r.ranks > 0 ? r.ranks : ctx.world_size();
-  if (p > ctx.world_size())
+int check_ranks(int world, const Recipe& r) {
+  const int p = r.ranks > 0 ? r.ranks : world;
+  if (p > world)
     throw rt::RuntimeError(fmt::format("sdc: ranks = {} but the context has {} (valid: 0 for all, or 1..{})", p,
-                                       ctx.world_size(), ctx.world_size()));
+                                       world, world));
   if (r.ffn % p != 0)
     throw rt::RuntimeError(fmt::format("sdc: ffn = {} is not divisible by the {} ranks: every rank holds ffn / ranks "
                                        "rows of the weight (valid: a multiple of {})",
@@ -458,7 +458,7 @@ Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl) {
   rt::Context host(o);
   Recipe clean = r;
   clean.faults.clear();
-  const int p = check_ranks(host, clean);
+  const int p = check_ranks(host.world_size(), clean);
   std::vector<RankOut> out;
   run_model(host, clean, p, out, false, nullptr);
   Golden g;
@@ -542,8 +542,34 @@ void judge(Result& res, const Golden& ref) {
   if (!res.non_finite.empty()) v.text += fmt::format("; non-finite values: {}", res.non_finite.front());
 }
 
+void validate(const Recipe& r, int world_size, const hw::Topology* topo) {
+  const int p = check_ranks(world_size, r);
+  if (r.faults.empty()) return;
+  if (!topo)
+    throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need the sim backend (a simulated "
+                                       "system to inject them into)",
+                                       r.faults.size()));
+  sim::Simulator s;
+  hw::System sys(s, *topo);
+  for (std::size_t i = 0; i < r.faults.size(); ++i) {
+    const RecipeFault& f = r.faults[i];
+    if (!f.tensor.empty()) {
+      if (f.rank >= p)
+        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
+      continue;
+    }
+    hw::FaultSpec spec = f.spec;
+    if (f.at_us >= 0) spec.at = static_cast<sim::Time>(std::llround(f.at_us * 1e6));
+    try {
+      sys.faults().add(spec, fmt::format("faults.{}", i));
+    } catch (const hw::FaultError& e) {
+      throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
+    }
+  }
+}
+
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
-  const int p = check_ranks(ctx, r);
+  const int p = check_ranks(ctx.world_size(), r);
   auto* sim = dynamic_cast<rt::SimBackend*>(&ctx.backend());
   if (!r.faults.empty() && (!sim || sim->timing_only()))
     throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need the sim backend with values "

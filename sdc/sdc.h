@@ -129,6 +129,11 @@ struct Result {
   std::vector<std::uint64_t> fault_operations;  // per recipe fault: the matching operations it saw
 };
 
+// Checks a recipe before any work, as run() would: ranks against the context's `world_size`, ffn
+// divisible by the ranks, and every fault against `topo` (null: a backend without a simulated system,
+// which runs no faults). RuntimeError naming the field and what would be valid.
+void validate(const Recipe& r, int world_size, const hw::Topology* topo);
+
 // The reference of a recipe for `ranks` ranks (a host context, no faults); `nccl`: the simulated
 // topology's section when the recipe's algorithm is nccl (its chunking follows it).
 Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl = nullptr);

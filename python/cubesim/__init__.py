@@ -71,6 +71,7 @@ from ._cubesim import (
     cuda_built,
     cuda_device_count,
     current_rank,
+    checksum,
     det_gemm,
     det_gemm_backward_input,
     det_gemm_backward_weight,
@@ -110,6 +111,7 @@ def validate_topology(doc_or_path, origin=None):
     return load_topology(str(doc_or_path))
 
 
+from . import sdc  # noqa: E402  (silent data corruption: cubesim.sdc.run / campaign)
 from . import sweep  # noqa: E402  (design-space sweeps: cubesim.sweep.plan / run / load)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

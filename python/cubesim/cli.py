@@ -6,6 +6,7 @@
     cubesim bench collectives | gemm | tp | transfer | sim-core [options passed to the benchmark]
     cubesim xcheck [--topology NAME] [--tp N]... [options passed to cubesim-xcheck]
     cubesim calibrate [--base NAME] [--measurements FILE | --measure-only] [--out OVERLAY] [--check OVERLAY]
+    cubesim sdc run [--recipe FILE] [--set PATH=VALUE] [--dry-run] | campaign --faults N --seed S [--json FILE]
     cubesim sweep plan SPEC | run SPEC --db FILE [--executor thread|process|mpi] [--resume] | report DB |
                   export DB --csv FILE | plot DB --x PATH --y METRIC [--hue PATH] [--facet PATH]
 
@@ -821,6 +822,75 @@ def cmd_algorithms(args):
 # ---- main ----------------------------------------------------------------------------------------
 
 
+# ---- sdc -----------------------------------------------------------------------------------------
+
+
+def _sdc_context(args, recipe):
+    backend = backend_row(args.backend)
+    topo = None
+    if backend["simulates"]:
+        topo = cs.load_topology(args.topology, overrides=parse_sets(args.topo_set) or None)
+    elif args.topo_set:
+        raise UsageError(f"--topo-set changes a simulated topology: it needs --backend sim (not '{args.backend}')")
+    elif not backend["available"]:
+        raise UsageError(f"--backend {args.backend}: it cannot run here ({backend['why_not']})")
+    ranks = recipe["ranks"]
+    if topo is not None:
+        world = topo.num_cubes
+    elif backend["devices"] >= 0:
+        world = backend["devices"]
+    else:
+        world = ranks or 4  # the host: as many ranks as the recipe asks (4 by default)
+    if ranks > world:
+        raise UsageError(f"the recipe's ranks = {ranks} but {'topology ' + repr(topo.name) if topo else args.backend} "
+                         f"has {plural(world, 'device')}")
+    return topo, world
+
+
+def cmd_sdc_run(args):
+    out = Output(args.json)
+    recipe = cs.sdc.load_recipe(args.recipe, args.set or [])
+    topo, world = _sdc_context(args, recipe)
+    world = recipe["ranks"] or world
+    cs._cubesim._sdc_validate(recipe, world, topo)
+    if args.dry_run:
+        out.say(f"recipe {args.recipe or '(defaults)'}: valid for {plural(world, 'rank')} on "
+                f"{repr(topo.name) if topo else args.backend}")
+        out.say(json.dumps(recipe, indent=2))
+        out.json({"schema": "cubesim.sdc.recipe/1", "recipe": recipe, "ranks": world})
+        return EXIT_OK
+    ctx = cs.Context(args.backend, world_size=world, topology=topo)
+    with Progress(f"SDC model, {plural(world, 'rank')}"):
+        res = cs.sdc.run(recipe, context=ctx)
+    out.say(cs.sdc.format_result(res))
+    res["schema"] = "cubesim.sdc.run/1"
+    out.json(res)
+    if res["faults_not_fired"]:
+        print("cubesim: error: " + "; ".join(res["faults_not_fired"]), file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK if res["verdict"]["kind"] == "clean" else EXIT_FAILED
+
+
+def cmd_sdc_campaign(args):
+    out = Output(args.json)
+    recipe = cs.sdc.load_recipe(args.recipe, args.set or [])
+    topo = cs.load_topology(args.topology, overrides=parse_sets(args.topo_set) or None)
+    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    for s in sites:
+        if s not in cs.sdc.CAMPAIGN_SITES:
+            raise UsageError(f"--sites {args.sites}: '{s}' is not drawn by campaigns (valid: "
+                             f"{', '.join(cs.sdc.CAMPAIGN_SITES)})")
+    total = args.faults + args.clean_runs
+    with Progress(f"SDC campaign, {args.faults} faults + {args.clean_runs} clean runs", total=total) as bar:
+        c = cs.sdc.campaign(recipe, topology=topo, faults=args.faults, seed=args.seed, clean_runs=args.clean_runs,
+                            threads=args.threads, sites=sites, progress=lambda done, _total: bar.update(done),
+                            outcomes=bool(args.json))
+    out.say(cs.sdc.format_campaign(c))
+    c["schema"] = "cubesim.sdc.campaign/1"
+    out.json(c)
+    return EXIT_OK
+
+
 # ---- sweep ---------------------------------------------------------------------------------------
 
 
@@ -1161,6 +1231,45 @@ def build_parser():
     be = sub.add_parser("backends", help="the backends: name, whether it runs here (and why not), summary, options")
     json_opt(be)
     be.set_defaults(fn=cmd_backends)
+
+    sd = sub.add_parser("sdc", help="silent data corruption: the checksummed layer model, fault injection, campaigns",
+                        description="The SDC model: layers sharing one weight and one input, exact checksums at "
+                        "comm_input, comm_output, compute_input and compute_output, compared with a host replay; "
+                        "the verdict names where a corruption entered (comm or compute, layer, rank). Faults are "
+                        "injected into the simulated system from the recipe (run) or drawn by the thousand "
+                        "(campaign). See python/cubesim/sdc.py and docs/SDC.md.")
+    ssub = sd.add_subparsers(dest="sdc_command", metavar="SUBCOMMAND")
+    ssub.required = True
+
+    def recipe_opts(sp):
+        sp.add_argument("--recipe", metavar="FILE", help="a JSON recipe (default: every field at its default)")
+        sp.add_argument("--set", action="append", metavar="PATH=VALUE",
+                        help="override a recipe field by dotted path (repeatable), e.g. --set layers=16 "
+                        "--set faults.0.nth=3")
+        sp.add_argument("--topology", default="ring4", metavar="NAME|FILE", help="the simulated system (default ring4)")
+        sp.add_argument("--topo-set", action="append", metavar="PATH=VALUE",
+                        help="override a topology field by dotted path (repeatable)")
+
+    sr = ssub.add_parser("run", help="run the SDC model once (with the recipe's faults); exit 1 if it finds corruption")
+    recipe_opts(sr)
+    sr.add_argument("--backend", default="sim", choices=cs.backends(), help="where it runs (faults need sim)")
+    sr.add_argument("--dry-run", action="store_true", help="validate the recipe (and its faults against the topology), "
+                    "print it in full, run nothing")
+    json_opt(sr)
+    sr.set_defaults(fn=cmd_sdc_run)
+    sc = ssub.add_parser("campaign", help="inject many seeded faults; tally detection and localisation")
+    recipe_opts(sc)
+    sc.add_argument("--faults", type=int_in(0, 10_000_000, "a count from 0 to 10^7"), default=1000, metavar="N",
+                    help="faults to inject (default 1000)")
+    sc.add_argument("--seed", type=SEED, default=1, help="the campaign's seed: the same seed, the same table")
+    sc.add_argument("--clean-runs", type=int_in(0, 1_000_000, "a count from 0 to 10^6"), default=10, metavar="K",
+                    help="fault-free runs on fresh data, for false positives (default 10)")
+    sc.add_argument("--threads", type=int_in(0, 1024, "a count from 0 to 1024"), default=0, metavar="J",
+                    help="worker threads (default: one per core)")
+    sc.add_argument("--sites", default=",".join(cs.sdc.CAMPAIGN_SITES), metavar="LIST",
+                    help=f"fault sites to draw from (default {','.join(cs.sdc.CAMPAIGN_SITES)})")
+    json_opt(sc)
+    sc.set_defaults(fn=cmd_sdc_campaign)
 
     sw = sub.add_parser("sweep", help="design-space sweeps: plan, run (thread/process/MPI), report, export, plot",
                         description="Sweeps a job (the MLP step or a collective) over axes of topology fields and run "

@@ -26,6 +26,7 @@ void bind_sim_core(py::module_& m);
 void bind_topology(py::module_& m);
 void bind_runtime(py::module_& m);
 void bind_kernels_tp(py::module_& m);
+void bind_sdc(py::module_& m);
 
 namespace cubesim::pyb {
 
@@ -426,4 +427,5 @@ PYBIND11_MODULE(_cubesim, m) {
   bind_topology(m);
   bind_runtime(m);
   bind_kernels_tp(m);
+  bind_sdc(m);
 }

@@ -40,8 +40,7 @@ FaultModel parse_fault_model(std::string_view s, std::string_view what) {
 }
 
 std::string describe(const FaultRecord& r) {
-  return fmt::format("{} {} at {}: {} changing {} bit{} in {} [{:#x}, {:#x})", fault_site_name(r.site), r.unit,
-                     sim::format_time(r.time), fault_model_name(r.model), r.bits_changed,
+  return fmt::format("{} at {}: {} changing {} bit{} in {} [{:#x}, {:#x})", r.unit, sim::format_time(r.time), fault_model_name(r.model), r.bits_changed,
                      r.bits_changed == 1 ? "" : "s", r.memory, r.address, r.address + r.bytes);
 }
 
@@ -250,7 +249,7 @@ void FaultInjector::on_gemm_tile(int cube, int pe, Memory& tcm, std::uint64_t ad
     const FaultSpec& s = specs_[i];
     if (s.site != FaultSite::gemm_tile || state_[i].fired) continue;
     if ((s.cube != -1 && s.cube != cube) || (s.pe != -1 && s.pe != pe) || !due(i)) continue;
-    corrupt(i, fmt::format("cube{}.pe{}.mac", cube, pe), tcm, bytes, [addr](std::uint64_t off) { return addr + off; });
+    corrupt(i, fmt::format("cube{}.pe{}.mac (GEMM tile)", cube, pe), tcm, bytes, [addr](std::uint64_t off) { return addr + off; });
   }
 }
 
@@ -259,7 +258,7 @@ void FaultInjector::on_reduce(int cube, Memory& mem, std::uint64_t addr, std::ui
     const FaultSpec& s = specs_[i];
     if (s.site != FaultSite::reduce || state_[i].fired) continue;
     if ((s.cube != -1 && s.cube != cube) || !due(i)) continue;
-    corrupt(i, fmt::format("cube{}.reduce", cube), mem, bytes, [addr](std::uint64_t off) { return addr + off; });
+    corrupt(i, fmt::format("cube{} reduction step", cube), mem, bytes, [addr](std::uint64_t off) { return addr + off; });
   }
 }
 

@@ -78,7 +78,8 @@ struct FaultRecord {
   FaultSite site = FaultSite::link;
   FaultModel model = FaultModel::bit_flip;
   sim::Time time = 0;
-  std::string unit;           // the site's unit: "link c0->c1", "cube0.pe3.dma.write", "cube0.hbm"
+  std::string unit;           // the site's unit: "link c0->c1", "cube0.pe3.dma.write", "cube0.hbm",
+                              // "cube0.pe3.mac (GEMM tile)", "cube0 reduction step"
   std::string memory;         // the memory whose bytes changed: "cube1.hbm"
   int cube = -1;              // that memory's cube (-1: the host)
   std::uint64_t address = 0;  // its first byte changed (or looked at: a stuck-at that changed nothing)
@@ -87,7 +88,7 @@ struct FaultRecord {
   std::uint32_t bits_changed = 0;  // bits whose value changed (0: a stuck-at the word already held)
   std::uint64_t operation = 0;     // the matching operation's number (1-based; 0 at rest)
 };
-// "link c0->c1 at 12.5 us: bit_flip of 1 bit in cube1.hbm [0x1000, 0x1002)"
+// "link c0->c1 at 12.5 us: bit_flip changing 1 bit in cube1.hbm [0x1000, 0x1002)"
 std::string describe(const FaultRecord& r);
 
 // The model applied to a span of bytes (host memory): draws the words and bits from `seed`, changes
