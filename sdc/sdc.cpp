@@ -390,7 +390,7 @@ Recipe parse_recipe(const json& doc, std::string_view origin) {
 }
 
 void apply_overrides(json& doc, const std::vector<std::string>& sets, std::string_view origin) {
-  const json full = [&] {
+  auto shape_of = [&] {
     // The shape every path must exist in: the defaults, with the document's own faults (so
     // faults.<i> exists for each fault the document has).
     json f = recipe_to_json(Recipe{});
@@ -398,8 +398,9 @@ void apply_overrides(json& doc, const std::vector<std::string>& sets, std::strin
       for (std::size_t i = 0; i < doc["faults"].size(); ++i) f["faults"].push_back(fault_to_json(RecipeFault{}));
     }
     return f;
-  }();
+  };
   for (const std::string& s : sets) {
+    const json full = shape_of();  // after the overrides before it (one may set "faults")
     const auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0)
       throw std::invalid_argument(fmt::format("{}: override '{}': expected path=value (e.g. layers=16, faults.0.nth=3)", origin, s));
