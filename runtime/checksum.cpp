@@ -8,7 +8,7 @@
 
 namespace cubesim::rt {
 
-Checksums::Checksums(int rank, std::size_t slots) : rank_(rank), slots_(slots), host_(slots, 0) {
+Checksums::Checksums(int rank, std::size_t slots) : rank_(rank), slots_(slots), host_(slots, 0), taken_(slots, false) {
   Context& ctx = Context::current("Checksums");
   if (Context::current_rank("Checksums") != rank)
     throw RuntimeError(fmt::format("Checksums: made for rank {} on rank {}: a rank takes its own checksums", rank,
@@ -21,6 +21,9 @@ Checksums::~Checksums() = default;
 void Checksums::take(std::size_t slot, const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base) {
   if (slot >= slots_)
     throw RuntimeError(fmt::format("Checksums::take: slot {} of {} (valid: 0..{})", slot, slots_, slots_ - 1));
+  if (taken_[slot])
+    throw RuntimeError(fmt::format("Checksums::take: slot {} was taken already; each slot holds one checksum", slot));
+  taken_[slot] = true;
   Context& ctx = Context::current("checksum");
   ctx.check_owned(t, "checksum");
   if (t.device() != rank_)

@@ -34,8 +34,8 @@ class Checksums {
   Checksums& operator=(const Checksums&) = delete;
 
   std::size_t size() const { return slots_; }
-  // Takes t's checksum into `slot` (RuntimeError when the slot is out of range or t is not on this
-  // rank). A timing-only backend charges the time and stores 0.
+  // Takes t's checksum into `slot` (RuntimeError when the slot is out of range, already taken, or t
+  // is not on this rank). A timing-only backend charges the time and stores 0.
   void take(std::size_t slot, const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base = 0);
   // Every slot (0 where nothing was taken), in one read.
   std::vector<std::uint64_t> read();
@@ -45,6 +45,7 @@ class Checksums {
   std::size_t slots_;
   std::shared_ptr<void> device_;     // the backend's slots (cuda), or null
   std::vector<std::uint64_t> host_;  // the slots computed on host values
+  std::vector<bool> taken_;
 };
 
 }  // namespace cubesim::rt

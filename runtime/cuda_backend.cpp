@@ -406,6 +406,50 @@ bool CudaBackend::reduce(const Tensor& dst, const Tensor& src, ReduceOp op) {
   return true;
 }
 
+namespace {
+// A rank's checksum slots: device memory from the backend's pool, zeroed when made.
+struct ChecksumSlots {
+  std::shared_ptr<Storage> storage;
+  int rank = 0;
+};
+}  // namespace
+
+std::shared_ptr<void> CudaBackend::checksum_slots(int rank, std::size_t slots) {
+  auto cs = std::make_shared<ChecksumSlots>();
+  cs->rank = rank;
+  cs->storage = allocate(rank, std::max<std::uint64_t>(8, 8 * slots), "checksum slots");
+  Device& d = impl_->dev(rank);
+  d.use();
+  CUBESIM_CUDA_CHECK(cudaMemsetAsync(as_cuda(*cs->storage)->ptr(), 0, 8 * slots, d.stream));
+  return cs;
+}
+
+void CudaBackend::checksum(const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base, void* slots,
+                           std::size_t slot) {
+  auto& cs = *static_cast<ChecksumSlots*>(slots);
+  Device& d = impl_->dev(cs.rank);
+  d.use();
+  auto* dst = reinterpret_cast<std::uint64_t*>(as_cuda(*cs.storage)->ptr()) + slot;  // zeroed when made
+  if (t.is_contiguous() && as_cuda(t.storage())) {
+    cuda::checksum(dptr(t), t.dtype(), t.numel(), kind, base, dst, d.stream);
+    return;
+  }
+  // A strided view: its elements in row-major order through the host (rare: the runtime's views
+  // of checksummed tensors are contiguous).
+  const std::vector<std::uint8_t> bytes = t.to_host_bytes();
+  const std::uint64_t v = kernels::checksum(bytes.data(), t.dtype(), t.numel(), kind, base);
+  CUBESIM_CUDA_CHECK(cudaMemcpyAsync(dst, &v, 8, cudaMemcpyHostToDevice, d.stream));
+  CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d.stream));
+}
+
+void CudaBackend::read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) {
+  auto& cs = *static_cast<ChecksumSlots*>(slots);
+  Device& d = impl_->dev(cs.rank);
+  d.use();
+  CUBESIM_CUDA_CHECK(cudaMemcpyAsync(out, as_cuda(*cs.storage)->ptr(), 8 * n, cudaMemcpyDeviceToHost, d.stream));
+  CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d.stream));
+}
+
 bool CudaBackend::elementwise(const ElementwiseRequest& r) {
   using K = ElementwiseRequest::Kind;
   const Tensor& out = *r.out;

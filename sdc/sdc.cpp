@@ -163,6 +163,8 @@ struct RankOut {
   std::vector<sim::Time> starts;              // rank-fill, then each layer
   std::vector<std::uint8_t> fill;             // the gathered rank-fill buffer
   std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;  // per layer: shard, full, input, output
+  std::vector<std::uint64_t> regions;         // per step: the backend's begin_region token
+  std::vector<sim::Time> step_starts;         // per step: its start and end
 };
 
 int check_ranks(int world, const Recipe& r) {
@@ -179,7 +181,8 @@ int check_ranks(int world, const Recipe& r) {
 
 // Runs the model on ctx; `arm` (rank, tensors) adds the faults aimed at that rank's tensors.
 rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<RankOut>& out, bool keep_all_tensors,
-                        const std::function<void(int, const std::array<rt::Tensor, 4>*, int)>& arm) {
+                        const std::function<void(int, const std::array<rt::Tensor, 4>*, int)>& arm, int steps = 1,
+                        bool checksums = true, bool collect = true) {
   out.assign(static_cast<std::size_t>(p), {});
   const std::vector<std::uint8_t> w = weight_bytes(r);
   const std::int64_t rows = r.ffn / p;
@@ -230,42 +233,54 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
     }
     if (arm) arm(rank, t.data(), r.layers);
     const std::size_t per = slots_per_layer(p);
-    rt::Checksums cs(rank, per * static_cast<std::size_t>(r.layers));
-    for (int l = 0; l < r.layers; ++l) {
-      const auto& tl = t[static_cast<std::size_t>(l)];
-      const std::size_t base = per * static_cast<std::size_t>(l);
-      o.starts.push_back(ctx.simulator().now());
-      auto take = [&](std::size_t i, const rt::Tensor& x, std::uint64_t first = 0) {
-        cs.take(base + 2 * i, x, kernels::ChecksumKind::word, first);
-        cs.take(base + 2 * i + 1, x, kernels::ChecksumKind::mix, first);
-      };
-      take(0, tl[0]);
-      rt::all_gather(tl[1], tl[0], world, co);
-      for (int j = 0; j < p; ++j)
-        take(3 + static_cast<std::size_t>(j), tl[1].narrow(0, j * rows, rows), static_cast<std::uint64_t>(j * shard_n));
-      take(1, tl[2]);
-      rt::matmul(tl[2], tl[1].t(), nullptr, pre[static_cast<std::size_t>(l)], "sdc gemm");
-      rt::gelu(r.gelu, pre[static_cast<std::size_t>(l)], tl[3]);
-      take(2, tl[3]);
-    }
-    const std::vector<std::uint64_t> v = cs.read();
-    o.checks.resize(static_cast<std::size_t>(r.layers));
-    for (int l = 0; l < r.layers; ++l) {
-      const std::size_t base = per * static_cast<std::size_t>(l);
-      Checks& c = o.checks[static_cast<std::size_t>(l)];
-      c.chunk_word.assign(static_cast<std::size_t>(p), 0);
-      c.chunk_mix.assign(static_cast<std::size_t>(p), 0);
-      for (int j = 0; j < p; ++j) {
-        c.chunk_word[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j)];
-        c.chunk_mix[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j) + 1];
-        c.word[1] += c.chunk_word[static_cast<std::size_t>(j)];
-        c.mix[1] += c.chunk_mix[static_cast<std::size_t>(j)];
+    rt::Backend& be = ctx.backend();
+    for (int step = 0; step < steps; ++step) {
+      const std::uint64_t region = be.begin_region(rank, "step");
+      o.step_starts.push_back(ctx.simulator().now());
+      // One set of slots per step, read once at its end.
+      std::optional<rt::Checksums> cs;
+      if (checksums) cs.emplace(rank, per * static_cast<std::size_t>(r.layers));
+      for (int l = 0; l < r.layers; ++l) {
+        const auto& tl = t[static_cast<std::size_t>(l)];
+        const std::size_t base = per * static_cast<std::size_t>(l);
+        if (step == 0) o.starts.push_back(ctx.simulator().now());
+        auto take = [&](std::size_t i, const rt::Tensor& x, std::uint64_t first = 0) {
+          if (!cs) return;
+          cs->take(base + 2 * i, x, kernels::ChecksumKind::word, first);
+          cs->take(base + 2 * i + 1, x, kernels::ChecksumKind::mix, first);
+        };
+        take(0, tl[0]);
+        rt::all_gather(tl[1], tl[0], world, co);
+        for (int j = 0; j < p; ++j)
+          take(3 + static_cast<std::size_t>(j), tl[1].narrow(0, j * rows, rows), static_cast<std::uint64_t>(j * shard_n));
+        take(1, tl[2]);
+        rt::matmul(tl[2], tl[1].t(), nullptr, pre[static_cast<std::size_t>(l)], "sdc gemm");
+        rt::gelu(r.gelu, pre[static_cast<std::size_t>(l)], tl[3]);
+        take(2, tl[3]);
       }
-      c.word[0] = v[base], c.mix[0] = v[base + 1];
-      c.word[2] = v[base + 2], c.mix[2] = v[base + 3];
-      c.word[3] = v[base + 4], c.mix[3] = v[base + 5];
+      be.end_region(region);
+      o.regions.push_back(region);
+      o.step_starts.push_back(ctx.simulator().now());
+      if (!cs) continue;
+      const std::vector<std::uint64_t> v = cs->read();
+      o.checks.assign(static_cast<std::size_t>(r.layers), Checks{});
+      for (int l = 0; l < r.layers; ++l) {
+        const std::size_t base = per * static_cast<std::size_t>(l);
+        Checks& c = o.checks[static_cast<std::size_t>(l)];
+        c.chunk_word.assign(static_cast<std::size_t>(p), 0);
+        c.chunk_mix.assign(static_cast<std::size_t>(p), 0);
+        for (int j = 0; j < p; ++j) {
+          c.chunk_word[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j)];
+          c.chunk_mix[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j) + 1];
+          c.word[1] += c.chunk_word[static_cast<std::size_t>(j)];
+          c.mix[1] += c.chunk_mix[static_cast<std::size_t>(j)];
+        }
+        c.word[0] = v[base], c.mix[0] = v[base + 1];
+        c.word[2] = v[base + 2], c.mix[2] = v[base + 3];
+        c.word[3] = v[base + 4], c.mix[3] = v[base + 5];
+      }
     }
-    if (values) {
+    if (values && collect) {
       const int keep = keep_all_tensors ? r.layers : 1;
       o.tensors.resize(static_cast<std::size_t>(keep));
       for (int l = 0; l < keep; ++l)
@@ -705,6 +720,26 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
       }
   judge(res, *ref);
   return res;
+}
+
+std::vector<double> step_seconds(rt::Context& ctx, const Recipe& r, int steps, bool checksums) {
+  if (steps < 1 || steps > 1000000)
+    throw rt::RuntimeError(fmt::format("sdc: steps = {} (valid: 1 to 1000000)", steps));
+  if (!r.faults.empty()) throw rt::RuntimeError("sdc: step_seconds times a fault-free model; remove the faults");
+  const int p = check_ranks(ctx.world_size(), r);
+  std::vector<RankOut> out;
+  run_model(ctx, r, p, out, false, nullptr, steps, checksums, false);
+  std::vector<double> secs;
+  for (int s = 0; s < steps; ++s) {
+    double worst = 0;  // the slowest rank's step
+    for (const RankOut& o : out) {
+      const auto i = static_cast<std::size_t>(s);
+      const double m = ctx.backend().measures_time() ? ctx.backend().measured_seconds(o.regions[i]) : -1;
+      worst = std::max(worst, m >= 0 ? m : static_cast<double>(o.step_starts[2 * i + 1] - o.step_starts[2 * i]) * 1e-12);
+    }
+    secs.push_back(worst);
+  }
+  return secs;
 }
 
 Truth truth_of(const Result& r, const hw::FaultRecord& f) {

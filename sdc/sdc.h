@@ -142,6 +142,12 @@ Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl = nullptr);
 // naming the field. `ref`: the recipe's golden for the same rank count (made when null).
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref = nullptr);
 
+// The time of each of `steps` fault-free steps (every layer once), with or without the checksums:
+// measured on backends that measure (cuda: the slowest rank's GPU time of the step, checksums' device
+// reductions included, the one read per step after it), else simulated (sim: the slowest rank's).
+// Nothing is compared or read back: for the checksums' overhead (benches/bench_sdc).
+std::vector<double> step_seconds(rt::Context& ctx, const Recipe& r, int steps, bool checksums);
+
 // The verdict of a result's checks against the golden (run() calls it; exposed for tests).
 void judge(Result& res, const Golden& ref);
 

@@ -47,6 +47,31 @@ __global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t 
   }
 }
 
+// Integer sums are associative: each thread sums its elements, each warp its threads, and one
+// atomic add per warp lands in the slot; the order never changes the bits.
+__global__ void checksum_kernel(const void* x, int word_bytes, std::int64_t n, kernels::ChecksumKind kind,
+                                std::uint64_t base, unsigned long long* slot) {
+  std::uint64_t s = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t w;
+    if (word_bytes == 4) {
+      const std::int32_t v = static_cast<const std::int32_t*>(x)[i];
+      w = kind == kernels::ChecksumKind::word ? static_cast<std::uint64_t>(static_cast<std::int64_t>(v))
+                                              : static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));
+    } else {
+      const std::int16_t v = static_cast<const std::int16_t*>(x)[i];
+      w = kind == kernels::ChecksumKind::word ? static_cast<std::uint64_t>(static_cast<std::int64_t>(v))
+                                              : static_cast<std::uint64_t>(static_cast<std::uint16_t>(v));
+    }
+    s += kind == kernels::ChecksumKind::word
+             ? w
+             : kernels::fmix64(w + (base + static_cast<std::uint64_t>(i) + 1) * kernels::kMixStep);
+  }
+  for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+  if ((threadIdx.x & 31) == 0 && s != 0) atomicAdd(slot, static_cast<unsigned long long>(s));
+}
+
 __global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -89,6 +114,14 @@ __global__ void bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt,
 }
 
 }  // namespace
+
+void checksum(const void* x, DType t, std::int64_t n, kernels::ChecksumKind kind, std::uint64_t base,
+              std::uint64_t* slot, cudaStream_t stream) {
+  if (n <= 0) return;
+  checksum_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<int>(dtype_size(t)), n, kind, base,
+                                                           reinterpret_cast<unsigned long long*>(slot));
+  CUBESIM_CUDA_CHECK_LAUNCH("checksum_kernel");
+}
 
 void reduce(void* dst, const void* src, DType dtype, std::int64_t n, ReduceOp op, cudaStream_t stream) {
   if (n <= 0) return;

@@ -71,6 +71,7 @@ from ._cubesim import (
     cuda_built,
     cuda_device_count,
     current_rank,
+    abft_check,
     checksum,
     det_gemm,
     det_gemm_backward_input,

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "runtime/algorithms/table.h"
+#include "kernels/abft.h"
 #include "kernels/det_gemm.h"
 #include "kernels/elementwise.h"
 #include "tp/equivalence.h"
@@ -118,6 +119,32 @@ py::array det_gemm_py(const py::handle& a, const py::handle& b, const py::object
     else kernels::det_gemm(A.matrix(), B.matrix(), bias_op ? &bv : nullptr, C, opts);
   }
   return bytes_to_array(out, od, {A.rows, B.cols}, bits);
+}
+
+// Huang-Abraham checks of C against A and B (kernels/abft.h).
+py::dict abft_check_py(const py::handle& a, const py::handle& b, const py::handle& c, const py::object& bias,
+                       const std::optional<std::string>& dtype, const std::string& out_dtype, double z) {
+  const auto want = opt_dtype(dtype);
+  Operand A = operand(a, want, 2, "a"), B = operand(b, want, 2, "b");
+  const DType od = dtype_arg(out_dtype);
+  Operand C = operand(c, od, 2, "c");
+  std::optional<Operand> bias_op;
+  if (!bias.is_none()) bias_op = operand(bias, std::nullopt, 1, "bias");
+  kernels::AbftResult r;
+  {
+    ReleaseGil nogil;
+    kernels::VectorView bv;
+    if (bias_op) bv = bias_op->vector();
+    const auto enc = kernels::abft_encode(A.matrix(), B.matrix(), bias_op ? &bv : nullptr, od, {.z = z});
+    r = kernels::abft_verify(enc, C.matrix());
+  }
+  py::dict d;
+  d["ok"] = r.ok;
+  d["bad_rows"] = r.bad_rows;
+  d["bad_cols"] = r.bad_cols;
+  d["located"] = r.located;
+  d["worst_ratio"] = r.worst_ratio;
+  return d;
 }
 
 // ---- tp -----------------------------------------------------------------------------------------
@@ -358,6 +385,13 @@ void bind_kernels_tp(py::module_& m) {
         },
         py::arg("dc"), py::kw_only(), py::arg("dtype") = py::none(), py::arg("out_dtype") = "f32", py::arg("bits") = false,
         "dbias[N] = column sums of dC, m ascending from +0, rounded once to out_dtype.");
+  m.def("abft_check", &abft_check_py, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("bias") = py::none(),
+        py::kw_only(), py::arg("dtype") = py::none(), py::arg("out_dtype") = "f32", py::arg("z") = 10.0,
+        (std::string("Algorithm-based fault tolerance for C = A . B (+ bias) (kernels/abft.h): Huang-Abraham row and "
+                     "column checksums from A and B in f64, against C's row and column sums, each within z standard "
+                     "deviations of the modelled rounding (f32 accumulation over K, C's dtype). Returns {ok, bad_rows, "
+                     "bad_cols, located: [(row, col)], worst_ratio: the largest |residual| / threshold}. c is read in "
+                     "out_dtype (uint16 arrays as bf16/f16 bits).") + operand_doc).c_str());
   m.def("cpu_has_avx2_fma", &kernels::cpu_has_avx2_fma, "Whether det_gemm's AVX2/FMA micro-kernel runs on this CPU.");
 
   // ---- tp ----

@@ -144,8 +144,8 @@ TEST(Abft, NoFalsePositiveOnCleanRandomGemms) {
         worst = std::max(worst, v.worst_ratio);
         ++gemms;
       }
-  // The threshold is z = 10 standard deviations of a deliberately pessimistic model: clean residuals
-  // stay far inside it.
+  // The threshold is z = 10 standard deviations of the modelled rounding: clean residuals stay far
+  // inside it (a few standard deviations at most).
   EXPECT_LT(worst, 0.5) << gemms << " gemms";
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "runtime/backend_registry.h"
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
 #include "sdc/campaign.h"
@@ -258,6 +259,32 @@ TEST(SdcCampaign, BadOptionsAreRefused) {
   o = {};
   r.faults = {RecipeFault{}};
   EXPECT_THROW(run_campaign(hw::load_topology("ring4"), r, o), rt::RuntimeError);
+}
+
+}  // namespace
+}  // namespace cubesim::sdc
+
+namespace cubesim::sdc {
+namespace {
+
+// On GPUs: the checksums are device reductions; a clean run must match the host replay bit for bit on
+// every layer and rank (skips where no GPU can run).
+TEST(SdcCuda, CleanRunsMatchTheHostReplay) {
+  std::unique_ptr<rt::Context> ctx;
+  try {
+    ctx = rt::make_context("cuda", {});
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    Recipe r = small_recipe();
+    r.ranks = ctx->world_size();
+    r.ffn = 128 * ctx->world_size();
+    r.weight_seed = seed;
+    const Result res = run(*ctx, r);
+    EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean) << res.verdict.text;
+    EXPECT_TRUE(res.changed_tensors.empty());
+  }
 }
 
 }  // namespace
