@@ -78,9 +78,7 @@ template <class F>
 auto parse_field(std::string_view origin, const std::string& path, F&& f) {
   try {
     return f();
-  } catch (const std::invalid_argument& e) {
-    bad(origin, path, e.what());
-  } catch (const rt::RuntimeError& e) {
+  } catch (const std::invalid_argument& e) {  // rt::RuntimeError too
     bad(origin, path, e.what());
   }
 }
@@ -641,6 +639,11 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
         s.address = st.addr() + x.byte_offset() + std::min(f.spec.address, x.nbytes() - 1);
         s.bytes = std::min(f.spec.bytes ? f.spec.bytes : x.nbytes(), st.addr() + x.byte_offset() + x.nbytes() - s.address);
         s.at = at_of(f);
+        if (s.at && *s.at < ctx.simulator().now())
+          throw rt::RuntimeError(fmt::format(
+              "sdc: faults.{}.at_us = {}: the {} of layer {} on rank {} exists only from {} us on (when the rank "
+              "placed it); give a later at_us",
+              i, f.at_us, f.tensor, f.layer, rank, static_cast<double>(ctx.simulator().now() - t0) / 1e6));
         inj->add(s, fmt::format("faults.{}", i));
         slot[i] = static_cast<std::ptrdiff_t>(inj->specs().size()) - 1;
       }
