@@ -1,7 +1,7 @@
 // bench_sdc — the SDC model's checksums: their overhead on the step (with against without, same run)
 // and false positives on fault-free runs, on any backend.
 //
-//   bench_sdc [--backend sim|host|cuda] [--ranks N] [--layers N] [--tokens N] [--hidden N] [--ffn N]
+//   bench_sdc [--backend sim|host|cuda] [--gemm-mode exact|tensor_core] [--ranks N] [--layers N] [--tokens N] [--hidden N] [--ffn N]
 //             [--steps N] [--clean-runs K] [--topology NAME] [--json FILE] [--quick]
 //
 // Overhead: `steps` steps of the model (every layer: all_gather of the weight shard, GEMM + GELU)
@@ -18,6 +18,7 @@
 
 #include "bench_util.h"
 #include "runtime/backend_registry.h"
+#include "runtime/checksum.h"
 #include "sdc/sdc.h"
 #include "sim/hw/topology.h"
 
@@ -33,7 +34,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_sdc");
-  std::string backend = "sim", topology = "ring4";
+  std::string backend = "sim", topology = "ring4", gemm_mode = "exact";
   int ranks = 0, steps = 20, clean_runs = 40;
   sdc::Recipe big;
   big.layers = 8, big.tokens = 8192, big.hidden = 4096, big.ffn = 4096;
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     };
     if (a == "--backend") backend = next();
     else if (a == "--topology") topology = next();
+    else if (a == "--gemm-mode") gemm_mode = next();
     else if (a == "--ranks") ranks = std::stoi(next());
     else if (a == "--layers") big.layers = std::stoi(next());
     else if (a == "--tokens") big.tokens = std::stoll(next());
@@ -53,27 +55,29 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--clean-runs") clean_runs = std::stoi(next());
     else {
-      fmt::print(stderr, "bench_sdc: unknown argument '{}' (valid: --backend, --topology, --ranks, --layers, --tokens, "
+      fmt::print(stderr, "bench_sdc: unknown argument '{}' (valid: --backend, --gemm-mode, --topology, --ranks, --layers, --tokens, "
                          "--hidden, --ffn, --steps, --clean-runs, --json FILE, --quick)\n", a);
       return 2;
     }
   }
   if (args.quick) big.tokens = 256, big.hidden = 256, big.ffn = 512, big.layers = 4, steps = 3, clean_runs = 4;
   const hw::Topology topo = hw::load_topology(topology);
-  auto make = [&] {
+  auto make = [&](bool for_timing) {
     rt::ContextOptions o;
     o.world_size = ranks;
     if (backend == "host" && ranks == 0) o.world_size = 4;
     rt::BackendArgs ba;
     if (backend == "sim") ba.topology = &topo;
     if (backend == "sim" && big.tokens * big.ffn > (1 << 22)) ba.options = {{"timing_only", true}};
+    // The clean runs compare against the host replay: the exact GEMM, whatever --gemm-mode times.
+    if (backend == "cuda" && for_timing) ba.options = {{"gemm_mode", gemm_mode}};
     return rt::make_context(backend, o, ba);
   };
   nlohmann::json out = {{"bench", "bench_sdc"}, {"backend", backend}};
 
   // ---- overhead ----
   {
-    auto ctx = make();
+    auto ctx = make(true);
     big.ranks = ranks;
     if (ctx->backend().name() != std::string_view("sim")) big.ranks = ctx->world_size();
     // Warm-up: allocations, NCCL communicators, first launches.
@@ -84,21 +88,50 @@ int main(int argc, char** argv) {
       without.push_back(sdc::step_seconds(*ctx, big, 1, false).at(0));
     }
     const double mw = median(with), mo = median(without);
-    Table t({"backend", "ranks", "layers", "x", "W", "steps", "step with (ms)", "without (ms)", "overhead"});
-    t.row({backend, std::to_string(ctx->world_size()), std::to_string(big.layers),
+    Table t({"backend", "gemm", "ranks", "layers", "x", "W", "steps", "step with (ms)", "without (ms)", "overhead"});
+    t.row({backend, backend == "cuda" ? gemm_mode : "-", std::to_string(ctx->world_size()), std::to_string(big.layers),
            fmt::format("[{}, {}]", big.tokens, big.hidden), fmt::format("[{}, {}]", big.ffn, big.hidden),
            std::to_string(steps), fmt::format("{:.3f}", mw * 1e3), fmt::format("{:.3f}", mo * 1e3),
            fmt::format("{:+.2f}%", (mw / mo - 1) * 100)});
     t.print();
-    out["overhead"] = {{"ranks", ctx->world_size()}, {"layers", big.layers}, {"tokens", big.tokens},
+    out["overhead"] = {{"gemm_mode", gemm_mode}, {"ranks", ctx->world_size()}, {"layers", big.layers}, {"tokens", big.tokens},
                        {"hidden", big.hidden}, {"ffn", big.ffn}, {"steps", steps}, {"with_s", with},
                        {"without_s", without}, {"median_with_s", mw}, {"median_without_s", mo},
                        {"overhead", mw / mo - 1}, {"target", 0.02}, {"measured", ctx->backend().measures_time()}};
   }
 
+  // ---- one checksum pass (word and mix) over a [tokens, hidden] tensor: its rate ----
+  if (!args.quick) {
+    auto ctx = make(true);
+    const int reps = 20;
+    double secs = 0;
+    const std::int64_t n = big.tokens * big.hidden;
+    ctx->spawn(1, [&](int rank) {
+      rt::Tensor x = ctx->empty(rank, {n}, big.dtype, "x");
+      rt::Checksums warm(rank, 2);
+      warm.take_pair(0, 1, x);
+      warm.read();
+      rt::Checksums cs(rank, 2 * reps);
+      const sim::Time t0 = ctx->simulator().now();
+      const std::uint64_t region = ctx->backend().begin_region(rank, "checksums");
+      for (int k = 0; k < reps; ++k) cs.take_pair(2 * k, 2 * k + 1, x);
+      ctx->backend().end_region(region);
+      cs.read();
+      secs = ctx->backend().measures_time() ? -static_cast<double>(region)
+                                            : static_cast<double>(ctx->simulator().now() - t0) * 1e-12;
+    });
+    if (secs < 0) secs = ctx->backend().measured_seconds(static_cast<std::uint64_t>(-secs));
+    const double bytes = static_cast<double>(n) * static_cast<double>(dtype_size(big.dtype)) * reps;
+    Table t({"backend", "tensor", "passes", "seconds", "GB/s"});
+    t.row({backend, fmt::format("{}[{}]", dtype_name(big.dtype), n), std::to_string(reps), fmt::format("{:.6f}", secs),
+           fmt::format("{:.0f}", bytes / secs / 1e9)});
+    t.print();
+    out["checksum_pass"] = {{"elements", n}, {"passes", reps}, {"seconds", secs}, {"GBps", bytes / secs / 1e9}};
+  }
+
   // ---- false positives ----
   {
-    auto ctx = make();
+    auto ctx = make(false);
     sdc::Recipe small;
     small.ranks = backend == "sim" ? 0 : ctx->world_size();
     if (ctx->backend().timing_only()) {

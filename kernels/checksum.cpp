@@ -17,32 +17,33 @@ ChecksumKind parse_checksum_kind(std::string_view s) {
 
 namespace {
 template <class W>
-std::uint64_t sum_words(const unsigned char* p, std::int64_t count, ChecksumKind kind, std::uint64_t base) {
+ChecksumPair sum_words(const unsigned char* p, std::int64_t count, std::uint64_t base, bool want_mix) {
   using U = std::make_unsigned_t<W>;
-  std::uint64_t s = 0;
-  if (kind == ChecksumKind::word) {
-    for (std::int64_t i = 0; i < count; ++i) {
-      W w;
-      std::memcpy(&w, p + i * sizeof(W), sizeof(W));
-      s += static_cast<std::uint64_t>(static_cast<std::int64_t>(w));
-    }
-  } else {
-    std::uint64_t pos = (base + 1) * kMixStep;
-    for (std::int64_t i = 0; i < count; ++i, pos += kMixStep) {
-      U w;
-      std::memcpy(&w, p + i * sizeof(W), sizeof(W));
-      s += fmix64(static_cast<std::uint64_t>(w) + pos);
-    }
+  ChecksumPair s;
+  for (std::int64_t i = 0; i < count; ++i) {
+    W w;
+    std::memcpy(&w, p + i * sizeof(W), sizeof(W));
+    s.word += static_cast<std::uint64_t>(static_cast<std::int64_t>(w));
+    if (want_mix) s.mix += mix_term(static_cast<U>(w), base + static_cast<std::uint64_t>(i));
   }
   return s;
 }
-}  // namespace
 
-std::uint64_t checksum(const void* data, DType dtype, std::int64_t count, ChecksumKind kind, std::uint64_t base) {
+ChecksumPair sums(const void* data, DType dtype, std::int64_t count, std::uint64_t base, bool want_mix) {
   if (count < 0) throw std::invalid_argument(fmt::format("checksum: negative element count {}", count));
   const auto* p = static_cast<const unsigned char*>(data);
-  if (dtype_size(dtype) == 4) return sum_words<std::int32_t>(p, count, kind, base);
-  return sum_words<std::int16_t>(p, count, kind, base);
+  if (dtype_size(dtype) == 4) return sum_words<std::int32_t>(p, count, base, want_mix);
+  return sum_words<std::int16_t>(p, count, base, want_mix);
+}
+}  // namespace
+
+ChecksumPair checksum_pair(const void* data, DType dtype, std::int64_t count, std::uint64_t base) {
+  return sums(data, dtype, count, base, true);
+}
+
+std::uint64_t checksum(const void* data, DType dtype, std::int64_t count, ChecksumKind kind, std::uint64_t base) {
+  const ChecksumPair s = sums(data, dtype, count, base, kind == ChecksumKind::mix);
+  return kind == ChecksumKind::word ? s.word : s.mix;
 }
 
 }  // namespace cubesim::kernels

@@ -6,13 +6,15 @@
 // associative, the result is the same whatever order a device reduces in (the cuda kernel sums in
 // any order and gives these bits).
 //
-//   word   S = sum_i sext(w_i)                                   (the recipe's checksum)
-//   mix    M = sum_i fmix64(zext(w_i) + (base + i + 1) * kMixStep)
+//   word   S = sum_i sext(w_i)                                            (the recipe's checksum)
+//   mix    M = sum_i fmix32(zext(w_i) ^ lo32((base + i + 1) * kMixStep))   (each term < 2^32)
 //
 // `word` detects any change to a single element (the sum moves by a nonzero amount below 2^32)
-// but not two elements swapping places. `mix` is position-sensitive: fmix64 (MurmurHash3's
-// finalizer) is a bijection of 64-bit values, so a change to one element always moves M, and a
-// permutation or several changes cancel out only by a 2^-64 coincidence. Both are additive over
+// but not two elements swapping places. `mix` is position-sensitive: fmix32 (MurmurHash3's 32-bit
+// finalizer) is a bijection of 32-bit values and the position enters by xor, so a change to one
+// element always moves M, and a permutation or several changes cancel out only by a coincidence of
+// about 2^-32. It costs two 32-bit multiplies per element (cheap on a GPU, where 64-bit multiplies
+// are not), so one pass computes both sums at memory speed. Both are additive over
 // disjoint pieces: the checksum of a tensor is the sum of its chunks' checksums when each chunk
 // passes its first element's index as `base` (so a gathered buffer's sum is its chunks' sums).
 //
@@ -34,7 +36,21 @@ ChecksumKind parse_checksum_kind(std::string_view s);
 
 inline constexpr std::uint64_t kMixStep = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio, odd
 
-// MurmurHash3's 64-bit finalizer: a bijection (each step is invertible).
+// MurmurHash3's 32-bit finalizer: a bijection (each step is invertible).
+constexpr std::uint32_t fmix32(std::uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+// One term of the mix sum: the word (zero-extended) at index `pos` of its tensor.
+constexpr std::uint64_t mix_term(std::uint32_t word, std::uint64_t pos) {
+  return fmix32(word ^ static_cast<std::uint32_t>((pos + 1) * kMixStep));
+}
+
+// MurmurHash3's 64-bit finalizer: a bijection (each step is invertible); seeds and patterns.
 constexpr std::uint64_t fmix64(std::uint64_t h) {
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
@@ -47,5 +63,10 @@ constexpr std::uint64_t fmix64(std::uint64_t h) {
 // The checksum of `count` elements of `dtype` at `data` (host memory, any alignment); `base` is the
 // index of data's first element in the tensor it belongs to (mix only).
 std::uint64_t checksum(const void* data, DType dtype, std::int64_t count, ChecksumKind kind, std::uint64_t base = 0);
+// Both kinds in one pass: {word, mix}.
+struct ChecksumPair {
+  std::uint64_t word = 0, mix = 0;
+};
+ChecksumPair checksum_pair(const void* data, DType dtype, std::int64_t count, std::uint64_t base = 0);
 
 }  // namespace cubesim::kernels

@@ -146,11 +146,12 @@ class Backend {
 
   // Checksums where the data lives (runtime/checksum.h), for backends that compute them on their
   // device: checksum_slots() makes `slots` zeroed 64-bit slots on `rank` (null: the runtime computes
-  // on host values and charge()s the time), checksum() takes one into a slot (t is on the calling rank),
+  // on host values and charge()s the time), checksum() takes t's word sum into slot `word` and its mix
+  // sum into slot `mix` in one pass over t (either may be kNoSlot: not taken; t is on the calling rank),
   // read_checksums() copies all of them to the host in one read.
+  static constexpr std::size_t kNoSlot = ~std::size_t{0};
   virtual std::shared_ptr<void> checksum_slots(int rank, std::size_t slots) { return nullptr; }
-  virtual void checksum(const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base, void* slots,
-                        std::size_t slot) {}
+  virtual void checksum(const Tensor& t, std::uint64_t base, void* slots, std::size_t word, std::size_t mix) {}
   virtual void read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) {}
 
   // A logical point where a fault may strike (hw::FaultSpec's sites gemm_tile and reduce): the runtime

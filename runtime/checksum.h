@@ -9,6 +9,7 @@
 //
 //   rt::Checksums cs(rank, 4 * layers);
 //   cs.take(4 * l + 0, shard, kernels::ChecksumKind::word);
+//   cs.take_pair(8 * l + 0, 8 * l + 1, shard);            // word and mix, one pass
 //   ...
 //   std::vector<std::uint64_t> v = cs.read();
 //
@@ -37,10 +38,14 @@ class Checksums {
   // Takes t's checksum into `slot` (RuntimeError when the slot is out of range, already taken, or t
   // is not on this rank). A timing-only backend charges the time and stores 0.
   void take(std::size_t slot, const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base = 0);
+  // Both kinds in one pass over t: the word sum into `word_slot`, the mix sum into `mix_slot`.
+  void take_pair(std::size_t word_slot, std::size_t mix_slot, const Tensor& t, std::uint64_t base = 0);
   // Every slot (0 where nothing was taken), in one read.
   std::vector<std::uint64_t> read();
 
  private:
+  // Checks and marks the slots; the backend's pass into them (kNoSlot: not taken).
+  void take_slots(std::size_t word, std::size_t mix, const Tensor& t, std::uint64_t base);
   int rank_;
   std::size_t slots_;
   std::shared_ptr<void> device_;     // the backend's slots (cuda), or null

@@ -424,21 +424,23 @@ std::shared_ptr<void> CudaBackend::checksum_slots(int rank, std::size_t slots) {
   return cs;
 }
 
-void CudaBackend::checksum(const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base, void* slots,
-                           std::size_t slot) {
+void CudaBackend::checksum(const Tensor& t, std::uint64_t base, void* slots, std::size_t word, std::size_t mix) {
   auto& cs = *static_cast<ChecksumSlots*>(slots);
   Device& d = impl_->dev(cs.rank);
   d.use();
-  auto* dst = reinterpret_cast<std::uint64_t*>(as_cuda(*cs.storage)->ptr()) + slot;  // zeroed when made
+  auto* p = reinterpret_cast<std::uint64_t*>(as_cuda(*cs.storage)->ptr());  // zeroed when made
+  std::uint64_t* w = word == kNoSlot ? nullptr : p + word;
+  std::uint64_t* m = mix == kNoSlot ? nullptr : p + mix;
   if (t.is_contiguous() && as_cuda(t.storage())) {
-    cuda::checksum(dptr(t), t.dtype(), t.numel(), kind, base, dst, d.stream);
+    cuda::checksum(dptr(t), t.dtype(), t.numel(), base, w, m, d.stream);
     return;
   }
   // A strided view: its elements in row-major order through the host (rare: the runtime's views
   // of checksummed tensors are contiguous).
   const std::vector<std::uint8_t> bytes = t.to_host_bytes();
-  const std::uint64_t v = kernels::checksum(bytes.data(), t.dtype(), t.numel(), kind, base);
-  CUBESIM_CUDA_CHECK(cudaMemcpyAsync(dst, &v, 8, cudaMemcpyHostToDevice, d.stream));
+  const kernels::ChecksumPair v = kernels::checksum_pair(bytes.data(), t.dtype(), t.numel(), base);
+  if (w) CUBESIM_CUDA_CHECK(cudaMemcpyAsync(w, &v.word, 8, cudaMemcpyHostToDevice, d.stream));
+  if (m) CUBESIM_CUDA_CHECK(cudaMemcpyAsync(m, &v.mix, 8, cudaMemcpyHostToDevice, d.stream));
   CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d.stream));
 }
 

@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
   bool collective(const CollectiveRequest& r) override;
   // Checksums on the GPU (kernels/cuda: a device reduction into device slots, one read per step).
   std::shared_ptr<void> checksum_slots(int rank, std::size_t slots) override;
-  void checksum(const Tensor& t, kernels::ChecksumKind kind, std::uint64_t base, void* slots, std::size_t slot) override;
+  void checksum(const Tensor& t, std::uint64_t base, void* slots, std::size_t word, std::size_t mix) override;
   void read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) override;
   std::uint64_t begin_region(int rank, std::string_view kind) override;
   void end_region(std::uint64_t token) override;

@@ -243,9 +243,7 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
         const std::size_t base = per * static_cast<std::size_t>(l);
         if (step == 0) o.starts.push_back(ctx.simulator().now());
         auto take = [&](std::size_t i, const rt::Tensor& x, std::uint64_t first = 0) {
-          if (!cs) return;
-          cs->take(base + 2 * i, x, kernels::ChecksumKind::word, first);
-          cs->take(base + 2 * i + 1, x, kernels::ChecksumKind::mix, first);
+          if (cs) cs->take_pair(base + 2 * i, base + 2 * i + 1, x, first);
         };
         take(0, tl[0]);
         rt::all_gather(tl[1], tl[0], world, co);

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dtype_cuda.cuh"
@@ -49,27 +51,87 @@ __global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t 
 
 // Integer sums are associative: each thread sums its elements, each warp its threads, and one
 // atomic add per warp lands in the slot; the order never changes the bits.
-__global__ void checksum_kernel(const void* x, int word_bytes, std::int64_t n, kernels::ChecksumKind kind,
-                                std::uint64_t base, unsigned long long* slot) {
-  std::uint64_t s = 0;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t w;
-    if (word_bytes == 4) {
-      const std::int32_t v = static_cast<const std::int32_t*>(x)[i];
-      w = kind == kernels::ChecksumKind::word ? static_cast<std::uint64_t>(static_cast<std::int64_t>(v))
-                                              : static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));
+// Each thread reads 16 bytes at a time (8 bf16/f16 or 4 f32 words) where x is 16-byte aligned, so the
+// pass runs at memory speed; the elements before the first aligned vector and after the last go one
+// by one.
+template <class W, bool kMix>
+__device__ __forceinline__ void checksum_add(W v, std::uint64_t pos, std::uint64_t& sw, std::uint64_t& sm) {
+  using U = std::make_unsigned_t<W>;
+  sw += static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+  if constexpr (kMix) sm += kernels::mix_term(static_cast<U>(v), pos);
+}
+
+template <class W, bool kMix>
+__global__ void checksum_kernel(const W* x, std::int64_t n, std::int64_t head, std::uint64_t base,
+                                unsigned long long* word, unsigned long long* mix) {
+  constexpr int kPer = 16 / sizeof(W);
+  std::uint64_t sw = 0, sm = 0;
+  const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t nvec = (n - head) / kPer;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+  for (std::int64_t v = tid; v < nvec; v += stride) {
+    const uint4 q = xv[v];
+    W w[kPer];
+    memcpy(w, &q, 16);
+    const std::uint64_t pos = base + static_cast<std::uint64_t>(head + v * kPer);
+    // Eight int16 words sum exactly in 32 bits: one wide add per vector for the word sum (f32 words
+    // are added wide). The mix terms' positions step by a 32-bit add.
+    if constexpr (sizeof(W) == 2) {
+      std::int32_t s32 = 0;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) s32 += w[k];
+      sw += static_cast<std::uint64_t>(static_cast<std::int64_t>(s32));
     } else {
-      const std::int16_t v = static_cast<const std::int16_t*>(x)[i];
-      w = kind == kernels::ChecksumKind::word ? static_cast<std::uint64_t>(static_cast<std::int64_t>(v))
-                                              : static_cast<std::uint64_t>(static_cast<std::uint16_t>(v));
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) sw += static_cast<std::uint64_t>(static_cast<std::int64_t>(w[k]));
     }
-    s += kind == kernels::ChecksumKind::word
-             ? w
-             : kernels::fmix64(w + (base + static_cast<std::uint64_t>(i) + 1) * kernels::kMixStep);
+    if constexpr (kMix) {
+      // lo32((pos + k + 1) * kMixStep) = lo32(pos + k + 1) * lo32(kMixStep): 32-bit arithmetic.
+      constexpr std::uint32_t step = static_cast<std::uint32_t>(kernels::kMixStep);
+      std::uint32_t h = (static_cast<std::uint32_t>(pos) + 1u) * step;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k, h += step)
+        sm += kernels::fmix32(static_cast<std::uint32_t>(static_cast<std::make_unsigned_t<W>>(w[k])) ^ h);
+    }
   }
-  for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
-  if ((threadIdx.x & 31) == 0 && s != 0) atomicAdd(slot, static_cast<unsigned long long>(s));
+  // The elements outside the vectors: [0, head) and [head + nvec * kPer, n).
+  const std::int64_t tail0 = head + nvec * kPer;
+  for (std::int64_t i = tid; i < head + (n - tail0); i += stride) {
+    const std::int64_t e = i < head ? i : tail0 + (i - head);
+    checksum_add<W, kMix>(x[e], base + static_cast<std::uint64_t>(e), sw, sm);
+  }
+  // Warp sums, then the block's in shared memory, then one atomic per block and slot (atomics on
+  // one address serialize: one per warp would cost more than the pass).
+  for (int off = 16; off > 0; off /= 2) {
+    sw += __shfl_down_sync(0xffffffffu, sw, off);
+    if constexpr (kMix) sm += __shfl_down_sync(0xffffffffu, sm, off);
+  }
+  __shared__ std::uint64_t warp_w[kThreads / 32], warp_m[kThreads / 32];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) warp_w[wid] = sw, warp_m[wid] = sm;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint64_t bw = 0, bm = 0;
+    for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) bw += warp_w[i], bm += warp_m[i];
+    if (word && bw) atomicAdd(word, static_cast<unsigned long long>(bw));
+    if (kMix && bm) atomicAdd(mix, static_cast<unsigned long long>(bm));
+  }
+}
+
+template <class W>
+void launch_checksum(const void* x, std::int64_t n, std::uint64_t base, unsigned long long* w, unsigned long long* m,
+                     cudaStream_t stream) {
+  constexpr int kPer = 16 / sizeof(W);
+  const auto addr = reinterpret_cast<std::uintptr_t>(x);
+  // Elements before the first 16-byte boundary (x is at least element-aligned).
+  const std::int64_t head = std::min<std::int64_t>(n, static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(W)));
+  const std::int64_t work = (n - head) / kPer + head + (n - head) % kPer;
+  const auto* p = static_cast<const W*>(x);
+  // A few vectors per thread and no more blocks than fill the GPU a few times over: fewer atomics.
+  const unsigned blocks = std::min(blocks_for((work + 3) / 4), 132u * 8u);
+  if (m) checksum_kernel<W, true><<<blocks, kThreads, 0, stream>>>(p, n, head, base, w, m);
+  else checksum_kernel<W, false><<<blocks, kThreads, 0, stream>>>(p, n, head, base, w, m);
 }
 
 __global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
@@ -115,11 +177,13 @@ __global__ void bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt,
 
 }  // namespace
 
-void checksum(const void* x, DType t, std::int64_t n, kernels::ChecksumKind kind, std::uint64_t base,
-              std::uint64_t* slot, cudaStream_t stream) {
-  if (n <= 0) return;
-  checksum_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, static_cast<int>(dtype_size(t)), n, kind, base,
-                                                           reinterpret_cast<unsigned long long*>(slot));
+void checksum(const void* x, DType t, std::int64_t n, std::uint64_t base, std::uint64_t* word, std::uint64_t* mix,
+              cudaStream_t stream) {
+  if (n <= 0 || (!word && !mix)) return;
+  auto* w = reinterpret_cast<unsigned long long*>(word);
+  auto* m = reinterpret_cast<unsigned long long*>(mix);
+  if (dtype_size(t) == 4) launch_checksum<std::int32_t>(x, n, base, w, m, stream);
+  else launch_checksum<std::int16_t>(x, n, base, w, m, stream);
   CUBESIM_CUDA_CHECK_LAUNCH("checksum_kernel");
 }
 

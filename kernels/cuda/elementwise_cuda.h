@@ -9,8 +9,8 @@
 //                f32 sum with a NaN operand is NaN with the GPU's payload (the host keeps the operand's)
 //   gelu, gelu_backward, add, add_bias   elementwise in f32 (kernels/elementwise.h, as runtime/ops.cpp)
 //   bias_grad    db[n] = sum over rows m ascending from +0.0f (det_gemm_bias_grad)
-//   checksum     *slot += kernels::checksum(x) (word or mix, kernels/checksum.h): 64-bit integer sums,
-//                per warp and then atomically into the slot, in any order: the host's bits
+//   checksum     *word, *mix += kernels::checksum_pair(x) (kernels/checksum.h): 64-bit integer sums,
+//                per warp and then atomically into the slots, in any order: the host's bits
 // Every launcher is asynchronous on `stream` and throws cubesim::cuda::CudaError naming the kernel
 // when the launch fails. Tensors are contiguous; n may be 0.
 #pragma once
@@ -39,8 +39,9 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
 void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                cudaStream_t stream);
 
-// Adds the checksum of n elements of x (the first at index `base` of its tensor) to *slot, a
-// 64-bit integer in device memory (zero it first to take one checksum).
-void checksum(const void* x, DType t, std::int64_t n, kernels::ChecksumKind kind, std::uint64_t base,
-              std::uint64_t* slot, cudaStream_t stream);
+// Adds the word and mix checksums of n elements of x (the first at index `base` of its tensor) to
+// *word and *mix, 64-bit integers in device memory (zero them first to take one checksum; either may
+// be null: not computed), in one pass over x.
+void checksum(const void* x, DType t, std::int64_t n, std::uint64_t base, std::uint64_t* word, std::uint64_t* mix,
+              cudaStream_t stream);
 }  // namespace cubesim::cuda

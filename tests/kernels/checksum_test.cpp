@@ -34,8 +34,11 @@ std::uint64_t reference(const std::vector<std::uint8_t>& b, DType t, ChecksumKin
       const std::int64_t v = static_cast<std::int64_t>(u) - ((u >> (8 * w - 1)) ? (std::int64_t{1} << (8 * w)) : 0);
       s += static_cast<unsigned __int128>(static_cast<std::uint64_t>(v));
     } else {
-      const unsigned __int128 pos = static_cast<unsigned __int128>(base + i + 1) * kMixStep;
-      s += fmix64(u + static_cast<std::uint64_t>(pos));
+      // fmix32 spelled out (MurmurHash3's constants), the position's low 32 bits by 128-bit product.
+      const auto pos = static_cast<std::uint32_t>(static_cast<unsigned __int128>(base + i + 1) * kMixStep);
+      std::uint32_t h = static_cast<std::uint32_t>(u) ^ pos;
+      h ^= h >> 16, h *= 0x85ebca6bu, h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
+      s += h;
     }
   }
   return static_cast<std::uint64_t>(s);
@@ -75,6 +78,13 @@ TEST(Checksum, OnlyMixCatchesSwappedWords) {
   ASSERT_NE(b[10] | (b[11] << 8), b[400] | (b[401] << 8));
   EXPECT_EQ(checksum(b.data(), DType::bf16, 512, ChecksumKind::word), word);
   EXPECT_NE(checksum(b.data(), DType::bf16, 512, ChecksumKind::mix), mix);
+}
+
+TEST(Checksum, ThePairIsBothKinds) {
+  const auto b = random_bytes(2 * 999, 12);
+  const ChecksumPair p = checksum_pair(b.data(), DType::bf16, 999, 17);
+  EXPECT_EQ(p.word, checksum(b.data(), DType::bf16, 999, ChecksumKind::word, 17));
+  EXPECT_EQ(p.mix, checksum(b.data(), DType::bf16, 999, ChecksumKind::mix, 17));
 }
 
 TEST(Checksum, ChunksAddUpToTheWhole) {
