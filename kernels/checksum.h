@@ -50,16 +50,6 @@ constexpr std::uint64_t mix_term(std::uint32_t word, std::uint64_t pos) {
   return fmix32(word ^ static_cast<std::uint32_t>((pos + 1) * kMixStep));
 }
 
-// MurmurHash3's 64-bit finalizer: a bijection (each step is invertible); seeds and patterns.
-constexpr std::uint64_t fmix64(std::uint64_t h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return h;
-}
-
 // The checksum of `count` elements of `dtype` at `data` (host memory, any alignment); `base` is the
 // index of data's first element in the tensor it belongs to (mix only).
 std::uint64_t checksum(const void* data, DType dtype, std::int64_t count, ChecksumKind kind, std::uint64_t base = 0);

@@ -12,6 +12,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/address_hash.h"
 
 namespace cubesim::sdc {
 
@@ -35,7 +36,7 @@ std::string unit_label(const hw::FaultSpec& s) {
 // Fault i of a campaign, from (seed, i) alone.
 RecipeFault draw(std::uint64_t seed, std::uint64_t i, const std::vector<std::vector<std::pair<RecipeFault, std::uint64_t>>>& by_site,
                  int word_bytes) {
-  std::mt19937_64 rng(kernels::fmix64(seed ^ kernels::fmix64(i + 1)));
+  std::mt19937_64 rng(hw::mix64(seed ^ hw::mix64(i + 1)));
   std::vector<std::size_t> live;
   for (std::size_t s = 0; s < by_site.size(); ++s)
     if (!by_site[s].empty()) live.push_back(s);

@@ -16,6 +16,7 @@
 #include "runtime/ops.h"
 #include "runtime/process_group.h"
 #include "runtime/sim_backend.h"
+#include "sim/hw/address_hash.h"
 #include "sim/hw/topology.h"
 
 namespace cubesim::sdc {
@@ -133,7 +134,7 @@ std::vector<std::uint8_t> input_bytes(const Recipe& r, int rank) {
 
 // The rank-fill pattern: word i of rank q's buffer.
 std::uint32_t fill_word(int q, std::int64_t i) {
-  return static_cast<std::uint32_t>(kernels::fmix64((static_cast<std::uint64_t>(q) << 40) ^ static_cast<std::uint64_t>(i)));
+  return static_cast<std::uint32_t>(hw::mix64((static_cast<std::uint64_t>(q) << 40) ^ static_cast<std::uint64_t>(i)));
 }
 std::vector<std::uint8_t> fill_bytes(int q, std::int64_t n, DType t) {
   const std::size_t w = dtype_size(t);
@@ -297,6 +298,30 @@ std::string hex_word(const std::uint8_t* p, std::size_t w) {
   std::uint32_t v = 0;
   std::memcpy(&v, p, w);
   return fmt::format("{:#0{}x}", v, 2 + 2 * static_cast<int>(w));
+}
+
+// Arms the recipe's faults that are not aimed at a tensor (those wait for their rank to place the
+// tensor) in `inj`, their times from t0; slot[i]: the injector's spec of recipe fault i (-1: not yet).
+// RuntimeError naming the fault's field for a spec the system cannot take.
+std::vector<std::ptrdiff_t> arm_untargeted(hw::FaultInjector& inj, const Recipe& r, int p, sim::Time t0) {
+  std::vector<std::ptrdiff_t> slot(r.faults.size(), -1);
+  for (std::size_t i = 0; i < r.faults.size(); ++i) {
+    const RecipeFault& f = r.faults[i];
+    if (!f.tensor.empty()) {
+      if (f.rank >= p)
+        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
+      continue;
+    }
+    hw::FaultSpec spec = f.spec;
+    if (f.at_us >= 0) spec.at = t0 + static_cast<sim::Time>(std::llround(f.at_us * 1e6));
+    try {
+      inj.add(spec, fmt::format("faults.{}", i));
+    } catch (const hw::FaultError& e) {
+      throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
+    }
+    slot[i] = static_cast<std::ptrdiff_t>(inj.specs().size()) - 1;
+  }
+  return slot;
 }
 
 }  // namespace
@@ -563,21 +588,7 @@ void validate(const Recipe& r, int world_size, const hw::Topology* topo) {
                                        r.faults.size()));
   sim::Simulator s;
   hw::System sys(s, *topo);
-  for (std::size_t i = 0; i < r.faults.size(); ++i) {
-    const RecipeFault& f = r.faults[i];
-    if (!f.tensor.empty()) {
-      if (f.rank >= p)
-        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
-      continue;
-    }
-    hw::FaultSpec spec = f.spec;
-    if (f.at_us >= 0) spec.at = static_cast<sim::Time>(std::llround(f.at_us * 1e6));
-    try {
-      sys.faults().add(spec, fmt::format("faults.{}", i));
-    } catch (const hw::FaultError& e) {
-      throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
-    }
-  }
+  arm_untargeted(sys.faults(), r, p, 0);
 }
 
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
@@ -605,23 +616,7 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     if (f.at_us < 0) return std::nullopt;
     return t0 + static_cast<sim::Time>(std::llround(f.at_us * 1e6));
   };
-  std::vector<std::ptrdiff_t> slot(r.faults.size(), -1);  // recipe fault -> the injector's spec
-  for (std::size_t i = 0; i < r.faults.size(); ++i) {
-    const RecipeFault& f = r.faults[i];
-    if (!f.tensor.empty()) {
-      if (f.rank >= p)
-        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
-      continue;
-    }
-    hw::FaultSpec s = f.spec;
-    s.at = at_of(f);
-    try {
-      inj->add(s, fmt::format("faults.{}", i));
-    } catch (const hw::FaultError& e) {
-      throw rt::RuntimeError(fmt::format("sdc: {}", e.what()));
-    }
-    slot[i] = static_cast<std::ptrdiff_t>(inj->specs().size()) - 1;
-  }
+  std::vector<std::ptrdiff_t> slot = inj ? arm_untargeted(*inj, r, p, t0) : std::vector<std::ptrdiff_t>{};
   std::function<void(int, const std::array<rt::Tensor, 4>*, int)> arm;
   if (inj) {
     arm = [&](int rank, const std::array<rt::Tensor, 4>* t, int layers) {
