@@ -33,7 +33,9 @@ void Checksums::take_slots(std::size_t word, std::size_t mix, const Tensor& t, s
   for (std::size_t slot : {word, mix}) {
     if (slot == Backend::kNoSlot) continue;
     if (slot >= slots_)
-      throw RuntimeError(fmt::format("Checksums::take: slot {} of {} (valid: 0..{})", slot, slots_, slots_ - 1));
+      throw RuntimeError(slots_ == 0 ? fmt::format("Checksums::take: slot {}, but these Checksums have no slots", slot)
+                                     : fmt::format("Checksums::take: slot {} of {} (valid: 0..{})", slot, slots_,
+                                                   slots_ - 1));
     if (taken_[slot])
       throw RuntimeError(fmt::format("Checksums::take: slot {} was taken already; each slot holds one checksum", slot));
   }

@@ -7,9 +7,9 @@
 // host computes them for free. Every backend gives the same bits (integer sums do not depend on
 // the order a device adds in).
 //
-//   rt::Checksums cs(rank, 4 * layers);
-//   cs.take(4 * l + 0, shard, kernels::ChecksumKind::word);
-//   cs.take_pair(8 * l + 0, 8 * l + 1, shard);            // word and mix, one pass
+//   rt::Checksums cs(rank, 8 * layers);
+//   cs.take(8 * l + 0, shard, kernels::ChecksumKind::word);
+//   cs.take_pair(8 * l + 2, 8 * l + 3, x);                // word and mix, one pass
 //   ...
 //   std::vector<std::uint64_t> v = cs.read();
 //

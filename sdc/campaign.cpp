@@ -21,6 +21,7 @@ using nlohmann::json;
 void Tally::add(const Outcome& o) {
   ++injected;
   fired += o.fired, activated += o.activated, detected += o.detected, by_word += o.by_word, by_mix += o.by_mix;
+  by_rank_fill += o.by_rank_fill;
   localised += o.localised, masked += o.masked, silent += o.silent;
 }
 
@@ -66,7 +67,7 @@ Outcome judge_outcome(std::uint64_t index, const RecipeFault& f, const Result& r
   if (o.fired) o.record = res.faults.front();
   o.verdict = res.verdict;
   o.detected = !res.divergences.empty();
-  for (const auto& d : res.divergences) o.by_word |= d.word, o.by_mix |= d.mix;
+  for (const auto& d : res.divergences) o.by_word |= d.word, o.by_mix |= d.mix, o.by_rank_fill |= d.layer < 0;
   o.activated = o.detected || !res.changed_tensors.empty();
   if (!res.changed_tensors.empty()) o.changed = res.changed_tensors.front();
   if (o.fired) {
@@ -174,10 +175,11 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
           const Result res = run(*ctx, r);
           clean_bad[static_cast<std::size_t>(j)] = !res.divergences.empty() || !res.changed_tensors.empty();
         }
-        const std::uint64_t d = done.fetch_add(1) + 1;
         if (o.progress) {
-          std::lock_guard lock(mu);
-          o.progress(d, total);
+          std::lock_guard lock(mu);  // counted under the lock: the callback sees done rise by one each time
+          o.progress(++done, total);
+        } else {
+          ++done;
         }
       }
     } catch (...) {
@@ -209,7 +211,7 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
 namespace {
 json tally_json(const Tally& t) {
   return json{{"injected", t.injected}, {"fired", t.fired},       {"activated", t.activated},
-              {"detected", t.detected}, {"by_word", t.by_word},   {"by_mix", t.by_mix},
+              {"detected", t.detected}, {"by_word", t.by_word},   {"by_mix", t.by_mix}, {"by_rank_fill", t.by_rank_fill},
               {"localised", t.localised}, {"masked", t.masked}, {"silent", t.silent}};
 }
 }  // namespace
@@ -241,6 +243,7 @@ json campaign_to_json(const CampaignResult& c, bool with_outcomes) {
                       {"detected", o.detected},
                       {"by_word", o.by_word},
                       {"by_mix", o.by_mix},
+                      {"by_rank_fill", o.by_rank_fill},
                       {"localised", o.localised},
                       {"masked", o.masked},
                       {"silent", o.silent}});

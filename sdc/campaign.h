@@ -10,7 +10,7 @@
 // false positives.
 //
 // Per fault: fired (the injector logged it), activated (some tensor or checksum differs from the
-// replay), detected (some checksum differs; which kinds), localised (the verdict's kind, layer and rank
+// replay), detected (some checksum or the rank-fill pattern differs; by which), localised (the verdict's kind, layer and rank
 // are the fault's truth_of), masked (fired, nothing changed), silent (a value changed and no checksum saw it).
 //
 //   sdc::CampaignOptions o{.faults = 1000, .seed = 7};
@@ -48,13 +48,13 @@ struct Outcome {
   hw::FaultRecord record;  // when fired
   Truth truth;
   Verdict verdict;
-  bool activated = false, detected = false, by_word = false, by_mix = false, localised = false;
+  bool activated = false, detected = false, by_word = false, by_mix = false, by_rank_fill = false, localised = false;
   bool masked = false, silent = false;
   std::string changed;  // the first tensor that changed, if any
 };
 
 struct Tally {
-  std::uint64_t injected = 0, fired = 0, activated = 0, detected = 0, by_word = 0, by_mix = 0, localised = 0,
+  std::uint64_t injected = 0, fired = 0, activated = 0, detected = 0, by_word = 0, by_mix = 0, by_rank_fill = 0, localised = 0,
                 masked = 0, silent = 0;
   void add(const Outcome& o);
 };

@@ -300,6 +300,29 @@ std::string hex_word(const std::uint8_t* p, std::size_t w) {
   return fmt::format("{:#0{}x}", v, 2 + 2 * static_cast<int>(w));
 }
 
+// The bytes of a model tensor on a rank: shard, full, input, output.
+std::uint64_t tensor_bytes(const Recipe& r, int p, int which) {
+  const std::int64_t n[] = {r.ffn / p * r.hidden, r.ffn * r.hidden, r.tokens * r.hidden, r.tokens * r.ffn};
+  return static_cast<std::uint64_t>(n[which]) * dtype_size(r.dtype);
+}
+int tensor_index(const std::string& name) {
+  return static_cast<int>(std::find(std::begin(kTensorNames), std::end(kTensorNames), name) - std::begin(kTensorNames));
+}
+
+// A tensor-aimed fault's rank and region inside its tensor: RuntimeError naming the field otherwise.
+void check_aimed(const Recipe& r, int p, std::size_t i) {
+  const RecipeFault& f = r.faults[i];
+  if (f.rank >= p)
+    throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
+  const std::uint64_t n = tensor_bytes(r, p, tensor_index(f.tensor));
+  const std::uint64_t esz = dtype_size(r.dtype);
+  if (f.spec.address >= n || f.spec.address % esz != 0 || f.spec.bytes > n - f.spec.address)
+    throw rt::RuntimeError(fmt::format(
+        "sdc: faults.{}: address {} and bytes {} are not inside the {} ({} bytes; the address a multiple of {}, "
+        "bytes 0 for the rest of the tensor)",
+        i, f.spec.address, f.spec.bytes, f.tensor, n, esz));
+}
+
 // Arms the recipe's faults that are not aimed at a tensor (those wait for their rank to place the
 // tensor) in `inj`, their times from t0; slot[i]: the injector's spec of recipe fault i (-1: not yet).
 // RuntimeError naming the fault's field for a spec the system cannot take.
@@ -308,8 +331,7 @@ std::vector<std::ptrdiff_t> arm_untargeted(hw::FaultInjector& inj, const Recipe&
   for (std::size_t i = 0; i < r.faults.size(); ++i) {
     const RecipeFault& f = r.faults[i];
     if (!f.tensor.empty()) {
-      if (f.rank >= p)
-        throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
+      check_aimed(r, p, i);
       continue;
     }
     hw::FaultSpec spec = f.spec;
@@ -359,18 +381,31 @@ Recipe parse_recipe(const json& doc, std::string_view origin) {
   r.hidden = get_int<std::int64_t>(doc, "hidden", d.hidden, 1, 1 << 20, origin, "");
   r.ffn = get_int<std::int64_t>(doc, "ffn", d.ffn, 1, 1 << 20, origin, "");
   r.ranks = get_int<int>(doc, "ranks", d.ranks, 0, rt::kMaxRanks, origin, "");
+  // Every rank holds each layer's tensors: a bound on their elements, before any allocation.
+  constexpr std::int64_t kMaxElements = std::int64_t{1} << 28;
+  for (const auto& [name, n] : {std::pair<const char*, std::int64_t>{"ffn x hidden (the weight)", r.ffn * r.hidden},
+                                {"tokens x hidden (the input)", r.tokens * r.hidden},
+                                {"tokens x ffn (the output)", r.tokens * r.ffn}}) {
+    if (n > kMaxElements)
+      bad(origin, "tokens/hidden/ffn",
+          fmt::format("{} = {} elements; the SDC model allows at most 2^28 per tensor", name, n));
+  }
+  if (static_cast<std::int64_t>(r.layers) * (r.ffn * r.hidden + r.tokens * r.hidden + 2 * r.tokens * r.ffn) >
+      (std::int64_t{1} << 32))
+    bad(origin, "layers", fmt::format("{} layers of these sizes hold more than 2^32 elements per rank; give fewer "
+                                      "layers or smaller tensors", r.layers));
   r.weight_seed = get_int<std::uint64_t>(doc, "weight_seed", d.weight_seed, 0, 18446744073709551615.0L, origin, "");
   r.input_seed = get_int<std::uint64_t>(doc, "input_seed", d.input_seed, 0, 18446744073709551615.0L, origin, "");
   const std::string dt = get_string(doc, "dtype", "bf16", origin, "");
   r.dtype = parse_field(origin, "dtype", [&] { return parse_dtype(dt); });
   const std::string alg = get_string(doc, "algorithm", "ring", origin, "");
   r.algorithm = parse_field(origin, "algorithm", [&] { return rt::parse_algorithm(alg); });
-  const auto ok = rt::supported_algorithms("all_gather");
-  if (std::find(ok.begin(), ok.end(), r.algorithm) == ok.end()) {
-    std::string list;
-    for (auto a : ok) list += (list.empty() ? "" : ", ") + std::string(rt::algorithm_name(a));
-    bad(origin, "algorithm", fmt::format("'{}' cannot run all_gather (valid: {})", alg, list));
-  }
+  // The verdict's comm rank follows the chunk's forwarding order: ring (owner, owner+1, ...) or direct
+  // (straight from the owner); other algorithms forward in orders the verdict does not model.
+  if (r.algorithm != rt::Algorithm::ring && r.algorithm != rt::Algorithm::direct)
+    bad(origin, "algorithm", fmt::format("'{}' is not supported by the SDC model (valid: ring, direct: the verdict "
+                                         "locates a corrupted chunk along their forwarding order)",
+                                         alg));
   const std::string g = get_string(doc, "gelu", "tanh", origin, "");
   r.gelu = parse_field(origin, "gelu", [&] { return kernels::parse_gelu_kind(g); });
   if (doc.contains("rank_fill")) {
@@ -458,7 +493,7 @@ void apply_overrides(json& doc, const std::vector<std::string>& sets, std::strin
       so_far += (so_far.empty() ? "" : ".") + key;
       if (shape->is_array()) {
         std::size_t idx = 0;
-        const bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), ::isdigit);
+        const bool numeric = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), ::isdigit);
         if (numeric) idx = std::stoul(key);
         if (!numeric || idx >= shape->size())
           throw std::invalid_argument(fmt::format("{}: override '{}': '{}' is not an entry of the list: it has {} "
@@ -513,7 +548,7 @@ void judge(Result& res, const Golden& ref) {
   // The rank-fill check: chunk j must be rank j's pattern, exactly.
   // (Its errors were found when the result was made; here they become divergences.)
   for (const auto& [rank, chunk] : res.rank_fill_bad)
-    res.divergences.push_back({-1, rank, Point::comm_output, chunk, true, true});
+    res.divergences.push_back({-1, rank, Point::comm_output, chunk, false, false});  // seen by the pattern, not a checksum
   for (int l = 0; l < r.layers; ++l) {
     for (Point pt : kPoints) {
       for (int rank = 0; rank < p; ++rank) {
@@ -600,6 +635,7 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
                                        r.faults.size(), ctx.backend().name(),
                                        ctx.backend().timing_only() ? ", timing-only" : ""));
   Golden own;
+  if (ctx.backend().timing_only()) ref = nullptr;  // no values to compare
   if (!ref && !ctx.backend().timing_only()) {
     own = golden(r, p, ctx.backend().topology() ? &ctx.backend().topology()->nccl : nullptr);
     ref = &own;
@@ -610,6 +646,13 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   for (int rank = 0; rank < p; ++rank) res.cubes.push_back(ctx.backend().device_of(rank));
   hw::FaultInjector* inj = sim ? &sim->system().faults() : nullptr;
   if (inj) inj->clear();
+  // Whatever happens (a refused fault, a failed rank), nothing of this run stays armed.
+  struct Disarm {
+    hw::FaultInjector* inj;
+    ~Disarm() {
+      if (inj) inj->clear();
+    }
+  } disarm{inj};
   const sim::Time t0 = ctx.simulator().now();
   // Faults not aimed at a tensor are armed now; those aimed at one, when their rank has placed it.
   auto at_of = [&](const RecipeFault& f) -> std::optional<sim::Time> {
@@ -623,14 +666,12 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
       for (std::size_t i = 0; i < r.faults.size(); ++i) {
         const RecipeFault& f = r.faults[i];
         if (f.tensor.empty() || f.rank != rank || f.layer >= layers) continue;
-        const int which = static_cast<int>(std::find(std::begin(kTensorNames), std::end(kTensorNames), f.tensor) -
-                                           std::begin(kTensorNames));
-        const rt::Tensor& x = t[f.layer][static_cast<std::size_t>(which)];
+        const rt::Tensor& x = t[f.layer][static_cast<std::size_t>(tensor_index(f.tensor))];
         const auto& st = static_cast<const rt::SimStorage&>(x.storage());
-        hw::FaultSpec s = f.spec;
+        hw::FaultSpec s = f.spec;  // its region was checked against the tensor (check_aimed)
         s.cube = sim->device_of(rank);
-        s.address = st.addr() + x.byte_offset() + std::min(f.spec.address, x.nbytes() - 1);
-        s.bytes = std::min(f.spec.bytes ? f.spec.bytes : x.nbytes(), st.addr() + x.byte_offset() + x.nbytes() - s.address);
+        s.address = st.addr() + x.byte_offset() + f.spec.address;
+        s.bytes = f.spec.bytes ? f.spec.bytes : x.nbytes() - f.spec.address;
         s.at = at_of(f);
         if (s.at && *s.at < ctx.simulator().now())
           throw rt::RuntimeError(fmt::format(
@@ -652,18 +693,29 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
       res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)] = std::move(o.checks[static_cast<std::size_t>(l)]);
   }
   if (inj) {
-    res.faults = inj->log();
+    // At-rest faults strike by events of their own, which the simulator runs even after every rank has
+    // finished: one that struck after the run changed nothing the run used.
+    const sim::Time end = t0 + res.report.sim_time;
+    std::vector<std::size_t> late;
+    for (const auto& rec : inj->log()) {
+      if (rec.time > end) late.push_back(rec.spec);
+      else res.faults.push_back(rec);
+    }
     const std::vector<std::size_t> pending = inj->pending();
     for (std::size_t i = 0; i < r.faults.size(); ++i) {
       const hw::FaultSpec& s = r.faults[i].spec;
       const bool armed = slot[i] >= 0;
       const auto k = static_cast<std::size_t>(std::max<std::ptrdiff_t>(slot[i], 0));
       res.fault_operations.push_back(armed ? inj->seen(k) : 0);
-      if (armed && std::find(pending.begin(), pending.end(), k) == pending.end()) continue;  // it fired
+      const bool after = armed && std::find(late.begin(), late.end(), k) != late.end();
+      if (armed && !after && std::find(pending.begin(), pending.end(), k) == pending.end()) continue;  // it fired
       const std::string when = r.faults[i].at_us >= 0 ? fmt::format("at {} us", r.faults[i].at_us) : fmt::format("nth {}", s.nth);
       res.faults_not_fired.push_back(fmt::format(
           "faults.{} ({}, {}): never fired{}; the run took {} (its matching operations: {})", i,
-          hw::fault_site_name(s.site), when, armed ? "" : " (its rank never placed the tensor)",
+          hw::fault_site_name(s.site), when,
+          !armed  ? " (its rank never placed the tensor)"
+          : after ? " during the run (it struck after the last rank finished)"
+                  : "",
           sim::format_time(ctx.simulator().now() - t0), res.fault_operations.back()));
     }
     // The faults' log names the injector's specs; give it the recipe's numbering.

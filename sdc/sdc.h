@@ -12,11 +12,10 @@
 // all_gather of buffers whose every word names its rank and position, verified exactly.
 //
 // The expected checksums come from a replay on the host backend (the numerics contract makes every
-// backend's bits equal), so a checksum is compared exactly, not within a tolerance, and also across
-// layers. The verdict is the first divergence in program order: a comm_input or compute_input that
+// backend's bits equal), so a checksum is compared exactly, not within a tolerance. The verdict is the first divergence in program order: a comm_input or compute_input that
 // differs means the data was corrupted at rest (`memory`); a comm_output chunk that differs while
 // the inputs match means the collective (`comm`; the rank is where the chunk first differs along
-// the ring's forwarding order from its owner); a compute_output that differs while everything before
+// the ring's forwarding order from its owner (the algorithm is ring or direct)); a compute_output that differs while everything before
 // it matches means compute (`compute`).
 //
 //   sdc::Recipe r = sdc::parse_recipe(json, "recipe.json");
@@ -91,7 +90,7 @@ struct Divergence {
   int rank = 0;
   Point point = Point::comm_output;
   int chunk = -1;  // comm_output: the chunk (its owner's rank)
-  bool word = false, mix = false;  // which checksums differ
+  bool word = false, mix = false;  // which checksums differ (neither: the rank-fill pattern saw it)
 };
 
 struct Verdict {

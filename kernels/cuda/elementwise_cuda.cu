@@ -49,8 +49,8 @@ __global__ void reduce_kernel(void* dst, const void* src, DType t, std::int64_t 
   }
 }
 
-// Integer sums are associative: each thread sums its elements, each warp its threads, and one
-// atomic add per warp lands in the slot; the order never changes the bits.
+// Integer sums are associative: each thread sums its elements, each warp and block its threads, and
+// one atomic add per block lands in each slot; the order never changes the bits.
 // Each thread reads 16 bytes at a time (8 bf16/f16 or 4 f32 words) where x is 16-byte aligned, so the
 // pass runs at memory speed; the elements before the first aligned vector and after the last go one
 // by one.

@@ -142,12 +142,13 @@ def format_result(res, max_rows=64):
 def format_campaign(c):
     """The campaign's tallies as a table (all, then by site and by model) and the clean runs."""
     from ._table import format_table
-    head = ["faults", "injected", "fired", "activated", "detected", "by word", "by mix", "localised", "masked",
-            "silent"]
+    head = ["faults", "injected", "fired", "activated", "detected", "by word", "by mix", "by rank-fill", "localised",
+            "masked", "silent"]
 
     def row(name, t):
         return [name, str(t["injected"]), str(t["fired"]), str(t["activated"]),
                 f"{t['detected']} ({_pct(t['detected'], t['activated'])})", str(t["by_word"]), str(t["by_mix"]),
+                str(t["by_rank_fill"]),
                 f"{t['localised']} ({_pct(t['localised'], t['detected'])})", str(t["masked"]), str(t["silent"])]
     rows = [row("all", c["total"])]
     rows += [row(f"site {k}", v) for k, v in c["by_site"].items()]

@@ -120,7 +120,10 @@ void FaultInjector::add(const FaultSpec& s, std::string_view where) {
                                    sys_->topology().name, cubes - 1, required ? "" : " (or -1: any cube)"));
   };
   auto check_pe = [&](bool required) {
-    const int pes = s.cube >= 0 ? sys_->cube(s.cube).num_pes() : sys_->cube(0).num_pes();
+    int pes = 0;  // the cube's PEs, or any cube's (-1): the most a cube has
+    if (s.cube >= 0) pes = sys_->cube(s.cube).num_pes();
+    else
+      for (int c = 0; c < cubes; ++c) pes = std::max(pes, sys_->cube(c).num_pes());
     if ((required || s.pe != -1) && (s.pe < 0 || s.pe >= pes))
       throw FaultError(fmt::format("{}.pe = {}: a cube of '{}' has PEs 0..{}{}", where, s.pe, sys_->topology().name,
                                    pes - 1, required ? "" : " (or -1: any PE)"));

@@ -32,6 +32,7 @@ int bits_differing(const std::vector<std::byte>& a, const std::vector<std::byte>
 struct Moved {
   std::vector<std::vector<std::byte>> sent, got;
   std::vector<FaultRecord> log;
+  std::uint64_t event_hash = 0;
 };
 Moved move_messages(const std::vector<FaultSpec>& faults, int n = 3, std::uint64_t bytes = 65536) {
   sim::Simulator sim;
@@ -49,6 +50,7 @@ Moved move_messages(const std::vector<FaultSpec>& faults, int n = 3, std::uint64
   });
   sim.run();
   m.log = sys.faults().log();
+  m.event_hash = sim.event_order_hash();
   return m;
 }
 
@@ -239,10 +241,19 @@ TEST(Fault, BadSpecsAreRefusedNamingTheField) {
   for (FaultModel m : kFaultModels) EXPECT_EQ(parse_fault_model(fault_model_name(m)), m);
 }
 
-TEST(Fault, NoFaultArmedChangesNoEventAndNoByte) {
+TEST(Fault, AFaultThatNeverFiresChangesNoEventAndNoByte) {
   const Moved clean = move_messages({});
   for (int i = 0; i < 3; ++i) EXPECT_EQ(clean.got[i], clean.sent[i]);
   EXPECT_TRUE(clean.log.empty());
+  // Armed on a link off the route: the same events in the same order, the same bytes.
+  const Moved armed = move_messages({FaultSpec{.site = FaultSite::link, .link = link_on_route(2, 0, 0), .seed = 1}});
+  EXPECT_EQ(armed.event_hash, clean.event_hash);
+  EXPECT_EQ(armed.got, clean.got);
+  // Firing changes the bytes but not the timing: the same events.
+  const Moved fired = move_messages({FaultSpec{.site = FaultSite::link, .link = link_on_route(0, 2, 0), .seed = 1}});
+  ASSERT_EQ(fired.log.size(), 1u);
+  EXPECT_EQ(fired.event_hash, clean.event_hash);
+  EXPECT_NE(fired.got[0], clean.got[0]);
 }
 
 }  // namespace
