@@ -2,6 +2,7 @@
 // and the async handle.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -13,6 +14,12 @@ class Event;
 }
 
 namespace cubesim::rt {
+
+class Tensor;
+
+// Told after each reduction step a collective's algorithm runs on the calling rank, in the rank's
+// order of steps: `received` the chunk that arrived, `reduced` the destination after the step.
+using ReduceTap = std::function<void(const Tensor& received, const Tensor& reduced)>;
 
 // The reduce ops and their arithmetic live with the kernels (kernels/reduce.h).
 using kernels::ReduceOp;
@@ -31,6 +38,9 @@ struct CollectiveOptions {
   std::optional<bool> accumulate_f32 = {}; // carry bf16/f16 partial sums in f32 (one rounding at the end)
   int hierarchy = 0;                       // hierarchical: ranks per inner group (0: context default)
   bool async_op = false;                   // return at once; Work::wait() blocks until done
+  // Checks inside a reduction chain (sdc's tensor-parallel mode): called with values only, and not
+  // when the backend runs the whole collective itself (NCCL on cuda). Must outlive the collective.
+  const ReduceTap* reduce_tap = nullptr;
 };
 
 // The handle of a collective. A synchronous call returns a completed one.

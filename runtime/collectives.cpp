@@ -40,6 +40,7 @@ struct Call {
   const algo::Row& algorithm;  // the table's row of the chosen algorithm
   bool acc_f32;
   algo::Params params;
+  const ReduceTap* reduce_tap = nullptr;
 };
 
 Call prologue(Collective kind, const std::vector<const Tensor*>& tensors, ProcessGroup* group,
@@ -72,7 +73,8 @@ Call prologue(Collective kind, const std::vector<const Tensor*>& tensors, Proces
               .rank = rank,
               .algorithm = row,
               .acc_f32 = o.accumulate_f32.value_or(ctx.options().accumulate_f32),
-              .params = {.hierarchy = o.hierarchy ? o.hierarchy : ctx.options().hierarchy}};
+              .params = {.hierarchy = o.hierarchy ? o.hierarchy : ctx.options().hierarchy},
+              .reduce_tap = o.reduce_tap};
 }
 
 // Runs the chosen algorithm's body for collective k (the prologue checked that it has one), after
@@ -90,6 +92,7 @@ void run_algorithm(const Call& c, Collective k, const algo::Body<Fn>& body, Comm
 template <class Body>
 Work launch(const Call& call, const char* coll, std::string signature, bool async, Body body) {
   auto comm = std::make_shared<Comm>(call.ctx, call.group, coll, signature);
+  comm->reduce_tap = call.reduce_tap;
   auto done = std::make_shared<sim::Event>(comm->name());
   Context& ctx = call.ctx;
   const int rank = call.rank;

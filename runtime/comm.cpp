@@ -394,6 +394,7 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
       dst.storage().write(dst.byte_offset(), a, bytes);
     }
     be.fault_point(Backend::FaultPoint::reduce, dst);
+    if (reduce_tap && *reduce_tap) (*reduce_tap)(src, dst);
   }
   OpCost c;
   c.kind = OpCost::Kind::reduce;

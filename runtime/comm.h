@@ -127,6 +127,7 @@ class Comm {
 
   std::uint64_t region = 0;  // the backend's begin_region token for this collective (0: none)
   std::string plan;          // what the algorithm chose ("nccl ring/Simple x16"), for op records
+  const ReduceTap* reduce_tap = nullptr;  // CollectiveOptions::reduce_tap: told after each reduce_local
 
   // A send of this Comm, for wait(): its message's mailbox in the use it had then.
   struct Send {

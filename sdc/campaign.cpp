@@ -93,12 +93,12 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
     throw rt::RuntimeError(fmt::format("sdc campaign: the recipe lists {} fault(s); a campaign draws its own (remove "
                                        "\"faults\" from the recipe, or use `cubesim sdc run` for those)",
                                        recipe.faults.size()));
-  if (o.sites.empty()) throw rt::RuntimeError("sdc campaign: no fault sites (valid: link, dma, gemm_tile)");
+  if (o.sites.empty()) throw rt::RuntimeError("sdc campaign: no fault sites (valid: link, dma, gemm_tile, reduce)");
   for (hw::FaultSite s : o.sites)
-    if (s != hw::FaultSite::link && s != hw::FaultSite::dma && s != hw::FaultSite::gemm_tile)
+    if (s != hw::FaultSite::link && s != hw::FaultSite::dma && s != hw::FaultSite::gemm_tile && s != hw::FaultSite::reduce)
       throw rt::RuntimeError(fmt::format("sdc campaign: site '{}' is not drawn by campaigns (valid: link, dma, "
-                                         "gemm_tile; the fsdp model has no reductions, and faults at rest are given "
-                                         "one by one in a recipe's \"faults\")",
+                                         "gemm_tile, reduce; faults at rest are given one by one in a recipe's "
+                                         "\"faults\")",
                                          hw::fault_site_name(s)));
   const auto t_start = std::chrono::steady_clock::now();
   CampaignResult c;

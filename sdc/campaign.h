@@ -1,7 +1,8 @@
 // campaign.h — fault campaigns: many seeded faults through the SDC model, and what caught each.
 //
 // A campaign first runs the recipe once fault-free on the simulator and counts, per site, the
-// operations a fault could strike (transfers over each link, PE DMA transfers and GEMM tiles per cube).
+// operations a fault could strike (transfers over each link; PE DMA transfers, GEMM tiles and
+// reduction steps per cube).
 // Fault i is then drawn from (seed, i) alone: a site (uniformly among `sites` that have operations),
 // a unit (link or cube) among those with operations, the n-th of its operations (uniform), and a
 // fault model (bit_flip 60%, multi_bit 15%, word_burst 15%, stuck_at 10%; their widths uniform in
@@ -36,7 +37,9 @@ struct CampaignOptions {
   std::uint64_t seed = 1;
   std::uint64_t clean_runs = 10;  // fault-free runs, each layers x ranks layer-steps
   int threads = 0;                // 0: the machine's cores
-  std::vector<hw::FaultSite> sites = {hw::FaultSite::link, hw::FaultSite::dma, hw::FaultSite::gemm_tile};
+  // Sites to draw from; those without operations in the recipe are skipped (fsdp has no reductions).
+  std::vector<hw::FaultSite> sites = {hw::FaultSite::link, hw::FaultSite::dma, hw::FaultSite::gemm_tile,
+                                      hw::FaultSite::reduce};
   // Called from the campaign's threads (one at a time) after each run: done, total.
   std::function<void(std::uint64_t, std::uint64_t)> progress;
 };

@@ -12,6 +12,7 @@
 #include "base/dtype.h"
 #include "runtime/checksum.h"
 #include "runtime/collectives.h"
+#include "runtime/comm.h"
 #include "runtime/errors.h"
 #include "runtime/ops.h"
 #include "runtime/process_group.h"
@@ -25,7 +26,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kTensorNames[] = {"shard", "full", "input", "output"};
 constexpr const char* kPointNames[] = {"comm_input", "comm_output", "compute_input", "compute_output"};
 constexpr const char* kVerdictNames[] = {"clean", "comm", "compute", "memory"};
 
@@ -125,6 +125,15 @@ std::vector<std::uint8_t> weight_bytes(const Recipe& r) {
   return to_dtype(w, r.dtype);
 }
 
+// tp: W2 [hidden, ffn], from its own stream of the weight seed, scaled for a sum over ffn.
+std::vector<std::uint8_t> weight2_bytes(const Recipe& r) {
+  std::mt19937_64 rng(hw::mix64(r.weight_seed ^ 0x5DC0FFEEull));
+  std::vector<float> w(static_cast<std::size_t>(r.hidden * r.ffn));
+  const double scale = std::sqrt(3.0 / static_cast<double>(r.ffn));
+  for (auto& x : w) x = static_cast<float>(unit(rng()) * scale);
+  return to_dtype(w, r.dtype);
+}
+
 std::vector<std::uint8_t> input_bytes(const Recipe& r, int rank) {
   std::mt19937_64 rng(r.input_seed + static_cast<std::uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
   std::vector<float> x(static_cast<std::size_t>(r.tokens * r.hidden));
@@ -154,14 +163,27 @@ std::vector<std::uint8_t> poison_bytes(std::int64_t n, DType t) {
   return out;
 }
 
-// Slots of one layer in a rank's Checksums: per kind, 3 points + one per chunk.
-std::size_t slots_per_layer(int p) { return 2 * (3 + static_cast<std::size_t>(p)); }
+// The layout of one layer's checksum slots on a rank (word in the even slot of a pair, mix in the
+// odd one). fsdp: pairs comm_input, compute_input, compute_output, then one per chunk of the
+// gathered weight. tp: pairs x, w1, w2 (compute_input), y_r (comm_input), h (with y_r,
+// compute_output), one per chunk of y, then two per reduction step (what arrived, the result).
+struct Layout {
+  std::size_t chunks = 0, first_chunk = 0, first_step = 0, steps = 0, pairs = 0;
+  Layout(Mode m, int p) {
+    chunks = static_cast<std::size_t>(p);
+    first_chunk = m == Mode::fsdp ? 3 : 5;
+    first_step = first_chunk + chunks;
+    steps = m == Mode::tp ? 2 * static_cast<std::size_t>(p - 1) : 0;
+    pairs = first_step + steps;
+  }
+  std::size_t per_layer() const { return 2 * pairs; }
+};
 
 struct RankOut {
   std::vector<Checks> checks;                 // per layer
   std::vector<sim::Time> starts;              // rank-fill, then each layer
   std::vector<std::uint8_t> fill;             // the gathered rank-fill buffer
-  std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;  // per layer: shard, full, input, output
+  std::vector<std::vector<std::vector<std::uint8_t>>> tensors;  // per layer: tensor_names(mode)
   std::vector<std::uint64_t> regions;         // per step: the backend's begin_region token
   std::vector<sim::Time> step_starts;         // per step: its start and end
 };
@@ -173,22 +195,38 @@ int check_ranks(int world, const Recipe& r) {
                                        world, world));
   if (r.ffn % p != 0)
     throw rt::RuntimeError(fmt::format("sdc: ffn = {} is not divisible by the {} ranks: every rank holds ffn / ranks "
-                                       "rows of the weight (valid: a multiple of {})",
-                                       r.ffn, p, p));
+                                       "{} of the weight{} (valid: a multiple of {})",
+                                       r.ffn, p, r.mode == Mode::fsdp ? "rows" : "rows of W1 and columns",
+                                       r.mode == Mode::fsdp ? "" : " W2", p));
   return p;
 }
 
-// Runs the model on ctx; `arm` (rank, tensors) adds the faults aimed at that rank's tensors.
+// Rank r's columns [r·rows, (r+1)·rows) of W2 [hidden, ffn], as a contiguous [hidden, rows] matrix.
+std::vector<std::uint8_t> column_shard(const std::vector<std::uint8_t>& w2, const Recipe& r, int rank, std::int64_t rows) {
+  const std::size_t esz = dtype_size(r.dtype);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(r.hidden * rows) * esz);
+  for (std::int64_t i = 0; i < r.hidden; ++i)
+    std::memcpy(out.data() + static_cast<std::size_t>(i * rows) * esz,
+                w2.data() + static_cast<std::size_t>(i * r.ffn + rank * rows) * esz, static_cast<std::size_t>(rows) * esz);
+  return out;
+}
+
+using Arm = std::function<void(int, const std::vector<std::vector<rt::Tensor>>&)>;
+
+// Runs the model on ctx; `arm` (rank, tensors per layer) adds the faults aimed at that rank's tensors.
 rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<RankOut>& out, bool keep_all_tensors,
-                        const std::function<void(int, const std::array<rt::Tensor, 4>*, int)>& arm, int steps = 1,
-                        bool checksums = true, bool collect = true) {
+                        const Arm& arm, int steps = 1, bool checksums = true, bool collect = true) {
   out.assign(static_cast<std::size_t>(p), {});
+  const bool tp = r.mode == Mode::tp;
   const std::vector<std::uint8_t> w = weight_bytes(r);
+  const std::vector<std::uint8_t> w2 = tp ? weight2_bytes(r) : std::vector<std::uint8_t>{};
   const std::int64_t rows = r.ffn / p;
   const std::size_t esz = dtype_size(r.dtype);
   const bool values = !ctx.backend().timing_only();
+  const Layout lay(r.mode, p);
   rt::CollectiveOptions co;
   co.algorithm = r.algorithm;
+  co.accumulate_f32 = false;  // the replay's reduction order and dtype, whatever the context's default
   return ctx.spawn(p, [&](int rank) {
     RankOut& o = out[static_cast<std::size_t>(rank)];
     rt::ProcessGroup* world = nullptr;
@@ -212,27 +250,38 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
     }
     // Every layer's tensors, placed up front (the same values in each layer).
     const std::uint8_t* shard_src = w.data() + static_cast<std::size_t>(rank * shard_n) * esz;
-    const auto x_b = input_bytes(r, rank);
-    const auto poison_full = values ? poison_bytes(r.ffn * r.hidden, r.dtype) : std::vector<std::uint8_t>{};
-    const auto poison_out = values ? poison_bytes(r.tokens * r.ffn, r.dtype) : std::vector<std::uint8_t>{};
-    std::vector<std::array<rt::Tensor, 4>> t(static_cast<std::size_t>(r.layers));
+    const auto x_b = input_bytes(r, tp ? 0 : rank);
+    const auto w2_b = tp ? column_shard(w2, r, rank, rows) : std::vector<std::uint8_t>{};
+    // fsdp: the gathered weight, the pre-activation and the output; tp: the pre-activation, the hidden
+    // activation and y: each starts poisoned (NaN), so a step that writes nothing shows.
+    const std::int64_t pre_cols = tp ? rows : r.ffn;
+    const auto poison_full = values && !tp ? poison_bytes(r.ffn * r.hidden, r.dtype) : std::vector<std::uint8_t>{};
+    const auto poison_pre = values ? poison_bytes(r.tokens * pre_cols, r.dtype) : std::vector<std::uint8_t>{};
+    const auto poison_y = values && tp ? poison_bytes(r.tokens * r.hidden, r.dtype) : std::vector<std::uint8_t>{};
+    std::vector<std::vector<rt::Tensor>> t(static_cast<std::size_t>(r.layers));
     std::vector<rt::Tensor> pre(static_cast<std::size_t>(r.layers));
+    auto poisoned = [&](std::vector<std::int64_t> shape, const std::vector<std::uint8_t>& poison, const char* name) {
+      rt::Tensor x = ctx.empty(rank, std::move(shape), r.dtype, name);
+      if (values) x.copy_from_host_bytes(poison.data(), poison.size());
+      return x;
+    };
     for (int l = 0; l < r.layers; ++l) {
       auto& tl = t[static_cast<std::size_t>(l)];
-      tl[0] = ctx.from_host_bytes(rank, {rows, r.hidden}, r.dtype, shard_src, static_cast<std::uint64_t>(shard_n) * esz);
-      tl[1] = ctx.empty(rank, {r.ffn, r.hidden}, r.dtype, "full weight");
-      tl[2] = ctx.from_host_bytes(rank, {r.tokens, r.hidden}, r.dtype, x_b.data(), x_b.size());
-      pre[static_cast<std::size_t>(l)] = ctx.empty(rank, {r.tokens, r.ffn}, r.dtype, "pre-activation");
-      tl[3] = ctx.empty(rank, {r.tokens, r.ffn}, r.dtype, "output");
-      if (values) {
-        tl[1].copy_from_host_bytes(poison_full.data(), poison_full.size());
-        pre[static_cast<std::size_t>(l)].copy_from_host_bytes(poison_out.data(), poison_out.size());
-        tl[3].copy_from_host_bytes(poison_out.data(), poison_out.size());
+      const auto x = ctx.from_host_bytes(rank, {r.tokens, r.hidden}, r.dtype, x_b.data(), x_b.size());
+      const auto w1 = ctx.from_host_bytes(rank, {rows, r.hidden}, r.dtype, shard_src, static_cast<std::uint64_t>(shard_n) * esz);
+      pre[static_cast<std::size_t>(l)] = poisoned({r.tokens, pre_cols}, poison_pre, "pre-activation");
+      if (tp) {
+        tl = {x, w1, ctx.from_host_bytes(rank, {r.hidden, rows}, r.dtype, w2_b.data(), w2_b.size()),
+              poisoned({r.tokens, rows}, poison_pre, "hidden"), poisoned({r.tokens, r.hidden}, poison_y, "output")};
+      } else {
+        tl = {w1, poisoned({r.ffn, r.hidden}, poison_full, "full weight"), x,
+              poisoned({r.tokens, r.ffn}, poison_pre, "output")};
       }
     }
-    if (arm) arm(rank, t.data(), r.layers);
-    const std::size_t per = slots_per_layer(p);
+    if (arm) arm(rank, t);
+    const std::size_t per = lay.per_layer();
     rt::Backend& be = ctx.backend();
+    std::vector<std::size_t> taps(static_cast<std::size_t>(r.layers), 0);  // reduction steps seen (tp)
     for (int step = 0; step < steps; ++step) {
       const std::uint64_t region = be.begin_region(rank, "step");
       o.step_starts.push_back(ctx.simulator().now());
@@ -241,19 +290,49 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
       if (checksums) cs.emplace(rank, per * static_cast<std::size_t>(r.layers));
       for (int l = 0; l < r.layers; ++l) {
         const auto& tl = t[static_cast<std::size_t>(l)];
+        const rt::Tensor& p_l = pre[static_cast<std::size_t>(l)];
         const std::size_t base = per * static_cast<std::size_t>(l);
         if (step == 0) o.starts.push_back(ctx.simulator().now());
-        auto take = [&](std::size_t i, const rt::Tensor& x, std::uint64_t first = 0) {
-          if (cs) cs->take_pair(base + 2 * i, base + 2 * i + 1, x, first);
+        auto take = [&](std::size_t pair, const rt::Tensor& x, std::uint64_t first = 0) {
+          if (cs) cs->take_pair(base + 2 * pair, base + 2 * pair + 1, x, first);
         };
-        take(0, tl[0]);
-        rt::all_gather(tl[1], tl[0], world, co);
-        for (int j = 0; j < p; ++j)
-          take(3 + static_cast<std::size_t>(j), tl[1].narrow(0, j * rows, rows), static_cast<std::uint64_t>(j * shard_n));
-        take(1, tl[2]);
-        rt::matmul(tl[2], tl[1].t(), nullptr, pre[static_cast<std::size_t>(l)], "sdc gemm");
-        rt::gelu(r.gelu, pre[static_cast<std::size_t>(l)], tl[3]);
-        take(2, tl[3]);
+        if (tp) {
+          const auto& [x, w1, w2s, h, y] = std::tie(tl[0], tl[1], tl[2], tl[3], tl[4]);
+          take(0, x);
+          take(1, w1, static_cast<std::uint64_t>(x.numel()));
+          take(2, w2s, static_cast<std::uint64_t>(x.numel() + w1.numel()));
+          rt::matmul(x, w1.t(), nullptr, p_l, "sdc column gemm");
+          rt::gelu(r.gelu, p_l, h);
+          take(4, h, static_cast<std::uint64_t>(y.numel()));  // the column layer's output
+          rt::matmul(h, w2s.t(), nullptr, y, "sdc row gemm");
+          take(3, y);
+          std::size_t& seen = taps[static_cast<std::size_t>(l)];
+          seen = 0;
+          const rt::ReduceTap tap = [&](const rt::Tensor& received, const rt::Tensor& reduced) {
+            if (seen + 2 <= lay.steps) {
+              take(lay.first_step + seen, received);
+              take(lay.first_step + seen + 1, reduced);
+            }
+            seen += 2;
+          };
+          rt::CollectiveOptions ao = co;
+          if (cs) ao.reduce_tap = &tap;
+          rt::all_reduce(y, rt::ReduceOp::sum, world, ao);
+          const rt::Tensor flat = y.flatten();
+          for (int j = 0; j < p; ++j) {
+            const rt::Range c = rt::chunk_range(flat.numel(), p, j);
+            take(lay.first_chunk + static_cast<std::size_t>(j), flat.narrow(0, c.begin, c.count), static_cast<std::uint64_t>(c.begin));
+          }
+        } else {
+          take(0, tl[0]);
+          rt::all_gather(tl[1], tl[0], world, co);
+          for (int j = 0; j < p; ++j)
+            take(lay.first_chunk + static_cast<std::size_t>(j), tl[1].narrow(0, j * rows, rows), static_cast<std::uint64_t>(j * shard_n));
+          take(1, tl[2]);
+          rt::matmul(tl[2], tl[1].t(), nullptr, p_l, "sdc gemm");
+          rt::gelu(r.gelu, p_l, tl[3]);
+          take(2, tl[3]);
+        }
       }
       be.end_region(region);
       o.regions.push_back(region);
@@ -263,27 +342,39 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
       o.checks.assign(static_cast<std::size_t>(r.layers), Checks{});
       for (int l = 0; l < r.layers; ++l) {
         const std::size_t base = per * static_cast<std::size_t>(l);
+        auto wd = [&](std::size_t pair) { return v[base + 2 * pair]; };
+        auto mx = [&](std::size_t pair) { return v[base + 2 * pair + 1]; };
         Checks& c = o.checks[static_cast<std::size_t>(l)];
         c.chunk_word.assign(static_cast<std::size_t>(p), 0);
         c.chunk_mix.assign(static_cast<std::size_t>(p), 0);
-        for (int j = 0; j < p; ++j) {
-          c.chunk_word[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j)];
-          c.chunk_mix[static_cast<std::size_t>(j)] = v[base + 2 * (3 + j) + 1];
-          c.word[1] += c.chunk_word[static_cast<std::size_t>(j)];
-          c.mix[1] += c.chunk_mix[static_cast<std::size_t>(j)];
+        for (std::size_t j = 0; j < lay.chunks; ++j) {
+          c.chunk_word[j] = wd(lay.first_chunk + j);
+          c.chunk_mix[j] = mx(lay.first_chunk + j);
+          c.word[1] += c.chunk_word[j];
+          c.mix[1] += c.chunk_mix[j];
         }
-        c.word[0] = v[base], c.mix[0] = v[base + 1];
-        c.word[2] = v[base + 2], c.mix[2] = v[base + 3];
-        c.word[3] = v[base + 4], c.mix[3] = v[base + 5];
+        if (tp) {
+          const auto in = static_cast<std::size_t>(Point::compute_input), out_i = static_cast<std::size_t>(Point::compute_output);
+          c.word[in] = wd(0) + wd(1) + wd(2), c.mix[in] = mx(0) + mx(1) + mx(2);
+          c.word[0] = wd(3), c.mix[0] = mx(3);
+          c.word[out_i] = wd(3) + wd(4), c.mix[out_i] = mx(3) + mx(4);
+          const std::size_t n = std::min(taps[static_cast<std::size_t>(l)], lay.steps);
+          for (std::size_t k = 0; k < n; ++k) {
+            c.step_word.push_back(wd(lay.first_step + k));
+            c.step_mix.push_back(mx(lay.first_step + k));
+          }
+        } else {
+          c.word[0] = wd(0), c.mix[0] = mx(0);
+          c.word[2] = wd(1), c.mix[2] = mx(1);
+          c.word[3] = wd(2), c.mix[3] = mx(2);
+        }
       }
     }
     if (values && collect) {
       const int keep = keep_all_tensors ? r.layers : 1;
       o.tensors.resize(static_cast<std::size_t>(keep));
       for (int l = 0; l < keep; ++l)
-        for (int i = 0; i < 4; ++i)
-          o.tensors[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] =
-              t[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)].to_host_bytes();
+        for (const rt::Tensor& x : t[static_cast<std::size_t>(l)]) o.tensors[static_cast<std::size_t>(l)].push_back(x.to_host_bytes());
     }
   });
 }
@@ -300,13 +391,21 @@ std::string hex_word(const std::uint8_t* p, std::size_t w) {
   return fmt::format("{:#0{}x}", v, 2 + 2 * static_cast<int>(w));
 }
 
-// The bytes of a model tensor on a rank: shard, full, input, output.
+// The bytes of a model tensor on a rank (tensor_names(mode)).
 std::uint64_t tensor_bytes(const Recipe& r, int p, int which) {
-  const std::int64_t n[] = {r.ffn / p * r.hidden, r.ffn * r.hidden, r.tokens * r.hidden, r.tokens * r.ffn};
-  return static_cast<std::uint64_t>(n[which]) * dtype_size(r.dtype);
+  const std::int64_t rows = r.ffn / p;
+  const std::int64_t fsdp[] = {rows * r.hidden, r.ffn * r.hidden, r.tokens * r.hidden, r.tokens * r.ffn};
+  const std::int64_t tp[] = {r.tokens * r.hidden, rows * r.hidden, r.hidden * rows, r.tokens * rows, r.tokens * r.hidden};
+  return static_cast<std::uint64_t>(r.mode == Mode::fsdp ? fsdp[which] : tp[which]) * dtype_size(r.dtype);
 }
-int tensor_index(const std::string& name) {
-  return static_cast<int>(std::find(std::begin(kTensorNames), std::end(kTensorNames), name) - std::begin(kTensorNames));
+int tensor_index(Mode m, const std::string& name) {
+  const auto& names = tensor_names(m);
+  return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+}
+std::string list_names(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+  return out;
 }
 
 // A tensor-aimed fault's rank and region inside its tensor: RuntimeError naming the field otherwise.
@@ -314,7 +413,7 @@ void check_aimed(const Recipe& r, int p, std::size_t i) {
   const RecipeFault& f = r.faults[i];
   if (f.rank >= p)
     throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
-  const std::uint64_t n = tensor_bytes(r, p, tensor_index(f.tensor));
+  const std::uint64_t n = tensor_bytes(r, p, tensor_index(r.mode, f.tensor));
   const std::uint64_t esz = dtype_size(r.dtype);
   if (f.spec.address >= n || f.spec.address % esz != 0 || f.spec.bytes > n - f.spec.address)
     throw rt::RuntimeError(fmt::format(
@@ -349,12 +448,18 @@ std::vector<std::ptrdiff_t> arm_untargeted(hw::FaultInjector& inj, const Recipe&
 }  // namespace
 
 std::string_view point_name(Point p) { return kPointNames[static_cast<int>(p)]; }
+std::string_view mode_name(Mode m) { return m == Mode::fsdp ? "fsdp" : "tp"; }
+const std::vector<std::string>& tensor_names(Mode m) {
+  static const std::vector<std::string> fsdp{"shard", "full", "input", "output"},
+      tp{"input", "w1", "w2", "hidden", "output"};
+  return m == Mode::fsdp ? fsdp : tp;
+}
 std::string_view verdict_kind_name(Verdict::Kind k) { return kVerdictNames[static_cast<int>(k)]; }
 
 json recipe_to_json(const Recipe& r) {
   json faults = json::array();
   for (const auto& f : r.faults) faults.push_back(fault_to_json(f));
-  return json{{"mode", "fsdp"},
+  return json{{"mode", mode_name(r.mode)},
               {"layers", r.layers},
               {"tokens", r.tokens},
               {"hidden", r.hidden},
@@ -375,7 +480,11 @@ Recipe parse_recipe(const json& doc, std::string_view origin) {
   check_keys(doc, defaults, origin, "");
   Recipe r;
   const std::string mode = get_string(doc, "mode", "fsdp", origin, "");
-  if (mode != "fsdp") bad(origin, "mode", fmt::format("'{}' is not a mode (valid: fsdp)", mode));
+  if (mode != "fsdp" && mode != "tp")
+    bad(origin, "mode", fmt::format("'{}' is not a mode (valid: fsdp: all_gather of weight shards, then GEMM + GELU; "
+                                    "tp: Megatron's column- and row-parallel layers with their all-reduce)",
+                                    mode));
+  r.mode = mode == "tp" ? Mode::tp : Mode::fsdp;
   r.layers = get_int<int>(doc, "layers", d.layers, 1, 4096, origin, "");
   r.tokens = get_int<std::int64_t>(doc, "tokens", d.tokens, 1, 1 << 20, origin, "");
   r.hidden = get_int<std::int64_t>(doc, "hidden", d.hidden, 1, 1 << 20, origin, "");
@@ -401,7 +510,8 @@ Recipe parse_recipe(const json& doc, std::string_view origin) {
   const std::string alg = get_string(doc, "algorithm", "ring", origin, "");
   r.algorithm = parse_field(origin, "algorithm", [&] { return rt::parse_algorithm(alg); });
   // The verdict's comm rank follows the chunk's forwarding order: ring (owner, owner+1, ...) or direct
-  // (straight from the owner); other algorithms forward in orders the verdict does not model.
+  // (straight from the owner); other algorithms forward in orders the verdict does not model. The
+  // same two run tp's all-reduce (reduce-scatter and all-gather in those orders).
   if (r.algorithm != rt::Algorithm::ring && r.algorithm != rt::Algorithm::direct)
     bad(origin, "algorithm", fmt::format("'{}' is not supported by the SDC model (valid: ring, direct: the verdict "
                                          "locates a corrupted chunk along their forwarding order)",
@@ -445,8 +555,10 @@ Recipe parse_recipe(const json& doc, std::string_view origin) {
       parse_field(origin, path, [&] { hw::check_fault_model(s, "fault"); return 0; });
       rf.tensor = get_string(f, "tensor", "", origin, path);
       if (!rf.tensor.empty()) {
-        if (std::find(std::begin(kTensorNames), std::end(kTensorNames), rf.tensor) == std::end(kTensorNames))
-          bad(origin, path + ".tensor", fmt::format("'{}' is not a tensor of the model (valid: shard, full, input, output)", rf.tensor));
+        const auto& names = tensor_names(r.mode);
+        if (std::find(names.begin(), names.end(), rf.tensor) == names.end())
+          bad(origin, path + ".tensor", fmt::format("'{}' is not a tensor of the {} model (valid: {})", rf.tensor,
+                                                    mode_name(r.mode), list_names(names)));
         if (s.site != hw::FaultSite::hbm)
           bad(origin, path + ".tensor", "only an hbm fault (at rest) aims at a tensor; give site \"hbm\"");
       }
@@ -541,6 +653,21 @@ Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl) {
   return g;
 }
 
+namespace {
+// Where a point comes in a layer's program order: fsdp gathers and then computes; tp computes and
+// then all-reduces (comm_input, the all-reduce's input y_r, is part of compute_output too).
+int program_order(Mode m, Point p) {
+  if (m == Mode::fsdp) return static_cast<int>(p);
+  switch (p) {
+    case Point::compute_input: return 0;
+    case Point::compute_output: return 1;
+    case Point::comm_input: return 2;
+    case Point::comm_output: return 3;
+  }
+  return 3;
+}
+}  // namespace
+
 void judge(Result& res, const Golden& ref) {
   const int p = res.ranks;
   const Recipe& r = res.recipe;
@@ -548,9 +675,28 @@ void judge(Result& res, const Golden& ref) {
   // The rank-fill check: chunk j must be rank j's pattern, exactly.
   // (Its errors were found when the result was made; here they become divergences.)
   for (const auto& [rank, chunk] : res.rank_fill_bad)
-    res.divergences.push_back({-1, rank, Point::comm_output, chunk, false, false});  // seen by the pattern, not a checksum
+    res.divergences.push_back({-1, rank, Point::comm_output, chunk, -1, false, false, false});  // seen by the pattern, not a checksum
+  std::vector<Point> order(std::begin(kPoints), std::end(kPoints));
+  std::sort(order.begin(), order.end(), [&](Point a, Point b) { return program_order(r.mode, a) < program_order(r.mode, b); });
   for (int l = 0; l < r.layers; ++l) {
-    for (Point pt : kPoints) {
+    for (Point pt : order) {
+      if (pt == Point::comm_output) {
+        // tp: the reduction steps first, step by step (what arrived, then the step's result).
+        std::size_t steps = 0;
+        for (int rank = 0; rank < p; ++rank) {
+          const Checks& got = res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)];
+          steps = std::max(steps, got.step_word.size());
+        }
+        for (std::size_t k = 0; k < steps; ++k)
+          for (int rank = 0; rank < p; ++rank) {
+            const Checks& got = res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)];
+            const Checks& want = ref.checks[static_cast<std::size_t>(rank)];
+            // Only where both ran the algorithm's steps (a backend that ran NCCL reports none).
+            if (got.step_word.size() != want.step_word.size() || k >= got.step_word.size()) continue;
+            const bool w = got.step_word[k] != want.step_word[k], m = got.step_mix[k] != want.step_mix[k];
+            if (w || m) res.divergences.push_back({l, rank, pt, -1, static_cast<int>(k / 2), k % 2 == 1, w, m});
+          }
+      }
       for (int rank = 0; rank < p; ++rank) {
         const Checks& got = res.checks[static_cast<std::size_t>(l)][static_cast<std::size_t>(rank)];
         const Checks& want = ref.checks[static_cast<std::size_t>(rank)];
@@ -558,11 +704,11 @@ void judge(Result& res, const Golden& ref) {
           for (int j = 0; j < p; ++j) {
             const bool w = got.chunk_word[static_cast<std::size_t>(j)] != want.chunk_word[static_cast<std::size_t>(j)];
             const bool m = got.chunk_mix[static_cast<std::size_t>(j)] != want.chunk_mix[static_cast<std::size_t>(j)];
-            if (w || m) res.divergences.push_back({l, rank, pt, j, w, m});
+            if (w || m) res.divergences.push_back({l, rank, pt, j, -1, false, w, m});
           }
         } else {
           const bool w = !same(got, want, pt, true), m = !same(got, want, pt, false);
-          if (w || m) res.divergences.push_back({l, rank, pt, -1, w, m});
+          if (w || m) res.divergences.push_back({l, rank, pt, -1, -1, false, w, m});
         }
       }
     }
@@ -576,23 +722,31 @@ void judge(Result& res, const Golden& ref) {
   }
   // The first layer (or the rank-fill check) with a divergence, and within it the first point.
   const int layer = res.divergences.front().layer;
-  Point first = Point::compute_output;
+  Point first = res.divergences.front().point;
   for (const auto& d : res.divergences)
-    if (d.layer == layer && static_cast<int>(d.point) < static_cast<int>(first)) first = d.point;
+    if (d.layer == layer && program_order(r.mode, d.point) < program_order(r.mode, first)) first = d.point;
   v.layer = layer;
   if (first == Point::comm_output) {
-    // The chunk's first divergent rank along the ring's forwarding order from its owner: where the
-    // corruption entered (the ranks after it received it forwarded). The direct algorithm sends each
-    // chunk straight to every rank, so any divergent rank is an entry; the first in that order is taken.
-    int best_rank = -1, best_dist = p + 1;
-    for (const auto& d : res.divergences) {
-      if (d.layer != layer || d.point != Point::comm_output) continue;
-      const int dist = ((d.rank - d.chunk) % p + p) % p;
-      const int eff = dist == 0 ? p : dist;  // the owner's own copy comes last
-      if (eff < best_dist) best_dist = eff, best_rank = d.rank;
-    }
     v.kind = Verdict::Kind::comm;
-    v.rank = best_rank;
+    // tp: the earliest reduction step that differs (divergences list them step by step): a chunk
+    // that arrived corrupted there, or a step that corrupted its result.
+    const auto step = std::find_if(res.divergences.begin(), res.divergences.end(),
+                                   [&](const Divergence& d) { return d.layer == layer && d.step >= 0; });
+    if (step != res.divergences.end()) {
+      v.rank = step->rank;
+    } else {
+      // The chunk's first divergent rank along the ring's forwarding order from its owner: where the
+      // corruption entered (the ranks after it received it forwarded). The direct algorithm sends each
+      // chunk straight to every rank, so any divergent rank is an entry; the first in that order is taken.
+      int best_rank = -1, best_dist = p + 1;
+      for (const auto& d : res.divergences) {
+        if (d.layer != layer || d.point != Point::comm_output) continue;
+        const int dist = ((d.rank - d.chunk) % p + p) % p;
+        const int eff = dist == 0 ? p : dist;  // the owner's own copy comes last
+        if (eff < best_dist) best_dist = eff, best_rank = d.rank;
+      }
+      v.rank = best_rank;
+    }
   } else {
     for (const auto& d : res.divergences)
       if (d.layer == layer && d.point == first) {
@@ -660,13 +814,13 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     return t0 + static_cast<sim::Time>(std::llround(f.at_us * 1e6));
   };
   std::vector<std::ptrdiff_t> slot = inj ? arm_untargeted(*inj, r, p, t0) : std::vector<std::ptrdiff_t>{};
-  std::function<void(int, const std::array<rt::Tensor, 4>*, int)> arm;
+  Arm arm;
   if (inj) {
-    arm = [&](int rank, const std::array<rt::Tensor, 4>* t, int layers) {
+    arm = [&](int rank, const std::vector<std::vector<rt::Tensor>>& t) {
       for (std::size_t i = 0; i < r.faults.size(); ++i) {
         const RecipeFault& f = r.faults[i];
-        if (f.tensor.empty() || f.rank != rank || f.layer >= layers) continue;
-        const rt::Tensor& x = t[f.layer][static_cast<std::size_t>(tensor_index(f.tensor))];
+        if (f.tensor.empty() || f.rank != rank || f.layer >= static_cast<int>(t.size())) continue;
+        const rt::Tensor& x = t[static_cast<std::size_t>(f.layer)][static_cast<std::size_t>(tensor_index(r.mode, f.tensor))];
         const auto& st = static_cast<const rt::SimStorage&>(x.storage());
         hw::FaultSpec s = f.spec;  // its region was checked against the tensor (check_aimed)
         s.cube = sim->device_of(rank);
@@ -750,13 +904,14 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     }
   }
   // Activation: which tensors differ from the reference at the end, and non-finite outputs.
+  const auto& names = tensor_names(r.mode);
   for (int l = 0; l < r.layers; ++l)
     for (int rank = 0; rank < p; ++rank)
-      for (int i = 0; i < 4; ++i) {
-        const auto& got = out[static_cast<std::size_t>(rank)].tensors[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)];
-        const auto& want = ref->tensors[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
-        if (got != want) res.changed_tensors.push_back(fmt::format("layer {} rank {} {}", l, rank, kTensorNames[i]));
-        if (i == 3 && got != want) {
+      for (std::size_t i = 0; i < names.size(); ++i) {
+        const auto& got = out[static_cast<std::size_t>(rank)].tensors[static_cast<std::size_t>(l)][i];
+        const auto& want = ref->tensors[static_cast<std::size_t>(rank)][i];
+        if (got != want) res.changed_tensors.push_back(fmt::format("layer {} rank {} {}", l, rank, names[i]));
+        if (names[i] == "output" && got != want) {
           std::int64_t nan = 0, inf = 0;
           for (std::size_t e = 0; e < got.size() / esz; ++e) {
             const float x = load_f32(got.data(), r.dtype, static_cast<std::int64_t>(e));
@@ -818,14 +973,22 @@ json result_to_json(const Result& r) {
         const auto i = static_cast<std::size_t>(p);
         pts[std::string(point_name(p))] = {{"word", fmt::format("{:016x}", c.word[i])}, {"mix", fmt::format("{:016x}", c.mix[i])}};
       }
-      ranks.push_back({{"rank", rank}, {"checksums", pts}});
+      json entry = {{"rank", rank}, {"checksums", pts}};
+      if (!c.step_word.empty()) {
+        json steps = json::array();
+        for (std::size_t k = 0; k + 1 < c.step_word.size(); k += 2)
+          steps.push_back({{"received", {{"word", fmt::format("{:016x}", c.step_word[k])}, {"mix", fmt::format("{:016x}", c.step_mix[k])}}},
+                           {"reduced", {{"word", fmt::format("{:016x}", c.step_word[k + 1])}, {"mix", fmt::format("{:016x}", c.step_mix[k + 1])}}}});
+        entry["reduction_steps"] = steps;
+      }
+      ranks.push_back(entry);
     }
     layers.push_back({{"layer", l}, {"ranks", ranks}});
   }
   json div = json::array();
   for (const auto& d : r.divergences)
     div.push_back({{"layer", d.layer}, {"rank", d.rank}, {"point", point_name(d.point)}, {"chunk", d.chunk},
-                   {"word", d.word}, {"mix", d.mix}});
+                   {"step", d.step}, {"reduced", d.reduced}, {"word", d.word}, {"mix", d.mix}});
   json faults = json::array();
   for (const auto& f : r.faults)
     faults.push_back({{"spec", f.spec},

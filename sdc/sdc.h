@@ -1,22 +1,42 @@
 // sdc.h — the silent-data-corruption model: layers that must all compute the same thing, four exact
 // checksums per layer, and a verdict that says where a corruption entered (comm or compute, layer, rank).
 //
-// Every layer shares one weight W [ffn, hidden] (drawn from weight_seed) and gets the same reference
-// input x [tokens, hidden] (input_seed + rank), so every layer's tensors are bitwise identical and
-// any difference is corruption, not numerical noise. In `fsdp` mode each layer
+// Every layer shares the same weights (drawn from weight_seed) and gets the same reference input
+// (input_seed), so every layer's tensors are bitwise identical and any difference is corruption, not
+// numerical noise. Two modes:
+//
+// `fsdp`: W [ffn, hidden]; rank r's input x [tokens, hidden] (input_seed + r). Each layer
 //   comm:    all_gather of the rank's weight shard (rows [r·ffn/p, (r+1)·ffn/p) of W) into the full W
 //   compute: h = gelu(x · Wᵀ)
-// and checksums (kernels/checksum.h, both kinds) are taken at comm_input (the shard), comm_output
-// (the gathered W, per chunk: chunk j is rank j's shard), compute_input (x) and compute_output (h),
-// where the data lives, the moment each is ready. A step first runs the rank-fill check: an
-// all_gather of buffers whose every word names its rank and position, verified exactly.
+// with checksums at comm_input (the shard), comm_output (the gathered W, per chunk: chunk j is rank
+// j's shard), compute_input (x) and compute_output (h).
+//
+// `tp`: Megatron's ParallelMLP: W1 [ffn, hidden] split by rows (column-parallel), W2 [hidden, ffn]
+//   split by columns (row-parallel); x [tokens, hidden] the same on every rank. Each layer
+//   compute: y_r = gelu(x · W1_rᵀ) · W2_rᵀ          (the rank's partial sum, [tokens, hidden])
+//   comm:    y = all_reduce(y_r)                     (in place, the recipe's algorithm)
+// with checksums at compute_input (x, W1_r and W2_r as one), compute_output (the column layer's
+// output h = gelu(x · W1_rᵀ) and y_r as one), comm_input (y_r, the all-reduce's input), inside the
+// reduction (after every reduction
+// step on the rank: the chunk that arrived and the chunk after the step, rt::ReduceTap) and at
+// comm_output (y, per chunk of the algorithm's chunking: chunk j is the one rank j reduces last).
+// The reduction order is the algorithm's, replayed on the host, so y is checked exactly, and every
+// rank's y must be the same bits.
+//
+// Checksums (kernels/checksum.h, both kinds) are taken where the data lives, the moment each is
+// ready. A step first runs the rank-fill check: an all_gather of buffers whose every word names its
+// rank and position, verified exactly.
 //
 // The expected checksums come from a replay on the host backend (the numerics contract makes every
-// backend's bits equal), so a checksum is compared exactly, not within a tolerance. The verdict is the first divergence in program order: a comm_input or compute_input that
-// differs means the data was corrupted at rest (`memory`); a comm_output chunk that differs while
-// the inputs match means the collective (`comm`; the rank is where the chunk first differs along
-// the ring's forwarding order from its owner (the algorithm is ring or direct)); a compute_output that differs while everything before
-// it matches means compute (`compute`).
+// backend's bits equal), so a checksum is compared exactly, not within a tolerance. The verdict is
+// the first divergence in program order (fsdp: comm_input, comm_output, compute_input,
+// compute_output; tp: compute_input, compute_output, the reduction steps, comm_output): an input
+// that differs means the data was corrupted at rest (`memory`); a compute_output that differs while
+// the inputs match means compute (`compute`); a comm_output chunk (or, in tp, a reduction step) that
+// differs while what went into the collective matches means the collective (`comm`). Its rank: in
+// tp, the rank of the earliest reduction step that differs (a chunk that arrived corrupted, or a
+// step that corrupted its result); else where the chunk first differs along the forwarding order
+// from its owner (ring: owner, owner+1, ...; direct: straight from the owner).
 //
 //   sdc::Recipe r = sdc::parse_recipe(json, "recipe.json");
 //   auto ctx = rt::make_sim_context({}, hw::load_topology("ring4"));
@@ -41,14 +61,18 @@
 
 namespace cubesim::sdc {
 
-enum class Mode { fsdp };
+enum class Mode { fsdp, tp };
+std::string_view mode_name(Mode m);  // "fsdp", "tp"
+// The model's tensors of each layer on a rank, as recipes aim at-rest faults at them:
+// fsdp: shard, full, input, output; tp: input, w1, w2, hidden, output.
+const std::vector<std::string>& tensor_names(Mode m);
 enum class Point { comm_input, comm_output, compute_input, compute_output };
 inline constexpr Point kPoints[] = {Point::comm_input, Point::comm_output, Point::compute_input,
                                     Point::compute_output};
 std::string_view point_name(Point p);  // "comm_input", ...
 
 // A fault of the recipe: a hw::FaultSpec, with at-rest faults optionally aimed at one of the model's
-// tensors ("shard", "full", "input", "output" of a layer on a rank) instead of an address.
+// tensors (tensor_names(mode) of a layer on a rank) instead of an address.
 struct RecipeFault {
   hw::FaultSpec spec;
   double at_us = -1;  // from the start of the run (< 0: none)
@@ -83,6 +107,9 @@ void apply_overrides(nlohmann::json& doc, const std::vector<std::string>& sets, 
 struct Checks {
   std::array<std::uint64_t, 4> word{}, mix{};
   std::vector<std::uint64_t> chunk_word, chunk_mix;  // comm_output's chunks (one per rank of the group)
+  // tp: the reduction steps on this rank, in order: [2s] the chunk that arrived at step s, [2s + 1]
+  // the chunk after step s (empty where the backend ran the collective itself: NCCL).
+  std::vector<std::uint64_t> step_word, step_mix;
 };
 
 struct Divergence {
@@ -90,6 +117,8 @@ struct Divergence {
   int rank = 0;
   Point point = Point::comm_output;
   int chunk = -1;  // comm_output: the chunk (its owner's rank)
+  int step = -1;   // tp, comm_output: a reduction step on `rank` (then chunk is -1)
+  bool reduced = false;  // the step's result differs (else what arrived at it)
   bool word = false, mix = false;  // which checksums differ (neither: the rank-fill pattern saw it)
 };
 
@@ -105,8 +134,8 @@ std::string_view verdict_kind_name(Verdict::Kind k);  // "clean", "comm", "compu
 // Checksums and reference tensors of a clean run (the host replay); reused across runs of a recipe.
 struct Golden {
   std::vector<Checks> checks;  // per rank (every layer is the same)
-  // Per rank, the bytes of each tensor ("shard", "full", "input", "output").
-  std::vector<std::array<std::vector<std::uint8_t>, 4>> tensors;
+  // Per rank, the bytes of each tensor (tensor_names(mode)).
+  std::vector<std::vector<std::vector<std::uint8_t>>> tensors;
 };
 
 struct Result {
@@ -151,7 +180,7 @@ std::vector<double> step_seconds(rt::Context& ctx, const Recipe& r, int steps, b
 void judge(Result& res, const Golden& ref);
 
 // Where a fault that fired should be found: the rank whose memory it changed (its cube's rank), the
-// layer that rank was in then (-1: the rank-fill check), and `comm` for a link, `compute` for a GEMM
+// layer that rank was in then (-1: the rank-fill check), and `comm` for a link or a reduction step, `compute` for a GEMM
 // tile or a DMA channel (the PEs' operand and tile traffic), `memory` at rest. A fault on a cube no
 // rank runs on gives rank -1.
 struct Truth {

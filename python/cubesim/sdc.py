@@ -1,14 +1,17 @@
 """cubesim.sdc: silent-data-corruption detection, fault injection and campaigns (sdc/sdc.h).
 
-The SDC model runs layers that share one weight and one reference input, so every layer must give
+The SDC model runs layers that share their weights and one reference input, so every layer must give
 bitwise the same tensors; four exact checksums per layer (comm_input, comm_output per chunk,
 compute_input, compute_output; integer word sums and a position-sensitive mix) are compared with a
-replay on the host, and the first divergence says where a corruption entered:
+replay on the host, and the first divergence says where a corruption entered. Mode "fsdp" (the
+default) all-gathers weight shards, then runs GEMM + GELU; mode "tp" runs Megatron's column- and
+row-parallel layers and their all-reduce, checked after every reduction step too:
 
     import cubesim as cs
     res = cs.sdc.run()                                         # ring4, the default recipe: clean
     res = cs.sdc.run({"faults": [{"site": "link", "link": 3, "nth": 2, "seed": 7}]})
     res["verdict"]["text"]        # 'corruption in comm at layer 0 on rank 2'
+    res = cs.sdc.run({"mode": "tp", "faults": [{"site": "reduce", "cube": 1, "nth": 2}]})
     c = cs.sdc.campaign(topology="ring4", faults=1000, seed=7)
     c["total"]                    # injected, fired, activated, detected, localised, masked, silent
 
@@ -16,7 +19,8 @@ A recipe is a dict or a JSON file; every field has a default (default_recipe() l
 unknown keys are refused; `sets` are "path=value" overrides ("layers=16", "faults.0.nth=3").
 Faults (site link|dma|hbm|tcm|gemm_tile|reduce, model bit_flip|multi_bit|stuck_at|word_burst, the
 nth matching operation from at_us on, or at rest at at_us, optionally aimed at a model tensor:
-"tensor": "shard"|"full"|"input"|"output", "layer", "rank") need the sim backend with values.
+"tensor": fsdp "shard"|"full"|"input"|"output", tp "input"|"w1"|"w2"|"hidden"|"output"; "layer",
+"rank") need the sim backend with values.
 """
 import json
 from pathlib import Path
@@ -25,7 +29,7 @@ from . import _cubesim
 
 SITES = ("link", "dma", "hbm", "tcm", "gemm_tile", "reduce")
 MODELS = ("bit_flip", "multi_bit", "stuck_at", "word_burst")
-CAMPAIGN_SITES = ("link", "dma", "gemm_tile")
+CAMPAIGN_SITES = ("link", "dma", "gemm_tile", "reduce")  # reduce: tp only (fsdp has no reductions)
 POINTS = ("comm_input", "comm_output", "compute_input", "compute_output")
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -118,13 +122,22 @@ def format_result(res, max_rows=64):
                         [r["checksums"][p]["mix"][:8] + ("*" if (key[0], key[1], p) in bad else "")
                          for p in POINTS])
     rec = res["recipe"]
-    lines.append(f"SDC model ({rec['mode']}): {rec['layers']} layers x {res['ranks']} ranks, "
-                 f"x[{rec['tokens']}, {rec['hidden']}] . W[{rec['ffn']}, {rec['hidden']}]^T, {rec['dtype']}, "
-                 f"all_gather {rec['algorithm']}; simulated {_cubesim.core.format_time(res['sim_time_ps'])}")
+    if rec["mode"] == "tp":
+        shape = (f"gelu(x[{rec['tokens']}, {rec['hidden']}] . W1[{rec['ffn']}, {rec['hidden']}]^T) . "
+                 f"W2[{rec['hidden']}, {rec['ffn']}]^T split over the ranks, {rec['dtype']}, all_reduce")
+    else:
+        shape = (f"x[{rec['tokens']}, {rec['hidden']}] . W[{rec['ffn']}, {rec['hidden']}]^T, {rec['dtype']}, "
+                 f"all_gather")
+    lines.append(f"SDC model ({rec['mode']}): {rec['layers']} layers x {res['ranks']} ranks, {shape} "
+                 f"{rec['algorithm']}; simulated {_cubesim.core.format_time(res['sim_time_ps'])}")
     if rows:
         note = "" if total <= max_rows else f" (only the rows that differ: {total} in all)"
         lines.append(f"checksums (mix, first 8 hex digits; * differs from the replay){note}:")
         lines.append(format_table(["layer", "rank", *POINTS], rows))
+    steps = [d for d in res["divergences"] if d.get("step", -1) >= 0]
+    for d in steps[:8]:
+        lines.append(f"reduction step {d['step']} of layer {d['layer']} on rank {d['rank']}: "
+                     f"{'its result' if d['reduced'] else 'the chunk that arrived'} differs from the replay")
     for e in res["rank_fill_errors"][:8]:
         lines.append(f"rank-fill check: {e}")
     for f in res["faults"]:

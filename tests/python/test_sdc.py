@@ -149,8 +149,10 @@ def test_campaign_detects_and_localises_everything_and_repeats():
 
 
 def test_campaign_bad_options():
-    with pytest.raises(ValueError, match="site 'reduce' is not drawn by campaigns"):
-        cs.sdc.campaign(SMALL, faults=1, sites=["reduce"])
+    with pytest.raises(ValueError, match="site 'hbm' is not drawn by campaigns"):
+        cs.sdc.campaign(SMALL, faults=1, sites=["hbm"])
+    with pytest.raises(ValueError, match="no operation on 'ring4' passes the sites"):
+        cs.sdc.campaign(SMALL, faults=1, sites=["reduce"])  # fsdp has no reductions
     with pytest.raises(ValueError, match="unknown fault site 'pe'"):
         cs.sdc.campaign(SMALL, faults=1, sites=["pe"])
     with pytest.raises(ValueError, match="faults"):
@@ -200,3 +202,25 @@ def test_cli_campaign(capsys, tmp_path):
     assert d["schema"] == "cubesim.sdc.campaign/1" and d["total"]["injected"] == 40 and len(d["outcomes"]) == 40
     rc, out, err = run_cli(capsys, "sdc", "campaign", "--faults", "1", "--sites", "hbm")
     assert rc == 2 and "'hbm' is not drawn by campaigns" in err
+
+
+def test_tp_mode_checks_every_reduction_step_and_names_the_rank(capsys):
+    res = cs.sdc.run(dict(SMALL, mode="tp"))
+    assert res["verdict"]["kind"] == "clean", res["verdict"]["text"]
+    steps = res["layers"][2]["ranks"][1]["reduction_steps"]
+    assert len(steps) == 3 and all(set(s) == {"received", "reduced"} for s in steps)
+    outs = {r["checksums"]["comm_output"]["mix"] for r in res["layers"][0]["ranks"]}
+    assert len(outs) == 1  # every rank holds the same all-reduced bits
+    rc, out, err = run_cli(capsys, "sdc", "run", "--set", "mode=tp", "--set", "layers=4", "--set",
+                           'faults=[{"site": "reduce", "cube": 3, "nth": 5, "seed": 2}]')
+    assert rc == 1, err
+    assert "verdict: corruption in comm at layer 1 on rank 3" in out, out
+    assert "reduction step 1 of layer 1 on rank 3: its result differs from the replay" in out, out
+    with pytest.raises(ValueError, match="'full' is not a tensor of the tp model"):
+        cs.sdc.load_recipe({"mode": "tp", "faults": [{"site": "hbm", "tensor": "full", "at_us": 1}]})
+    with pytest.raises(ValueError, match="'pp' is not a mode"):
+        cs.sdc.load_recipe({"mode": "pp"})
+    c = cs.sdc.campaign(dict(SMALL, mode="tp"), faults=40, seed=3, clean_runs=2, threads=2)
+    t = c["total"]
+    assert t["detected"] == t["activated"] > 30 and t["localised"] == t["detected"] and t["silent"] == 0
+    assert c["by_site"]["reduce"]["injected"] > 0

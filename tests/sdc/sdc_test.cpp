@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/dtype.h"
 #include "runtime/backend_registry.h"
 #include "runtime/checksum.h"
 #include "runtime/errors.h"
@@ -316,6 +318,152 @@ TEST(SdcCampaign, EveryActivatedFaultIsDetectedAndLocalised) {
   auto a = campaign_to_json(c), b = campaign_to_json(one);
   a.erase("wall_s"), b.erase("wall_s");
   EXPECT_EQ(a.dump(), b.dump());
+}
+
+// ---- tensor-parallel mode ----------------------------------------------------------------------------
+
+Recipe tp_recipe() {
+  Recipe r = small_recipe();
+  r.mode = Mode::tp;
+  return r;
+}
+
+TEST(SdcTp, ACleanRunIsTheMlpAndMatchesTheReplayAtEveryReductionStep) {
+  const Recipe r = tp_recipe();
+  auto ctx = ring4();
+  const Result res = run(*ctx, r);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean) << res.verdict.text;
+  EXPECT_TRUE(res.divergences.empty());
+  EXPECT_TRUE(res.changed_tensors.empty());
+  ASSERT_EQ(res.checks.size(), 4u);
+  for (int l = 0; l < 4; ++l)
+    for (int rank = 0; rank < 4; ++rank) {
+      const Checks& c = res.checks[l][rank];
+      EXPECT_EQ(c.word, res.checks[0][rank].word);
+      EXPECT_EQ(c.mix, res.checks[0][rank].mix);
+      // Three reduction steps of the ring on each rank, each with what arrived and the result.
+      ASSERT_EQ(c.step_mix.size(), 6u);
+      EXPECT_EQ(c.step_mix, res.checks[0][rank].step_mix);
+      // After the all-reduce every rank holds the same bits; before it, each its own partial sum.
+      EXPECT_EQ(c.mix[static_cast<int>(Point::comm_output)], res.checks[l][0].mix[static_cast<int>(Point::comm_output)]);
+      if (rank > 0) EXPECT_NE(c.mix[static_cast<int>(Point::comm_input)], res.checks[l][0].mix[static_cast<int>(Point::comm_input)]);
+    }
+  // The host runs it too and agrees bit for bit, reduction steps included.
+  rt::Context host(rt::ContextOptions{.world_size = 4});
+  const Result h = run(host, r);
+  EXPECT_EQ(h.verdict.kind, Verdict::Kind::clean);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(h.checks[1][rank].mix, res.checks[1][rank].mix);
+    EXPECT_EQ(h.checks[1][rank].step_word, res.checks[1][rank].step_word);
+  }
+  // The model is Megatron's MLP: y = sum over ranks of gelu(x · W1_rᵀ) · W2_rᵀ, against a double
+  // reference from the shards each rank held (bf16 intermediates: a relative norm, not bits).
+  const Golden g = golden(r, 4);
+  const auto& x = g.tensors[0][0];
+  const std::int64_t T = r.tokens, H = r.hidden, R = r.ffn / 4;
+  std::vector<double> want(static_cast<std::size_t>(T * H), 0.0);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(g.tensors[rank][0], x);  // the same input on every rank
+    const auto& w1 = g.tensors[rank][1];
+    const auto& w2 = g.tensors[rank][2];
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < R; ++j) {
+        double a = 0;
+        for (std::int64_t k = 0; k < H; ++k) a += double(load_f32(x.data(), r.dtype, t * H + k)) * load_f32(w1.data(), r.dtype, j * H + k);
+        const double hj = 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+        for (std::int64_t i = 0; i < H; ++i) want[static_cast<std::size_t>(t * H + i)] += hj * load_f32(w2.data(), r.dtype, i * R + j);
+      }
+  }
+  double err = 0, norm = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(g.tensors[rank][4], g.tensors[0][4]);
+    for (std::int64_t e = 0; e < T * H; ++e) {
+      const double d = load_f32(g.tensors[rank][4].data(), r.dtype, e) - want[static_cast<std::size_t>(e)];
+      err += d * d, norm += want[static_cast<std::size_t>(e)] * want[static_cast<std::size_t>(e)];
+    }
+  }
+  EXPECT_GT(norm, 0.1 * 4 * T * H * 0.01);
+  EXPECT_LT(std::sqrt(err / norm), 2e-2);
+}
+
+TEST(SdcTp, AReductionStepFaultIsCommOnItsRank) {
+  const Recipe r = tp_recipe();
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::reduce, .cube = 2, .nth = 2, .seed = 3};
+  f.at_us = layer_moment(r, 1);
+  const Result res = with_fault(r, f);
+  expect_found(res, Verdict::Kind::comm, 1, 2);
+  ASSERT_FALSE(res.divergences.empty());
+  // Seen at the step it struck: what arrived matched, the step's result did not.
+  EXPECT_EQ(res.divergences.front().rank, 2);
+  EXPECT_EQ(res.divergences.front().step, 1);
+  EXPECT_TRUE(res.divergences.front().reduced);
+}
+
+TEST(SdcTp, ALinkFaultIsFoundWhereItEnteredInEitherPhaseOfTheAllReduce) {
+  const Recipe r = tp_recipe();
+  sim::Simulator s;
+  hw::System sys(s, hw::load_topology("ring4"));
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::link, .link = sys.route(1, 2).at(0), .seed = 5};
+  f.at_us = layer_moment(r, 2);
+  // From layer 2's start the link carries the reduce-scatter's three steps, then the all-gather's.
+  for (std::uint64_t nth = 1; nth <= 6; ++nth) {
+    f.spec.nth = nth;
+    const Result res = with_fault(r, f);
+    expect_found(res, Verdict::Kind::comm, 2, 2);
+    const bool in_steps = std::any_of(res.divergences.begin(), res.divergences.end(), [](const Divergence& d) { return d.step >= 0; });
+    EXPECT_EQ(in_steps, nth <= 3) << "nth " << nth << ": " << res.verdict.text;
+    if (nth <= 3) {
+      EXPECT_EQ(res.divergences.front().step, static_cast<int>(nth) - 1);
+      EXPECT_FALSE(res.divergences.front().reduced);  // it arrived corrupted
+    }
+  }
+}
+
+TEST(SdcTp, ComputeAndAtRestFaultsAreFoundToo) {
+  const Recipe r = tp_recipe();
+  RecipeFault f;
+  f.spec = {.site = hw::FaultSite::gemm_tile, .model = hw::FaultModel::word_burst, .cube = 3, .nth = 2, .words = 3, .seed = 2};
+  f.at_us = layer_moment(r, 1);
+  expect_found(with_fault(r, f), Verdict::Kind::compute, 1, 3);
+  RecipeFault m;
+  m.spec = {.site = hw::FaultSite::hbm, .model = hw::FaultModel::bit_flip, .seed = 6};
+  m.tensor = "w2";
+  m.layer = 3;
+  m.rank = 1;
+  m.at_us = layer_moment(r, 1);
+  const Result res = with_fault(r, m);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::memory) << res.verdict.text;
+  EXPECT_EQ(res.verdict.layer, 3);
+  EXPECT_EQ(res.verdict.rank, 1);
+  // fsdp's tensor names are not tp's.
+  nlohmann::json doc = recipe_to_json(r);
+  doc["faults"] = nlohmann::json::array({{{"site", "hbm"}, {"tensor", "shard"}, {"at_us", 1}}});
+  try {
+    parse_recipe(doc, "tp.json");
+    ADD_FAILURE() << "a tensor of the other mode was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("faults.0.tensor: 'shard' is not a tensor of the tp model (valid: input, w1, w2, hidden, output)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SdcTp, ACampaignDetectsAndLocalisesEveryActivatedFault) {
+  CampaignOptions o;
+  o.faults = 120;
+  o.seed = 5;
+  o.clean_runs = 4;
+  o.threads = 2;
+  const CampaignResult c = run_campaign(hw::load_topology("ring4"), tp_recipe(), o);
+  EXPECT_EQ(c.total.fired, 120u);
+  EXPECT_GT(c.total.activated, 100u);
+  EXPECT_EQ(c.total.detected, c.total.activated) << campaign_to_json(c, false).dump(1);
+  EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
+  EXPECT_EQ(c.total.silent, 0u);
+  EXPECT_EQ(c.false_positives, 0u);
+  for (const char* site : {"link", "dma", "gemm_tile", "reduce"}) EXPECT_GT(c.by_site.at(site).injected, 15u) << site;
 }
 
 TEST(SdcCampaign, BadOptionsAreRefused) {
