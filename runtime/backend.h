@@ -23,6 +23,7 @@
 #include "kernels/checksum.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
+#include "runtime/fault_replay.h"
 #include "runtime/storage.h"
 #include "sim/core/simulator.h"
 #include "sim/core/time.h"
@@ -156,10 +157,15 @@ class Backend {
 
   // A logical point where a fault may strike (hw::FaultSpec's sites gemm_tile and reduce): the runtime
   // calls it after a GEMM wrote its output `t` and after a reduction step wrote `t`. The simulator
-  // passes reductions to its fault injector (its GEMM tiles reach it from the PEs); a backend on
-  // hardware may replay fault specs here by changing bits of t in device memory.
-  enum class FaultPoint { gemm_output, reduce };
-  virtual void fault_point(FaultPoint p, const Tensor& t) {}
+  // passes reductions to its fault injector (its GEMM tiles reach it from the PEs); other backends
+  // replay the specs armed in fault_replay() here, changing bits of t where it lives (device memory).
+  using FaultPoint = rt::FaultPoint;
+  virtual void fault_point(FaultPoint p, const Tensor& t) {
+    if (replay_.armed()) replay_.on_point(p, t);
+  }
+  // The fault specs replayed at those points (runtime/fault_replay.h); null on a backend that injects
+  // faults into a simulated system of its own (sim: SimBackend::system().faults()).
+  virtual FaultReplay* fault_replay() { return &replay_; }
 
   // Whether begin_region/end_region measure real time (backends on hardware: cuda).
   virtual bool measures_time() const { return false; }
@@ -186,6 +192,9 @@ class Backend {
   // A run failed and its processes were unwound: drop what it left in flight (transfers that will
   // never land), so the next run starts from a usable state.
   virtual void abandon_run() {}
+
+ private:
+  FaultReplay replay_;
 };
 
 }  // namespace cubesim::rt

@@ -98,6 +98,7 @@ class SimBackend final : public Backend {
   // Reductions reach the system's fault injector (hw::FaultSite::reduce) here; GEMM tiles reach it
   // from the PEs (kernels/sim_pe_gemm.h).
   void fault_point(FaultPoint p, const Tensor& t) override;
+  FaultReplay* fault_replay() override { return nullptr; }  // faults go to system().faults()
 
   hw::System& system() { return *system_; }
   // The time `cost` takes on rank `rank`'s cube (roofline of its PEs' MAC or vector rate against HBM).

@@ -71,7 +71,7 @@ Outcome judge_outcome(std::uint64_t index, const RecipeFault& f, const Result& r
   o.activated = o.detected || !res.changed_tensors.empty();
   if (!res.changed_tensors.empty()) o.changed = res.changed_tensors.front();
   if (o.fired) {
-    o.truth = truth_of(res, o.record);
+    o.truth = truth_of(res, 0);
     o.localised = o.detected && o.verdict.kind == o.truth.kind && o.verdict.layer == o.truth.layer &&
                   o.verdict.rank == o.truth.rank;
   }
@@ -100,6 +100,18 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
                                          "gemm_tile, reduce; faults at rest are given one by one in a recipe's "
                                          "\"faults\")",
                                          hw::fault_site_name(s)));
+  // Without a simulated system (host, cuda) faults replay at the runtime's points: GEMM outputs and
+  // reduction steps, per rank.
+  const bool replayed = static_cast<bool>(o.make_context);
+  if (replayed)
+    for (hw::FaultSite s : o.sites)
+      if (s != hw::FaultSite::gemm_tile && s != hw::FaultSite::reduce)
+        throw rt::RuntimeError(fmt::format("sdc campaign: site '{}' needs the sim backend; a campaign on another "
+                                           "backend replays faults at the runtime's points (valid: gemm_tile, reduce)",
+                                           hw::fault_site_name(s)));
+  auto fresh_context = [&]() -> std::unique_ptr<rt::Context> {
+    return replayed ? o.make_context() : rt::make_sim_context({}, topo);
+  };
   const auto t_start = std::chrono::steady_clock::now();
   CampaignResult c;
   c.topology = topo.name;
@@ -108,7 +120,17 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
 
   // The census: every candidate unit's operations in a fault-free run.
   Recipe census = recipe;
-  {
+  auto ctx0 = fresh_context();
+  if (replayed) {
+    const int ranks = recipe.ranks > 0 ? recipe.ranks : ctx0->world_size();
+    c.backend = std::string(ctx0->backend().name());
+    for (hw::FaultSite site : o.sites)
+      for (int rank = 0; rank < ranks; ++rank) {
+        RecipeFault f;
+        f.spec = {.site = site, .cube = rank, .nth = kNever};
+        census.faults.push_back(f);
+      }
+  } else {
     sim::Simulator s;
     hw::System sys(s, topo);
     for (hw::FaultSite site : o.sites) {
@@ -127,8 +149,8 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
       }
     }
   }
-  auto ctx0 = rt::make_sim_context({}, topo);
   const Result cr = run(*ctx0, census);
+  ctx0.reset();
   c.ranks = cr.ranks;
   std::vector<std::vector<std::pair<RecipeFault, std::uint64_t>>> by_site(o.sites.size());
   for (std::size_t i = 0; i < census.faults.size(); ++i) {
@@ -143,7 +165,7 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
   const bool any = std::any_of(by_site.begin(), by_site.end(), [](const auto& v) { return !v.empty(); });
   if (!any && o.faults > 0)
     throw rt::RuntimeError(fmt::format("sdc campaign: no operation on '{}' passes the sites asked for", topo.name));
-  const Golden ref = golden(recipe, cr.ranks, &topo.nccl);
+  const Golden ref = golden(recipe, cr.ranks, replayed ? nullptr : &topo.nccl);
   const int word_bytes = static_cast<int>(dtype_size(recipe.dtype));
 
   std::vector<RecipeFault> faults(static_cast<std::size_t>(o.faults));
@@ -157,10 +179,14 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
   std::exception_ptr failure;
   auto worker = [&] {
     try {
+      std::unique_ptr<rt::Context> kept;  // replayed: one context per thread, reused (run() disarms after each)
       while (true) {
         const std::uint64_t k = next.fetch_add(1);
         if (k >= total) break;
-        auto ctx = rt::make_sim_context({}, topo);
+        std::unique_ptr<rt::Context> made;
+        if (!replayed) made = fresh_context();
+        else if (!kept) kept = fresh_context();
+        rt::Context* ctx = replayed ? kept.get() : made.get();
         if (k < o.faults) {
           Recipe r = recipe;
           r.faults = {faults[static_cast<std::size_t>(k)]};
@@ -221,6 +247,7 @@ json campaign_to_json(const CampaignResult& c, bool with_outcomes) {
   for (const auto& [k, t] : c.by_site) sites[k] = tally_json(t);
   for (const auto& [k, t] : c.by_model) models[k] = tally_json(t);
   json j{{"topology", c.topology},
+         {"backend", c.backend},
          {"recipe", recipe_to_json(c.recipe)},
          {"seed", c.seed},
          {"ranks", c.ranks},

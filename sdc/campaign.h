@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct CampaignOptions {
   // Sites to draw from; those without operations in the recipe are skipped (fsdp has no reductions).
   std::vector<hw::FaultSite> sites = {hw::FaultSite::link, hw::FaultSite::dma, hw::FaultSite::gemm_tile,
                                       hw::FaultSite::reduce};
+  // Another backend than sim (host, cuda): makes the context each thread runs on (reused from run to
+  // run); faults then replay at the runtime's points (sites gemm_tile and reduce, per rank), and the
+  // topology argument only names the campaign. Null: a fresh simulated system of the topology per run.
+  std::function<std::unique_ptr<rt::Context>()> make_context;
   // Called from the campaign's threads (one at a time) after each run: done, total.
   std::function<void(std::uint64_t, std::uint64_t)> progress;
 };
@@ -64,6 +69,7 @@ struct Tally {
 
 struct CampaignResult {
   std::string topology;
+  std::string backend = "sim";
   Recipe recipe;
   std::uint64_t seed = 0;
   int ranks = 0;

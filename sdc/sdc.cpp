@@ -236,6 +236,9 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
       world = &ctx.new_group(members);
     }
     o.starts.push_back(ctx.simulator().now());
+    // A backend without simulated time stamps replayed faults with the layer instead (-1: rank-fill).
+    rt::FaultReplay* replay = ctx.backend().fault_replay();
+    if (replay) replay->set_phase(rank, -1);
     const std::int64_t shard_n = rows * r.hidden;
     if (r.rank_fill) {
       const auto mine_b = fill_bytes(rank, shard_n, r.dtype);
@@ -293,6 +296,7 @@ rt::RunReport run_model(rt::Context& ctx, const Recipe& r, int p, std::vector<Ra
         const rt::Tensor& p_l = pre[static_cast<std::size_t>(l)];
         const std::size_t base = per * static_cast<std::size_t>(l);
         if (step == 0) o.starts.push_back(ctx.simulator().now());
+        if (replay) replay->set_phase(rank, l);
         auto take = [&](std::size_t pair, const rt::Tensor& x, std::uint64_t first = 0) {
           if (cs) cs->take_pair(base + 2 * pair, base + 2 * pair + 1, x, first);
         };
@@ -771,10 +775,20 @@ void judge(Result& res, const Golden& ref) {
 void validate(const Recipe& r, int world_size, const hw::Topology* topo) {
   const int p = check_ranks(world_size, r);
   if (r.faults.empty()) return;
-  if (!topo)
-    throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need the sim backend (a simulated "
-                                       "system to inject them into)",
-                                       r.faults.size()));
+  if (!topo) {
+    // A backend without a simulated system replays them at the runtime's points.
+    rt::FaultReplay replay;
+    for (std::size_t i = 0; i < r.faults.size(); ++i) {
+      hw::FaultSpec spec = r.faults[i].spec;
+      if (r.faults[i].at_us >= 0) spec.at = static_cast<sim::Time>(std::llround(r.faults[i].at_us * 1e6));
+      try {
+        replay.add(spec, fmt::format("faults.{}", i), p);
+      } catch (const hw::FaultError& e) {
+        throw rt::RuntimeError(fmt::format("sdc: on a backend without a simulated system: {}", e.what()));
+      }
+    }
+    return;
+  }
   sim::Simulator s;
   hw::System sys(s, *topo);
   arm_untargeted(sys.faults(), r, p, 0);
@@ -783,9 +797,12 @@ void validate(const Recipe& r, int world_size, const hw::Topology* topo) {
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   const int p = check_ranks(ctx.world_size(), r);
   auto* sim = dynamic_cast<rt::SimBackend*>(&ctx.backend());
-  if (!r.faults.empty() && (!sim || sim->timing_only()))
-    throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need the sim backend with values "
-                                       "(this context: {}{}); remove the faults or run on sim without timing_only",
+  // Backends without a simulated system replay gemm_tile and reduce faults at the runtime's points.
+  rt::FaultReplay* replay = sim ? nullptr : ctx.backend().fault_replay();
+  if (!r.faults.empty() && (ctx.backend().timing_only() || (!sim && !replay)))
+    throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need values: the sim backend, or a "
+                                       "backend that replays them (host, cuda) (this context: {}{}); remove the "
+                                       "faults or run without timing_only",
                                        r.faults.size(), ctx.backend().name(),
                                        ctx.backend().timing_only() ? ", timing-only" : ""));
   Golden own;
@@ -798,15 +815,30 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   res.recipe = r;
   res.ranks = p;
   for (int rank = 0; rank < p; ++rank) res.cubes.push_back(ctx.backend().device_of(rank));
-  hw::FaultInjector* inj = sim ? &sim->system().faults() : nullptr;
-  if (inj) inj->clear();
+  hw::FaultInjector* inj = sim && !r.faults.empty() ? &sim->system().faults() : nullptr;
+  if (sim) sim->system().faults().clear();
+  if (replay) replay->clear();
   // Whatever happens (a refused fault, a failed rank), nothing of this run stays armed.
   struct Disarm {
     hw::FaultInjector* inj;
+    rt::FaultReplay* replay;
     ~Disarm() {
       if (inj) inj->clear();
+      if (replay) replay->clear();
     }
-  } disarm{inj};
+  } disarm{inj, replay};
+  if (replay) {
+    for (std::size_t i = 0; i < r.faults.size(); ++i) {
+      const RecipeFault& f = r.faults[i];
+      hw::FaultSpec spec = f.spec;
+      if (f.at_us >= 0) spec.at = static_cast<sim::Time>(std::llround(f.at_us * 1e6));
+      try {
+        replay->add(spec, fmt::format("faults.{}", i), p);
+      } catch (const hw::FaultError& e) {
+        throw rt::RuntimeError(fmt::format("sdc: on the {} backend: {}", ctx.backend().name(), e.what()));
+      }
+    }
+  }
   const sim::Time t0 = ctx.simulator().now();
   // Faults not aimed at a tensor are armed now; those aimed at one, when their rank has placed it.
   auto at_of = [&](const RecipeFault& f) -> std::optional<sim::Time> {
@@ -881,6 +913,22 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
         }
     inj->clear();
   }
+  if (replay && !r.faults.empty()) {
+    for (const auto& rec : replay->log()) {
+      res.faults.push_back(rec.fault);
+      res.fault_layers.push_back(rec.phase);
+    }
+    const std::vector<std::size_t> pending = replay->pending();
+    for (std::size_t i = 0; i < r.faults.size(); ++i) {
+      res.fault_operations.push_back(replay->seen(i));
+      if (std::find(pending.begin(), pending.end(), i) == pending.end()) continue;
+      res.faults_not_fired.push_back(fmt::format("faults.{} ({}, nth {}): never fired; rank {} had {} matching operations",
+                                                 i, hw::fault_site_name(r.faults[i].spec.site), r.faults[i].spec.nth,
+                                                 r.faults[i].spec.cube < 0 ? std::string("any") : std::to_string(r.faults[i].spec.cube),
+                                                 replay->seen(i)));
+    }
+    replay->clear();
+  }
   if (!ref) {
     res.verdict.text = "no values (timing-only): nothing checked";
     return res;
@@ -945,11 +993,18 @@ std::vector<double> step_seconds(rt::Context& ctx, const Recipe& r, int steps, b
   return secs;
 }
 
-Truth truth_of(const Result& r, const hw::FaultRecord& f) {
+Truth truth_of(const Result& r, std::size_t fault) {
+  const hw::FaultRecord& f = r.faults.at(fault);
   Truth t;
   t.kind = f.site == hw::FaultSite::link || f.site == hw::FaultSite::reduce ? Verdict::Kind::comm
            : f.site == hw::FaultSite::hbm || f.site == hw::FaultSite::tcm  ? Verdict::Kind::memory
                                                                            : Verdict::Kind::compute;
+  // A replayed fault (no simulated time): its rank and layer as the backend stamped them.
+  if (fault < r.fault_layers.size()) {
+    t.rank = f.cube;
+    t.layer = r.fault_layers[fault];
+    return t;
+  }
   const auto it = std::find(r.cubes.begin(), r.cubes.end(), f.cube);
   if (it == r.cubes.end()) return t;
   t.rank = static_cast<int>(it - r.cubes.begin());
@@ -961,6 +1016,19 @@ Truth truth_of(const Result& r, const hw::FaultRecord& f) {
     if (starts[i] < f.time) t.layer = static_cast<int>(i) - 1;
   return t;
 }
+
+namespace {
+// A fault as logged; a replayed one by its operation and layer (the backend keeps no simulated time).
+std::string fault_text(const Result& r, std::size_t i) {
+  const hw::FaultRecord& f = r.faults[i];
+  if (i >= r.fault_layers.size()) return hw::describe(f);
+  const int layer = r.fault_layers[i];
+  return fmt::format("{} #{} ({}): {} changing {} bit{} in {} [{:#x}, {:#x})", f.unit, f.operation,
+                     layer < 0 ? std::string("the rank-fill check") : fmt::format("layer {}", layer),
+                     hw::fault_model_name(f.model), f.bits_changed, f.bits_changed == 1 ? "" : "s", f.memory, f.address,
+                     f.address + f.bytes);
+}
+}  // namespace
 
 json result_to_json(const Result& r) {
   json layers = json::array();
@@ -990,7 +1058,8 @@ json result_to_json(const Result& r) {
     div.push_back({{"layer", d.layer}, {"rank", d.rank}, {"point", point_name(d.point)}, {"chunk", d.chunk},
                    {"step", d.step}, {"reduced", d.reduced}, {"word", d.word}, {"mix", d.mix}});
   json faults = json::array();
-  for (const auto& f : r.faults)
+  for (std::size_t i = 0; i < r.faults.size(); ++i) {
+    const hw::FaultRecord& f = r.faults[i];
     faults.push_back({{"spec", f.spec},
                       {"site", hw::fault_site_name(f.site)},
                       {"model", hw::fault_model_name(f.model)},
@@ -1002,7 +1071,8 @@ json result_to_json(const Result& r) {
                       {"bytes", f.bytes},
                       {"bits_changed", f.bits_changed},
                       {"operation", f.operation},
-                      {"text", hw::describe(f)}});
+                      {"text", fault_text(r, i)}});
+  }
   return json{{"recipe", recipe_to_json(r.recipe)},
               {"ranks", r.ranks},
               {"sim_time_ps", r.report.sim_time},

@@ -152,21 +152,24 @@ struct Result {
   // Activation: the tensors (per layer and rank) whose bytes differ from the reference at the end.
   std::vector<std::string> changed_tensors;     // "layer 3 rank 1 full"
   std::vector<std::string> non_finite;          // "layer 3 rank 1 output: 2 NaN, 0 Inf"
-  std::vector<hw::FaultRecord> faults;          // as injected (simulator)
+  std::vector<hw::FaultRecord> faults;          // as injected (simulator) or replayed (host, cuda)
+  std::vector<int> fault_layers;                // replayed faults: the layer each struck in (-1: rank-fill); empty on sim
   std::vector<std::string> faults_not_fired;    // "faults.0 (link, nth 9): never fired; the run ended at ..."
   std::vector<std::uint64_t> fault_operations;  // per recipe fault: the matching operations it saw
 };
 
 // Checks a recipe before any work, as run() would: ranks against the context's `world_size`, ffn
 // divisible by the ranks, and every fault against `topo` (null: a backend without a simulated system,
-// which runs no faults). RuntimeError naming the field and what would be valid.
+// which replays gemm_tile and reduce faults only). RuntimeError naming the field and what would be valid.
 void validate(const Recipe& r, int world_size, const hw::Topology* topo);
 
 // The reference of a recipe for `ranks` ranks (a host context, no faults); `nccl`: the simulated
 // topology's section when the recipe's algorithm is nccl (its chunking follows it).
 Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl = nullptr);
-// Runs the recipe on ctx. Faults need a simulating backend that keeps values (RuntimeError
-// otherwise); a recipe too large for the context (ranks, ffn not divisible by ranks) is refused
+// Runs the recipe on ctx. Faults need values: on the sim backend they are injected into its system;
+// host and cuda replay gemm_tile and reduce faults at the runtime's points (runtime/fault_replay.h:
+// `cube` names a rank, `nth` counts its GEMM outputs or reduction steps) and refuse the other sites;
+// RuntimeError otherwise; a recipe too large for the context (ranks, ffn not divisible by ranks) is refused
 // naming the field. `ref`: the recipe's golden for the same rank count (made when null).
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref = nullptr);
 
@@ -187,7 +190,9 @@ struct Truth {
   Verdict::Kind kind = Verdict::Kind::clean;
   int layer = -1, rank = -1;
 };
-Truth truth_of(const Result& r, const hw::FaultRecord& f);
+// `fault`: an index into r.faults. A replayed fault (host, cuda: no simulated time) takes the rank
+// and layer the backend stamped on it (fault_layers).
+Truth truth_of(const Result& r, std::size_t fault);
 
 nlohmann::json result_to_json(const Result& r);
 

@@ -875,16 +875,17 @@ def cmd_sdc_campaign(args):
     out = Output(args.json)
     recipe = cs.sdc.load_recipe(args.recipe, args.set or [])
     topo = cs.load_topology(args.topology, overrides=parse_sets(args.topo_set) or None)
-    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    valid = cs.sdc.CAMPAIGN_SITES if args.backend == "sim" else cs.sdc.REPLAY_SITES
+    sites = [s.strip() for s in (args.sites or ",".join(valid)).split(",") if s.strip()]
     for s in sites:
-        if s not in cs.sdc.CAMPAIGN_SITES:
-            raise UsageError(f"--sites {args.sites}: '{s}' is not drawn by campaigns (valid: "
-                             f"{', '.join(cs.sdc.CAMPAIGN_SITES)})")
+        if s not in valid:
+            raise UsageError(f"--sites {args.sites}: '{s}' is not drawn by campaigns on {args.backend} (valid: "
+                             f"{', '.join(valid)})")
     total = args.faults + args.clean_runs
     with Progress(f"SDC campaign, {args.faults} faults + {args.clean_runs} clean runs", total=total) as bar:
         c = cs.sdc.campaign(recipe, topology=topo, faults=args.faults, seed=args.seed, clean_runs=args.clean_runs,
                             threads=args.threads, sites=sites, progress=lambda done, _total: bar.update(done),
-                            outcomes=bool(args.json))
+                            outcomes=bool(args.json), backend=args.backend)
     out.say(cs.sdc.format_campaign(c))
     c["schema"] = "cubesim.sdc.campaign/1"
     out.json(c)
@@ -1252,7 +1253,8 @@ def build_parser():
 
     sr = ssub.add_parser("run", help="run the SDC model once (with the recipe's faults); exit 1 if it finds corruption")
     recipe_opts(sr)
-    sr.add_argument("--backend", default="sim", choices=cs.backends(), help="where it runs (faults need sim)")
+    sr.add_argument("--backend", default="sim", choices=cs.backends(),
+                    help="where it runs (sim injects any fault; host and cuda replay gemm_tile and reduce faults)")
     sr.add_argument("--dry-run", action="store_true", help="validate the recipe (and its faults against the topology), "
                     "print it in full, run nothing")
     json_opt(sr)
@@ -1266,8 +1268,12 @@ def build_parser():
                     help="fault-free runs on fresh data, for false positives (default 10)")
     sc.add_argument("--threads", type=int_in(0, 1024, "a count from 0 to 1024"), default=0, metavar="J",
                     help="worker threads (default: one per core)")
-    sc.add_argument("--sites", default=",".join(cs.sdc.CAMPAIGN_SITES), metavar="LIST",
-                    help=f"fault sites to draw from (default {','.join(cs.sdc.CAMPAIGN_SITES)})")
+    sc.add_argument("--sites", default=None, metavar="LIST",
+                    help=f"fault sites to draw from (default on sim {','.join(cs.sdc.CAMPAIGN_SITES)}; on host and "
+                    f"cuda {','.join(cs.sdc.REPLAY_SITES)})")
+    sc.add_argument("--backend", default="sim", choices=cs.backends(),
+                    help="sim (faults injected into the topology's simulated system, default), or host/cuda (faults "
+                    "replayed at GEMM outputs and reduction steps, in device memory on cuda)")
     json_opt(sc)
     sc.set_defaults(fn=cmd_sdc_campaign)
 

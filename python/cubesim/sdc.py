@@ -30,6 +30,7 @@ from . import _cubesim
 SITES = ("link", "dma", "hbm", "tcm", "gemm_tile", "reduce")
 MODELS = ("bit_flip", "multi_bit", "stuck_at", "word_burst")
 CAMPAIGN_SITES = ("link", "dma", "gemm_tile", "reduce")  # reduce: tp only (fsdp has no reductions)
+REPLAY_SITES = ("gemm_tile", "reduce")  # what host and cuda replay (no simulated system)
 POINTS = ("comm_input", "comm_output", "compute_input", "compute_output")
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -90,14 +91,20 @@ def run(recipe=None, *, context=None, topology="ring4", sets=()):
 
 
 def campaign(recipe=None, *, topology="ring4", faults=100, seed=1, clean_runs=10, threads=0,
-             sites=CAMPAIGN_SITES, progress=None, outcomes=True, sets=()):
+             sites=None, progress=None, outcomes=True, sets=(), backend="sim", world_size=0, backend_options=None):
     """Injects `faults` faults drawn from `seed` (each on a fresh simulated system) and runs
     `clean_runs` fault-free runs; returns the tallies (total, by_site, by_model), the false
     positives, the census of operations per unit and, with outcomes, one row per fault.
-    progress(done, total) is called after each run."""
+    progress(done, total) is called after each run.
+
+    backend "host" or "cuda" (world_size ranks, 0: all; backend_options as Context's) replays the
+    faults at the runtime's points instead (REPLAY_SITES: GEMM outputs and reduction steps per rank;
+    runtime/fault_replay.h); the topology then only names the campaign."""
+    if sites is None:
+        sites = CAMPAIGN_SITES if backend == "sim" else REPLAY_SITES
     topo = topology if isinstance(topology, _cubesim.Topology) else _cubesim.load_topology(topology)
     return _cubesim._sdc_campaign(topo, load_recipe(recipe, sets), faults, seed, clean_runs, threads, list(sites),
-                                  progress, outcomes)
+                                  progress, outcomes, backend, world_size, dict(backend_options or {}))
 
 
 def _pct(part, whole):
@@ -169,8 +176,9 @@ def format_campaign(c):
     cl = c["clean"]
     rec = c["recipe"]
     return "\n".join([
-        f"SDC campaign on '{c['topology']}': {c['ranks']} ranks, {rec['layers']} layers, seed {c['seed']}, "
-        f"{c['wall_s']:.1f} s",
+        (f"SDC campaign on '{c['topology']}'" if c.get("backend", "sim") == "sim" else
+         f"SDC campaign on the {c['backend']} backend (faults replayed at GEMM outputs and reduction steps)") +
+        f": {c['ranks']} ranks, {rec['mode']} mode, {rec['layers']} layers, seed {c['seed']}, {c['wall_s']:.1f} s",
         format_table(head, rows),
         "(detected: % of activated; localised: % of detected, to comm/compute, layer and rank)",
         f"fault-free runs: {cl['runs']} ({cl['layer_steps']} layer-steps on fresh data), "

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "kernels/checksum.h"
+#include "runtime/backend_registry.h"
 #include "sdc/campaign.h"
 #include "sdc/sdc.h"
 #include "sim/hw/fault.h"
@@ -57,13 +58,26 @@ void bind_sdc(py::module_& m) {
       "_sdc_campaign",
       [](const hw::Topology& topo, const py::handle& doc, const py::handle& faults, const py::handle& seed,
          const py::handle& clean_runs, const py::handle& threads, const std::vector<std::string>& sites,
-         const py::object& progress, bool outcomes) {
+         const py::object& progress, bool outcomes, const std::string& backend, const py::handle& world_size,
+         const py::dict& backend_options) {
         const sdc::Recipe r = recipe_arg(doc, "recipe");
         sdc::CampaignOptions o;
+        if (backend != "sim") {
+          const rt::BackendInfo& info = rt::find_backend(backend);  // RuntimeError listing the names
+          if (info.simulates)
+            throw py::value_error(fmt::format("campaign: backend '{}' simulates a system: give it as the topology's "
+                                              "campaign (backend 'sim')", backend));
+          rt::ContextOptions co;
+          co.world_size = static_cast<int>(int_arg(world_size, "world_size", 0, 1 << 16));
+          rt::BackendArgs args;
+          args.options = to_json(backend_options, "backend_options");
+          o.make_context = [name = std::string(info.name), co, args] { return rt::make_context(name, co, args); };
+        }
         o.faults = static_cast<std::uint64_t>(int_arg(faults, "faults", 0, 10'000'000));
         o.seed = u64_arg(seed, "seed");
         o.clean_runs = static_cast<std::uint64_t>(int_arg(clean_runs, "clean_runs", 0, 1'000'000));
         o.threads = static_cast<int>(int_arg(threads, "threads", 0, 1024));
+        if (backend == "cuda") o.threads = 1;  // one context on the GPUs, run after run
         o.sites.clear();
         for (const auto& s : sites) o.sites.push_back(hw::parse_fault_site(s, "sites"));
         if (!progress.is_none()) {
@@ -80,7 +94,8 @@ void bind_sdc(py::module_& m) {
         return from_json(out);
       },
       py::arg("topology"), py::arg("recipe"), py::arg("faults"), py::arg("seed"), py::arg("clean_runs"),
-      py::arg("threads"), py::arg("sites"), py::arg("progress"), py::arg("outcomes"));
+      py::arg("threads"), py::arg("sites"), py::arg("progress"), py::arg("outcomes"), py::arg("backend") = "sim",
+      py::arg("world_size") = 0, py::arg("backend_options") = py::dict());
   m.def(
       "checksum",
       [](const py::array& a, const std::string& dtype, const std::string& kind, const py::handle& base) {

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
+#include <tuple>
+#include <cstring>
 #include <cmath>
 #include <random>
 #include <string>
@@ -15,6 +18,7 @@
 #include "runtime/backend_registry.h"
 #include "runtime/checksum.h"
 #include "runtime/errors.h"
+#include "runtime/ops.h"
 #include "runtime/sim_backend.h"
 #include "sdc/campaign.h"
 #include "sdc/sdc.h"
@@ -84,7 +88,7 @@ Result with_fault(Recipe r, RecipeFault f) {
 
 void expect_found(const Result& res, Verdict::Kind kind, int layer, int rank) {
   ASSERT_EQ(res.faults.size(), 1u) << res.verdict.text;
-  const Truth t = truth_of(res, res.faults[0]);
+  const Truth t = truth_of(res, 0);
   EXPECT_EQ(t.kind, kind);
   EXPECT_EQ(t.layer, layer);
   EXPECT_EQ(t.rank, rank);
@@ -154,7 +158,7 @@ TEST(Sdc, DirectAllGatherLocalisesToTheReceivingRank) {
   f.at_us = layer_moment(r, 1);
   const Result res = with_fault(r, f);
   ASSERT_EQ(res.faults.size(), 1u);
-  const Truth t = truth_of(res, res.faults[0]);
+  const Truth t = truth_of(res, 0);
   EXPECT_EQ(res.verdict.kind, Verdict::Kind::comm) << res.verdict.text;
   EXPECT_EQ(res.verdict.rank, t.rank) << res.verdict.text << " / " << hw::describe(res.faults[0]);
   EXPECT_EQ(res.verdict.layer, t.layer) << res.verdict.text;
@@ -276,7 +280,7 @@ TEST(Sdc, FaultsOutsideTheTopologyAreRefusedBeforeTheRun) {
     run(host, r);
     FAIL();
   } catch (const rt::RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("need the sim backend with values"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("faults.0.pe: 200: this backend has no simulated PEs"), std::string::npos) << e.what();
   }
 }
 
@@ -466,6 +470,117 @@ TEST(SdcTp, ACampaignDetectsAndLocalisesEveryActivatedFault) {
   for (const char* site : {"link", "dma", "gemm_tile", "reduce"}) EXPECT_GT(c.by_site.at(site).injected, 15u) << site;
 }
 
+// ---- faults replayed without a simulated system (host here; cuda below) ------------------------------
+
+TEST(SdcReplay, GemmAndReductionFaultsAreFoundOnTheHostAsOnSim) {
+  rt::Context host(rt::ContextOptions{.world_size = 4});
+  Recipe r = tp_recipe();
+  RecipeFault red;
+  red.spec = {.site = hw::FaultSite::reduce, .model = hw::FaultModel::multi_bit, .cube = 2, .nth = 5, .bits = 4, .seed = 3};
+  r.faults = {red};
+  Result res = run(host, r);
+  ASSERT_EQ(res.faults.size(), 1u) << res.verdict.text;
+  ASSERT_EQ(res.fault_layers.size(), 1u);
+  EXPECT_EQ(res.fault_layers[0], 1);  // three reduction steps a layer: the fifth is layer 1's second
+  const Truth t = truth_of(res, 0);
+  EXPECT_EQ(t.kind, Verdict::Kind::comm);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::comm) << res.verdict.text;
+  EXPECT_EQ(res.verdict.layer, 1);
+  EXPECT_EQ(res.verdict.rank, 2);
+  EXPECT_EQ(res.divergences.front().step, 1);
+  EXPECT_TRUE(res.divergences.front().reduced);
+  RecipeFault gemm;
+  gemm.spec = {.site = hw::FaultSite::gemm_tile, .model = hw::FaultModel::word_burst, .cube = 3, .nth = 6, .words = 3, .seed = 8};
+  for (Mode m : {Mode::tp, Mode::fsdp}) {
+    r.mode = m;
+    gemm.spec.nth = m == Mode::tp ? 6 : 3;
+    r.faults = {gemm};
+    res = run(host, r);
+    ASSERT_EQ(res.faults.size(), 1u) << res.verdict.text << " " << fmt::format("{}", res.faults_not_fired);
+    // tp: two GEMMs a layer (the sixth is layer 2's row GEMM); fsdp: one (the third is layer 2's).
+    const int layer = 2;
+    EXPECT_EQ(truth_of(res, 0).layer, layer);
+    EXPECT_EQ(res.verdict.kind, Verdict::Kind::compute) << res.verdict.text;
+    EXPECT_EQ(res.verdict.layer, layer);
+    EXPECT_EQ(res.verdict.rank, 3);
+  }
+  // The next run on the same context starts disarmed.
+  r.faults.clear();
+  EXPECT_EQ(run(host, r).verdict.kind, Verdict::Kind::clean);
+  // What needs a simulated system is refused, naming the field.
+  for (const auto& [spec, at, field] : std::vector<std::tuple<hw::FaultSpec, double, std::string>>{
+           {{.site = hw::FaultSite::link, .link = 0}, -1, "faults.0.site: 'link' needs a simulated system"},
+           {{.site = hw::FaultSite::reduce, .cube = 4}, -1, "faults.0.cube: 4 is not a rank (valid: -1 for any, or 0..3)"},
+           {{.site = hw::FaultSite::gemm_tile, .pe = 1}, -1, "faults.0.pe: 1"},
+           {{.site = hw::FaultSite::gemm_tile}, 3.0, "faults.0.at: this backend keeps no simulated time"}}) {
+    RecipeFault f;
+    f.spec = spec;
+    f.at_us = at;
+    r.faults = {f};
+    try {
+      run(host, r);
+      ADD_FAILURE() << field;
+    } catch (const rt::RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(validate(r, 4, nullptr), rt::RuntimeError);
+  }
+}
+
+TEST(SdcReplay, ReplayedBitsAreTheModelsOnTheWholeOutput) {
+  // The replay reads only the model's window, but changes the bits apply_fault_model changes on the
+  // whole span: check against a host copy of a GEMM output.
+  rt::Context host(rt::ContextOptions{.world_size = 1});
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    hw::FaultSpec s{.site = hw::FaultSite::gemm_tile, .model = hw::kFaultModels[trial % 4], .nth = 1,
+                    .bits = 2 + trial % 7, .words = 2 + trial % 5, .word_bytes = 2, .stuck_value = trial & 1, .seed = rng()};
+    std::vector<std::uint8_t> before, after;
+    host.spawn(1, [&](int rank) {
+      std::vector<float> a(64 * 32), b(32 * 48);
+      for (auto& v : a) v = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1.0p-53 - 0.5);
+      for (auto& v : b) v = static_cast<float>(static_cast<double>(rng() >> 11) * 0x1.0p-53 - 0.5);
+      rt::Tensor ta = host.from_host_f32(rank, {64, 32}, DType::bf16, a);
+      rt::Tensor tb = host.from_host_f32(rank, {32, 48}, DType::bf16, b);
+      rt::Tensor c = host.empty(rank, {64, 48}, DType::bf16, "c");
+      rt::matmul(ta, tb, nullptr, c, "clean");
+      before = c.to_host_bytes();
+      host.backend().fault_replay()->add(s, "fault", 1);
+      rt::matmul(ta, tb, nullptr, c, "replayed");
+      after = c.to_host_bytes();
+    });
+    auto* rp = host.backend().fault_replay();
+    ASSERT_EQ(rp->log().size(), 1u);
+    std::vector<std::byte> want(before.size());
+    std::memcpy(want.data(), before.data(), before.size());
+    const hw::FaultRecord w = hw::apply_fault_model(s, std::span(want));
+    EXPECT_EQ(std::memcmp(want.data(), after.data(), after.size()), 0) << "trial " << trial;
+    EXPECT_EQ(rp->log()[0].fault.bits_changed, w.bits_changed);
+    EXPECT_EQ(rp->log()[0].fault.offset, w.offset);
+    rp->clear();
+  }
+}
+
+TEST(SdcReplay, AHostCampaignDetectsAndLocalisesEveryActivatedFault) {
+  CampaignOptions o;
+  o.faults = 200;
+  o.seed = 9;
+  o.clean_runs = 4;
+  o.threads = 2;
+  o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce};
+  o.make_context = [] { return std::make_unique<rt::Context>(rt::ContextOptions{.world_size = 4}); };
+  const CampaignResult c = run_campaign(hw::load_topology("ring4"), tp_recipe(), o);
+  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.total.fired, 200u);
+  EXPECT_GT(c.total.activated, 180u);
+  EXPECT_EQ(c.total.detected, c.total.activated);
+  EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
+  EXPECT_EQ(c.false_positives, 0u);
+  EXPECT_GT(c.by_site.at("reduce").injected, 50u);
+  o.sites = {hw::FaultSite::link};
+  EXPECT_THROW(run_campaign(hw::load_topology("ring4"), tp_recipe(), o), rt::RuntimeError);
+}
+
 TEST(SdcCampaign, BadOptionsAreRefused) {
   Recipe r = small_recipe();
   CampaignOptions o;
@@ -534,6 +649,46 @@ TEST(SdcCuda, CleanRunsMatchTheHostReplay) {
     const Result res = run(*ctx, r);
     EXPECT_EQ(res.verdict.kind, Verdict::Kind::clean) << res.verdict.text;
     EXPECT_TRUE(res.changed_tensors.empty());
+  }
+}
+
+TEST(SdcCuda, ReplayedFaultsChangeTheSameBitsAsOnTheHost) {
+  std::unique_ptr<rt::Context> ctx;
+  try {
+    ctx = rt::make_context("cuda", {});
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const int p = ctx->world_size();
+  rt::Context host(rt::ContextOptions{.world_size = p});
+  std::mt19937_64 rng(17);
+  for (Mode m : {Mode::tp, Mode::fsdp}) {
+    Recipe r = small_recipe();
+    r.mode = m;
+    r.ranks = p;
+    r.ffn = 128 * p;
+    for (int trial = 0; trial < 12; ++trial) {
+      RecipeFault f;
+      const bool reduce = m == Mode::tp && p > 1 && trial % 2 == 1;
+      f.spec = {.site = reduce ? hw::FaultSite::reduce : hw::FaultSite::gemm_tile, .model = hw::kFaultModels[trial % 4],
+                .cube = static_cast<int>(rng() % static_cast<std::uint64_t>(p)),
+                .nth = 1 + rng() % (reduce ? static_cast<std::uint64_t>(3 * (p - 1)) : 6), .bits = 3, .words = 3,
+                .stuck_value = trial & 1, .seed = rng()};
+      r.faults = {f};
+      const Result on_gpu = run(*ctx, r);
+      const Result on_host = run(host, r);
+      ASSERT_EQ(on_gpu.faults.size(), 1u) << on_gpu.verdict.text;
+      EXPECT_EQ(on_gpu.verdict.text, on_host.verdict.text);
+      EXPECT_EQ(on_gpu.changed_tensors, on_host.changed_tensors);
+      for (int l = 0; l < r.layers; ++l)
+        for (int rank = 0; rank < p; ++rank) EXPECT_EQ(on_gpu.checks[l][rank].mix, on_host.checks[l][rank].mix);
+      if (!on_gpu.divergences.empty()) {
+        const Truth t = truth_of(on_gpu, 0);
+        EXPECT_EQ(on_gpu.verdict.kind, t.kind) << on_gpu.verdict.text;
+        EXPECT_EQ(on_gpu.verdict.layer, t.layer) << on_gpu.verdict.text;
+        EXPECT_EQ(on_gpu.verdict.rank, t.rank) << on_gpu.verdict.text;
+      }
+    }
   }
 }
 
