@@ -1,8 +1,9 @@
 // bench_sdc — the SDC model's checksums: their overhead on the step (with against without, same run)
 // and false positives on fault-free runs, on any backend.
 //
-//   bench_sdc [--backend sim|host|cuda] [--gemm-mode exact|tensor_core] [--ranks N] [--layers N] [--tokens N] [--hidden N] [--ffn N]
-//             [--steps N] [--clean-runs K] [--topology NAME] [--json FILE] [--quick]
+//   bench_sdc [--backend sim|host|cuda] [--mode fsdp|tp] [--gemm-mode exact|tensor_core] [--ranks N] [--layers N]
+//             [--tokens N] [--hidden N] [--ffn N] [--steps N] [--clean-runs K] [--campaign N] [--seed S]
+//             [--share-gpus] [--topology NAME] [--json FILE] [--quick]
 //
 // Overhead: `steps` steps of the model (every layer: all_gather of the weight shard, GEMM + GELU)
 // with its 8 + 2·ranks checksums per layer and `steps` without, interleaved (with, without, with,
@@ -10,8 +11,10 @@
 // reductions included, their one read per step after it) or simulated (sim); the overhead is
 // median(with) / median(without) - 1 (target on H200: <= 2%). False positives: `clean-runs`
 // fault-free runs of a small recipe on fresh data, each checked exactly against the host replay:
-// every layer-step whose checksums differ counts (target 0 over 10,000 layer-steps).
-// JSON: {"overhead": {...}, "clean": {...}}.
+// every layer-step whose checksums differ counts (target 0 over 10,000 layer-steps). Campaign
+// (`--campaign N`): N seeded faults through the small recipe (sdc/campaign.h; on host and cuda replayed
+// at GEMM outputs and reduction steps in device memory), detected and localised against the truth.
+// JSON: {"overhead": {...}, "clean": {...}, "campaign": {...}}.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "bench_util.h"
 #include "runtime/backend_registry.h"
 #include "runtime/checksum.h"
+#include "sdc/campaign.h"
 #include "sdc/sdc.h"
 #include "sim/hw/topology.h"
 
@@ -36,6 +40,9 @@ int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_sdc");
   std::string backend = "sim", topology = "ring4", gemm_mode = "exact";
   int ranks = 0, steps = 20, clean_runs = 40;
+  std::uint64_t campaign = 0, seed = 7;
+  bool share_gpus = false;  // cuda: more ranks than GPUs (rank r on GPU r % GPUs)
+  sdc::Mode mode = sdc::Mode::fsdp;
   sdc::Recipe big;
   big.layers = 8, big.tokens = 8192, big.hidden = 4096, big.ffn = 4096;
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
@@ -54,13 +61,24 @@ int main(int argc, char** argv) {
     else if (a == "--ffn") big.ffn = std::stoll(next());
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--clean-runs") clean_runs = std::stoi(next());
-    else {
-      fmt::print(stderr, "bench_sdc: unknown argument '{}' (valid: --backend, --gemm-mode, --topology, --ranks, --layers, --tokens, "
-                         "--hidden, --ffn, --steps, --clean-runs, --json FILE, --quick)\n", a);
+    else if (a == "--campaign") campaign = std::stoull(next());
+    else if (a == "--seed") seed = std::stoull(next());
+    else if (a == "--share-gpus") share_gpus = true;
+    else if (a == "--mode") {
+      const std::string m = next();
+      if (m != "fsdp" && m != "tp") {
+        fmt::print(stderr, "bench_sdc: --mode {} (valid: fsdp, tp)\n", m);
+        return 2;
+      }
+      mode = m == "tp" ? sdc::Mode::tp : sdc::Mode::fsdp;
+    } else {
+      fmt::print(stderr, "bench_sdc: unknown argument '{}' (valid: --backend, --mode, --gemm-mode, --topology, --ranks, --layers, "
+                         "--tokens, --hidden, --ffn, --steps, --clean-runs, --campaign, --seed, --share-gpus, --json FILE, --quick)\n", a);
       return 2;
     }
   }
   if (args.quick) big.tokens = 256, big.hidden = 256, big.ffn = 512, big.layers = 4, steps = 3, clean_runs = 4;
+  big.mode = mode;
   const hw::Topology topo = hw::load_topology(topology);
   auto make = [&](bool for_timing) {
     rt::ContextOptions o;
@@ -71,9 +89,10 @@ int main(int argc, char** argv) {
     if (backend == "sim" && big.tokens * big.ffn > (1 << 22)) ba.options = {{"timing_only", true}};
     // The clean runs compare against the host replay: the exact GEMM, whatever --gemm-mode times.
     if (backend == "cuda" && for_timing) ba.options = {{"gemm_mode", gemm_mode}};
+    if (backend == "cuda" && share_gpus) ba.options["share_gpus"] = true;
     return rt::make_context(backend, o, ba);
   };
-  nlohmann::json out = {{"bench", "bench_sdc"}, {"backend", backend}};
+  nlohmann::json out = {{"bench", "bench_sdc"}, {"backend", backend}, {"mode", sdc::mode_name(mode)}};
 
   // ---- overhead ----
   {
@@ -133,6 +152,7 @@ int main(int argc, char** argv) {
   {
     auto ctx = make(false);
     sdc::Recipe small;
+    small.mode = mode;
     small.ranks = backend == "sim" ? 0 : ctx->world_size();
     if (ctx->backend().timing_only()) {
       ctx.reset();
@@ -164,6 +184,30 @@ int main(int argc, char** argv) {
     t.print();
     out["clean"] = {{"runs", clean_runs}, {"layer_steps", steps_checked}, {"false_positives", bad},
                     {"runs_with_differences", bad_runs}};
+  }
+  // ---- a fault campaign ----
+  if (campaign > 0) {
+    sdc::Recipe small;
+    small.mode = mode;
+    sdc::CampaignOptions o;
+    o.faults = campaign;
+    o.seed = seed;
+    o.clean_runs = 0;
+    if (backend != "sim") {
+      o.make_context = [&] { return make(false); };
+      o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce};
+      if (backend == "cuda") o.threads = 1;
+    }
+    if (mode == sdc::Mode::fsdp)
+      o.sites.erase(std::remove(o.sites.begin(), o.sites.end(), hw::FaultSite::reduce), o.sites.end());
+    const sdc::CampaignResult c = sdc::run_campaign(topo, small, o);
+    Table t({"backend", "mode", "faults", "fired", "activated", "detected", "localised", "masked", "silent", "wall s"});
+    const sdc::Tally& x = c.total;
+    t.row({backend, std::string(sdc::mode_name(mode)), std::to_string(x.injected), std::to_string(x.fired),
+           std::to_string(x.activated), std::to_string(x.detected), std::to_string(x.localised), std::to_string(x.masked),
+           std::to_string(x.silent), fmt::format("{:.1f}", c.wall_s)});
+    t.print();
+    out["campaign"] = sdc::campaign_to_json(c, false);
   }
   write_json(args, out);
   return 0;

@@ -372,7 +372,8 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
   Backend& be = ctx_.backend();
   const std::int64_t n = dst.numel();
   const std::uint64_t bytes = dst.nbytes();
-  if (!be.timing_only() && n > 0 && !(dst.is_contiguous() && src.is_contiguous() && be.reduce(dst, src, op))) {
+  const bool values = !be.timing_only() && n > 0;
+  if (values && !(dst.is_contiguous() && src.is_contiguous() && be.reduce(dst, src, op))) {
     void* d = dst.storage().host_ptr();
     void* s = src.storage().host_ptr();
     if (d && s) {
@@ -393,6 +394,8 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
       kernels::reduce_values(a, b, dst.dtype(), n, op);
       dst.storage().write(dst.byte_offset(), a, bytes);
     }
+  }
+  if (values) {  // on the host or on the device (be.reduce): the step's result is in dst
     be.fault_point(Backend::FaultPoint::reduce, dst);
     if (reduce_tap && *reduce_tap) (*reduce_tap)(src, dst);
   }

@@ -270,18 +270,23 @@ CudaBackend::CudaBackend(int ranks, CudaBackendOptions opts) : impl_(std::make_u
                                    cudaGetErrorName(e), cudaGetErrorString(e)));
   }
   if (ranks < 1) throw RuntimeError(fmt::format("cuda backend: {} ranks requested; give 1 to {}", ranks, n));
-  if (ranks > n) {
+  if (ranks > n && !opts.share_gpus) {
     const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
     throw RuntimeError(fmt::format("cuda backend: {} ranks need {} GPUs (one rank per GPU), but {} {} visible{}; use at "
-                                   "most {} ranks",
+                                   "most {} ranks, or share_gpus",
                                    ranks, ranks, n, n == 1 ? "is" : "are",
                                    vis ? fmt::format(" (CUDA_VISIBLE_DEVICES={})", vis) : "", n));
   }
+  if (ranks > n && opts.collectives == CudaCollectives::nccl)
+    throw RuntimeError(fmt::format("cuda backend: {} ranks on {} GPU{} (share_gpus) need the runtime's collectives "
+                                   "(collectives 'ring'): NCCL takes one rank per GPU",
+                                   ranks, n, n == 1 ? "" : "s"));
   impl_->ranks = ranks;
-  for (int r = 0; r < ranks; ++r) impl_->devs.push_back(std::make_shared<Device>(r));
+  for (int r = 0; r < ranks; ++r) impl_->devs.push_back(std::make_shared<Device>(r % n));
   // Peer access where the hardware has it (NVLink, PCIe P2P); cudaMemcpyPeerAsync works either way.
-  for (int i = 0; i < ranks; ++i) {
-    for (int j = 0; j < ranks; ++j) {
+  const int gpus = std::min(ranks, n);
+  for (int i = 0; i < gpus; ++i) {
+    for (int j = 0; j < gpus; ++j) {
       if (i == j) continue;
       int can = 0;
       CUBESIM_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, i, j));
@@ -644,6 +649,7 @@ std::unique_ptr<Context> make_cuda(ContextOptions o, const BackendArgs& a) {
   CudaBackendOptions co;
   co.gemm_mode = cuda::parse_gemm_mode(r.choice("gemm_mode", "exact", {"exact", "tensor_core"}));
   co.collectives = parse_cuda_collectives(r.choice("collectives", "ring", {"ring", "nccl"}));
+  co.share_gpus = r.flag("share_gpus", false);
   r.finish();
   if (cuda_device_count() == 0) {
     throw BackendUnavailableError("backend 'cuda': no usable GPU here (" + cuda_unavailable_reason() +
@@ -657,7 +663,8 @@ extern const BackendInfo kCudaBackendInfo;
 const BackendInfo kCudaBackendInfo{
     .name = "cuda",
     .summary = "real GPUs, one rank per GPU: exact or tensor-core GEMMs, the runtime's collectives or NCCL",
-    .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl')",
+    .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl'), share_gpus (bool: more ranks "
+               "than GPUs, rank r on GPU r % GPUs; ring collectives only)",
     .devices = &cuda_device_count,
     .unavailable = [] { return cuda_device_count() > 0 ? std::string() : "no usable GPU: " + cuda_unavailable_reason(); },
     .make = &make_cuda};

@@ -51,6 +51,9 @@ struct CudaBackendOptions {
   cuda::GemmMode gemm_mode = cuda::GemmMode::exact;
   CudaCollectives collectives = CudaCollectives::ring;
   bool measure = true;  // CUDA events around every GEMM and collective
+  // More ranks than GPUs: rank r on GPU r % GPUs, each rank with its own stream and allocator (for
+  // tests of multi-rank code on one GPU; the runtime's collectives only, not NCCL; times shared).
+  bool share_gpus = false;
 };
 
 // CUDA devices this process sees; 0 when there is no driver or GPU (never throws).
@@ -67,7 +70,8 @@ struct CudaAllocatorStats {
 
 class CudaBackend final : public Backend {
  public:
-  // Ranks 0..ranks-1 on GPUs 0..ranks-1. Throws RuntimeError when fewer GPUs exist.
+  // Ranks 0..ranks-1 on GPUs 0..ranks-1 (share_gpus: r % GPUs). Throws RuntimeError when fewer GPUs
+  // exist and they are not to be shared.
   CudaBackend(int ranks, CudaBackendOptions opts);
   ~CudaBackend() override;
 

@@ -871,6 +871,13 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   }
   std::vector<RankOut> out;
   res.report = run_model(ctx, r, p, out, true, arm);
+  // tp's all-reduce is checked against the replay's reduction order: a backend that ran it itself
+  // (NCCL on cuda: no reduction steps reached the tap) reduces in an order of its own.
+  if (r.mode == Mode::tp && p > 1 && !ctx.backend().timing_only() && out[0].checks.at(0).step_word.empty())
+    throw rt::RuntimeError(fmt::format("sdc: tp mode checks the all-reduce against the replay's {} order step by step, "
+                                       "but no reduction step reached it: the {} backend ran the collective itself "
+                                       "(NCCL); give it collectives 'ring'",
+                                       rt::algorithm_name(r.algorithm), ctx.backend().name()));
   res.checks.assign(static_cast<std::size_t>(r.layers), std::vector<Checks>(static_cast<std::size_t>(p)));
   for (int rank = 0; rank < p; ++rank) {
     auto& o = out[static_cast<std::size_t>(rank)];

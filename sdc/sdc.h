@@ -14,7 +14,8 @@
 // `tp`: Megatron's ParallelMLP: W1 [ffn, hidden] split by rows (column-parallel), W2 [hidden, ffn]
 //   split by columns (row-parallel); x [tokens, hidden] the same on every rank. Each layer
 //   compute: y_r = gelu(x · W1_rᵀ) · W2_rᵀ          (the rank's partial sum, [tokens, hidden])
-//   comm:    y = all_reduce(y_r)                     (in place, the recipe's algorithm)
+//   comm:    y = all_reduce(y_r)                     (in place, the recipe's algorithm run by the
+//                                                     runtime: a backend running NCCL is refused)
 // with checksums at compute_input (x, W1_r and W2_r as one), compute_output (the column layer's
 // output h = gelu(x · W1_rᵀ) and y_r as one), comm_input (y_r, the all-reduce's input), inside the
 // reduction (after every reduction

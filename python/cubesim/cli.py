@@ -875,6 +875,10 @@ def cmd_sdc_campaign(args):
     out = Output(args.json)
     recipe = cs.sdc.load_recipe(args.recipe, args.set or [])
     topo = cs.load_topology(args.topology, overrides=parse_sets(args.topo_set) or None)
+    world = 0
+    if args.backend != "sim":  # faults replayed on host or cuda: its ranks as `sdc run` takes them
+        _, world = _sdc_context(args, recipe)
+        world = recipe["ranks"] or world
     valid = cs.sdc.CAMPAIGN_SITES if args.backend == "sim" else cs.sdc.REPLAY_SITES
     sites = [s.strip() for s in (args.sites or ",".join(valid)).split(",") if s.strip()]
     for s in sites:
@@ -885,7 +889,7 @@ def cmd_sdc_campaign(args):
     with Progress(f"SDC campaign, {args.faults} faults + {args.clean_runs} clean runs", total=total) as bar:
         c = cs.sdc.campaign(recipe, topology=topo, faults=args.faults, seed=args.seed, clean_runs=args.clean_runs,
                             threads=args.threads, sites=sites, progress=lambda done, _total: bar.update(done),
-                            outcomes=bool(args.json), backend=args.backend)
+                            outcomes=bool(args.json), backend=args.backend, world_size=world)
     out.say(cs.sdc.format_campaign(c))
     c["schema"] = "cubesim.sdc.campaign/1"
     out.json(c)

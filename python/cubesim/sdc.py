@@ -112,7 +112,7 @@ def _pct(part, whole):
 
 
 def format_result(res, max_rows=64):
-    """The result as text: a table of the checksums (mix, first 8 hex digits; * where it differs from
+    """The result as text: a table of the checksums (mix, low 8 hex digits; * where it differs from
     the replay), the verdict, the faults."""
     from ._table import format_table
     lines = []
@@ -126,7 +126,7 @@ def format_result(res, max_rows=64):
             if total > max_rows and not any((key[0], key[1], p) in bad for p in POINTS):
                 continue
             rows.append([str(layer["layer"]), str(r["rank"])] +
-                        [r["checksums"][p]["mix"][:8] + ("*" if (key[0], key[1], p) in bad else "")
+                        [r["checksums"][p]["mix"][-8:] + ("*" if (key[0], key[1], p) in bad else "")
                          for p in POINTS])
     rec = res["recipe"]
     if rec["mode"] == "tp":
@@ -139,7 +139,7 @@ def format_result(res, max_rows=64):
                  f"{rec['algorithm']}; simulated {_cubesim.core.format_time(res['sim_time_ps'])}")
     if rows:
         note = "" if total <= max_rows else f" (only the rows that differ: {total} in all)"
-        lines.append(f"checksums (mix, first 8 hex digits; * differs from the replay){note}:")
+        lines.append(f"checksums (mix, low 8 hex digits; * differs from the replay){note}:")
         lines.append(format_table(["layer", "rank", *POINTS], rows))
     steps = [d for d in res["divergences"] if d.get("step", -1) >= 0]
     for d in steps[:8]:

@@ -118,7 +118,7 @@ def test_faults_the_topology_lacks_are_refused():
         cs.sdc.validate({"faults": [{"site": "gemm_tile", "cube": 0, "pe": 200}]}, ctx)
     with pytest.raises(ValueError, match="faults.0.link = 99: the topology 'ring4' has links 0.."):
         cs.sdc.run({**SMALL, "faults": [{"site": "link", "link": 99}]}, context=ctx)
-    with pytest.raises(ValueError, match="need the sim backend"):
+    with pytest.raises(ValueError, match="on the host backend: faults.0.site: 'link' needs a simulated system"):
         cs.sdc.run({**SMALL, "faults": [{"site": "link", "link": 1}]}, context=cs.Context("host", world_size=4))
     with pytest.raises(ValueError, match="ffn = 102 is not divisible by the 4 ranks"):
         cs.sdc.run({**SMALL, "ffn": 102}, context=ctx)
@@ -224,3 +224,26 @@ def test_tp_mode_checks_every_reduction_step_and_names_the_rank(capsys):
     t = c["total"]
     assert t["detected"] == t["activated"] > 30 and t["localised"] == t["detected"] and t["silent"] == 0
     assert c["by_site"]["reduce"]["injected"] > 0
+
+
+def test_faults_replay_on_the_host_backend_and_its_campaigns(capsys):
+    host = cs.Context("host", world_size=4)
+    res = cs.sdc.run(dict(SMALL, mode="tp", faults=[{"site": "reduce", "cube": 2, "nth": 4, "seed": 1}]), context=host)
+    assert res["verdict"]["text"] == "corruption in comm at layer 1 on rank 2", res["verdict"]
+    assert res["faults"][0]["text"].startswith("rank2 reduction step #4 (layer 1): bit_flip changing 1 bit")
+    res = cs.sdc.run(dict(SMALL, faults=[{"site": "gemm_tile", "cube": 1, "nth": 2, "seed": 1}]), context=host)
+    assert res["verdict"]["text"] == "corruption in compute at layer 1 on rank 1", res["verdict"]
+    with pytest.raises(ValueError, match="faults.0.at: this backend keeps no simulated time"):
+        cs.sdc.run(dict(SMALL, faults=[{"site": "gemm_tile", "at_us": 2}]), context=host)
+    c = cs.sdc.campaign(dict(SMALL, mode="tp"), backend="host", world_size=4, faults=60, seed=2, clean_runs=2)
+    t = c["total"]
+    assert c["backend"] == "host" and set(c["by_site"]) == {"gemm_tile", "reduce"}
+    assert t["fired"] == 60 and t["detected"] == t["activated"] > 50 and t["localised"] == t["detected"]
+    with pytest.raises(ValueError, match="site 'link' needs the sim backend"):
+        cs.sdc.campaign(SMALL, backend="host", world_size=4, faults=1, sites=["link"])
+    rc, out, err = run_cli(capsys, "sdc", "campaign", "--backend", "host", "--set", "mode=tp", "--set", "layers=2",
+                           "--faults", "20", "--clean-runs", "1")
+    assert rc == 0, err
+    assert "on the host backend (faults replayed at GEMM outputs and reduction steps)" in out, out
+    rc, out, err = run_cli(capsys, "sdc", "campaign", "--backend", "host", "--sites", "dma", "--faults", "1")
+    assert rc == 2 and "'dma' is not drawn by campaigns on host" in err, err

@@ -653,9 +653,12 @@ TEST(SdcCuda, CleanRunsMatchTheHostReplay) {
 }
 
 TEST(SdcCuda, ReplayedFaultsChangeTheSameBitsAsOnTheHost) {
+  // Four ranks, on as many GPUs as there are (sharing them when fewer), so reductions have steps.
   std::unique_ptr<rt::Context> ctx;
   try {
-    ctx = rt::make_context("cuda", {});
+    rt::BackendArgs args;
+    args.options = {{"share_gpus", true}};
+    ctx = rt::make_context("cuda", {.world_size = 4}, args);
   } catch (const std::exception& e) {
     GTEST_SKIP() << e.what();
   }
@@ -672,7 +675,9 @@ TEST(SdcCuda, ReplayedFaultsChangeTheSameBitsAsOnTheHost) {
       const bool reduce = m == Mode::tp && p > 1 && trial % 2 == 1;
       f.spec = {.site = reduce ? hw::FaultSite::reduce : hw::FaultSite::gemm_tile, .model = hw::kFaultModels[trial % 4],
                 .cube = static_cast<int>(rng() % static_cast<std::uint64_t>(p)),
-                .nth = 1 + rng() % (reduce ? static_cast<std::uint64_t>(3 * (p - 1)) : 6), .bits = 3, .words = 3,
+                // within the run: reduction steps (p - 1 a layer) or GEMMs (tp: two a layer; fsdp: one)
+                .nth = 1 + rng() % static_cast<std::uint64_t>(reduce ? r.layers * (p - 1) : r.layers * (m == Mode::tp ? 2 : 1)),
+                .bits = 3, .words = 3,
                 .stuck_value = trial & 1, .seed = rng()};
       r.faults = {f};
       const Result on_gpu = run(*ctx, r);
