@@ -114,5 +114,6 @@ def validate_topology(doc_or_path, origin=None):
 
 from . import sdc  # noqa: E402  (silent data corruption: cubesim.sdc.run / campaign)
 from . import sweep  # noqa: E402  (design-space sweeps: cubesim.sweep.plan / run / load)
+from . import numerics  # noqa: E402  (layer-wise error against fp32: cubesim.numerics.run)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

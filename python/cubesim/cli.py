@@ -896,6 +896,42 @@ def cmd_sdc_campaign(args):
     return EXIT_OK
 
 
+# ---- numerics ------------------------------------------------------------------------------------
+
+
+def cmd_numerics(args):
+    out = Output(args.json)
+    cfg = cs.numerics.load_config(args.config, args.set or [])  # refused before any work
+    if args.output_dir:
+        d = Path(args.output_dir)
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"--output-dir {args.output_dir}: that is a file; give a directory")
+        if not d.exists() and not (d.parent if str(d.parent) else Path(".")).is_dir():
+            raise UsageError(f"--output-dir {args.output_dir}: its parent directory does not exist")
+    total = 1 + len(cfg["variants"])
+    with Progress(f"numerics, the reference and {plural(total - 1, 'variant')}", total=total) as bar:
+        rep = cs.numerics.run(args.config, output_dir=args.output_dir, save_tensors=args.save_tensors,
+                              sets=args.set or [], progress=lambda done, _total, _name: bar.update(done))
+    wall = rep.pop("_wall_s")
+    m = rep["config"]["model"]
+    out.say(f"numerics: {m['layers']} layers (hidden {m['hidden']}, ffn {m['ffn']}, {m['tokens']} tokens, tp {m['tp']}), "
+            f"reference fp32 on host ({wall.get('reference', 0):.1f} s)")
+    for name, v in rep["variants"].items():
+        if v.get("skipped"):
+            out.say(f"variant {name!r}: skipped: {v['skipped']}")
+            continue
+        out.say(f"variant {name!r}: {v['config']['model']['dtype']} blocks, {v['config']['model']['residual_dtype']} "
+                f"residual, on {v['config']['run']['backend']} ({wall.get(name, 0):.1f} s)")
+        for n in v["notes"]:
+            out.say(f"  note: {n}")
+    out.say(cs.numerics.format_tensors(rep, None if args.all_rows else 64))
+    out.say(cs.numerics.format_summary(rep))
+    if args.output_dir:
+        out.say(f"report: {Path(args.output_dir) / 'precision_report.json'}")
+    out.json(rep)
+    return EXIT_OK
+
+
 # ---- sweep ---------------------------------------------------------------------------------------
 
 
@@ -1280,6 +1316,21 @@ def build_parser():
                     "replayed at GEMM outputs and reduction steps, in device memory on cuda)")
     json_opt(sc)
     sc.set_defaults(fn=cmd_sdc_campaign)
+
+    nu = sub.add_parser("numerics", help="layer-wise error of named variants against an fp32 reference",
+                        description="Runs a residual stack of tensor-parallel MLP blocks forward and backward in fp32 "
+                        "on the host (the reference) and for each variant of the config (dotted-path overrides: "
+                        "dtypes, backend, collective algorithm and accumulation, tp, GELU, GEMM mode), and reports "
+                        "per layer the error of the activations and input gradients. Writes precision_report.json "
+                        "and rms_rel.png to --output-dir. See python/cubesim/numerics.py and docs/NUMERICS.md.")
+    nu.add_argument("--config", required=True, metavar="FILE", help="the study: model, data, run and variants (JSON or YAML)")
+    nu.add_argument("--output-dir", metavar="DIR", help="write precision_report.json and rms_rel.png here")
+    nu.add_argument("--set", action="append", metavar="PATH=VALUE",
+                    help="override a field of the base config (repeatable), e.g. --set model.layers=24")
+    nu.add_argument("--save-tensors", action="store_true", help="also write every captured tensor to tensors.npz")
+    nu.add_argument("--all-rows", action="store_true", help="print every tensor's row (default: the first 64)")
+    json_opt(nu)
+    nu.set_defaults(fn=cmd_numerics)
 
     sw = sub.add_parser("sweep", help="design-space sweeps: plan, run (thread/process/MPI), report, export, plot",
                         description="Sweeps a job (the MLP step or a collective) over axes of topology fields and run "

@@ -1,0 +1,158 @@
+"""cubesim.numerics and `cubesim numerics`: metrics against an independent numpy computation on the
+saved tensors, the numerics contract across backends (sim == host bit for bit), precedence of the
+overrides, refusals by path, skipped backends, .npz data, determinism of the report, the CLI."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import cubesim as cs
+from cubesim import cli
+
+SMALL = {"model": {"layers": 3, "hidden": 64, "ffn": 256, "tokens": 8, "tp": 4},
+         "variants": {"bf16": {"model.dtype": "bf16"},
+                      "bf16 sim": {"model.dtype": "bf16", "run.backend": "sim"},
+                      "bf16 residual": {"model.dtype": "bf16", "model.residual_dtype": "bf16"},
+                      "f32 sim": {"run.backend": "sim"}}}
+
+
+def test_metrics_match_numpy_on_the_saved_tensors(tmp_path):
+    rep = cs.numerics.run(SMALL, output_dir=tmp_path, save_tensors=True)
+    z = np.load(tmp_path / "tensors.npz")
+    names = [f"layers.{l}.output" for l in range(3)] + [f"layers.{l}.input_grad" for l in range(3)]
+    checked = 0
+    for variant in ("bf16", "bf16 sim", "bf16 residual"):
+        for t in names:
+            v, ref = z[f"{variant}/{t}"].ravel(), z[f"reference/{t}"].ravel()
+            # Written independently of numerics.metrics: sums of squares in a Python loop over float64.
+            sq = sum((float(a) - float(b)) ** 2 for a, b in zip(v, ref))
+            rs = sum(float(b) ** 2 for b in ref)
+            rms_abs = math.sqrt(sq / len(v))
+            rms_rel = rms_abs / math.sqrt(rs / len(v) + 1e-30)
+            max_abs = max(abs(float(a) - float(b)) for a, b in zip(v, ref))
+            max_rel = max_abs / math.sqrt(max(abs(float(b)) for b in ref) ** 2 + 1e-30)
+            got = rep["variants"][variant]["tensors"][t]
+            for k, want in (("rms_abs", rms_abs), ("rms_rel", rms_rel), ("max_abs", max_abs), ("max_rel", max_rel)):
+                assert want > 0
+                assert abs(got[k] - want) <= 1e-12 * want, (variant, t, k, got[k], want)
+                checked += 1
+    assert checked == 3 * 6 * 4
+    # The file holds the same numbers.
+    on_disk = json.loads((tmp_path / "precision_report.json").read_text())
+    assert on_disk["variants"]["bf16"]["tensors"]["layers.1.output"] == rep["variants"]["bf16"]["tensors"]["layers.1.output"]
+    assert (tmp_path / "rms_rel.png").stat().st_size > 1000
+
+
+def test_backends_agree_bit_for_bit_and_the_report_is_deterministic(tmp_path):
+    a = cs.numerics.run(SMALL, output_dir=tmp_path / "a")
+    b = cs.numerics.run(SMALL, output_dir=tmp_path / "b")
+    assert (tmp_path / "a" / "precision_report.json").read_bytes() == (tmp_path / "b" / "precision_report.json").read_bytes()
+    v = a["variants"]
+    # The numerics contract: the simulated PEs and collectives give the host's bits.
+    assert v["bf16 sim"]["tensors"] == v["bf16"]["tensors"]
+    assert all(m["rms_abs"] == 0 and m["max_abs"] == 0 for m in v["f32 sim"]["tensors"].values())
+    # A bf16 residual stream loses more than an f32 one, at every layer and in both directions.
+    for t, m in v["bf16 residual"]["tensors"].items():
+        assert m["rms_rel"] > v["bf16"]["tensors"][t]["rms_rel"] > 0, t
+    # bf16's error is of bf16's size (2^-8 relative rounding per element, grown over a few layers).
+    assert 1e-4 < v["bf16"]["summary"]["fw"]["first"] < 1e-2
+
+
+def test_precedence_notes_and_tool_requirements():
+    cfg = dict(SMALL, variants={"timing": {"model.dtype": "bf16", "run.timing_only": True}})
+    runs = cs.numerics.resolve(cs.numerics.load_config(cfg))
+    name, ref, ref_notes = runs[0]
+    assert name == "reference" and ref["model"]["dtype"] == "f32" and ref["run"]["backend"] == "host"
+    assert any("run.backend = 'host' forced (was 'sim')" in n for n in ref_notes)
+    name, c, notes = runs[1]
+    assert c["model"]["dtype"] == "bf16" and c["run"]["timing_only"] is False and c["run"]["backend"] == "host"
+    assert any("which the reference forces to 'f32'" in n for n in notes)
+    assert any("the tool needs False (values to compare)" in n for n in notes)
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"modle": {}, "variants": {"a": {}}}, r"'modle' is not a section \(did you mean 'model'\?\)"),
+    ({"model": {"layrs": 2}, "variants": {"a": {}}}, r"'model.layrs' is not a field \(did you mean 'model.layers'\?\)"),
+    ({"variants": {"a": {"model.dtyp": "bf16"}}}, r"variants.a: 'model.dtyp' is not a field \(did you mean 'model.dtype'\?\)"),
+    ({"variants": {"a": {"model.dtype": "fp8"}}}, r"variants.a: model.dtype: 'fp8' is not valid \(valid: f32, bf16, f16\)"),
+    ({"variants": {"a": {"run.gemm_mode": "tensor_core"}}}, r"run.gemm_mode = 'tensor_core' needs run.backend 'cuda'"),
+    ({"model": {"tp": 3}, "variants": {"a": {}}}, r"model.tp = 3 must divide model.ffn"),
+    ({"model": {"layers": 0}, "variants": {"a": {}}}, r"model.layers = 0: valid are integers in \[1, 1024\]"),
+    ({"variants": {}}, r"variants: expected an object of named variants"),
+    ({"variants": {"reference": {}}}, r"the name 'reference' is the fp32 reference's"),
+    ({"variants": {"a": {"run.backend": "tpu"}}}, r"run.backend: 'tpu' is not a backend"),
+])
+def test_bad_configs_are_refused_naming_the_path(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        cs.numerics.run(cfg)
+
+
+def test_a_backend_that_cannot_run_here_is_skipped_with_the_reason():
+    missing = [b for b in cs.backend_info() if not b["available"]]
+    if not missing:
+        pytest.skip("every backend runs here")
+    name = missing[0]["name"]
+    rep = cs.numerics.run(dict(SMALL, variants={"there": {"run.backend": name}, "bf16": {"model.dtype": "bf16"}}))
+    assert rep["variants"]["there"]["skipped"].startswith(f"backend '{name}' cannot run here")
+    assert "tensors" in rep["variants"]["bf16"]
+    assert "skipped" in cs.numerics.format_summary(rep)
+
+
+def test_npz_data_and_its_errors(tmp_path, rng):
+    x = rng.standard_normal((8, 64))
+    dy = rng.standard_normal((8, 64))
+    path = tmp_path / "data.npz"
+    np.savez(path, input=x, output_grad=dy)
+    cfg = dict(SMALL, data={"npz": str(path)}, variants={"bf16": {"model.dtype": "bf16"}})
+    a = cs.numerics.run(cfg)
+    cfg_seed = dict(SMALL, variants={"bf16": {"model.dtype": "bf16"}})
+    assert a["variants"]["bf16"]["tensors"] != cs.numerics.run(cfg_seed)["variants"]["bf16"]["tensors"]
+    np.savez(path, input=x)
+    with pytest.raises(ValueError, match=r"has no array 'output_grad' \(it needs 'input' and 'output_grad', each of shape \[8, 64\]"):
+        cs.numerics.run(cfg)
+    np.savez(path, input=x[:, :32], output_grad=dy)
+    with pytest.raises(ValueError, match=r"'input' is float64\[8, 32\]; expected numbers of shape \[8, 64\]"):
+        cs.numerics.run(cfg)
+
+
+def test_summary_cells_keep_two_significant_digits():
+    rep = cs.numerics.run(SMALL)
+    text = cs.numerics.format_summary(rep)
+    rows = [l.split() for l in text.splitlines()[3:]]
+    for r in rows:
+        for cell in r[-4:]:
+            v = float(cell)
+            if v == 0:
+                continue
+            digits = cell.split(".")[1].lstrip("0") if "." in cell else cell
+            assert len(digits) >= 2, (cell, text)
+
+
+def test_cli(capsys, tmp_path):
+    cfg = tmp_path / "study.json"
+    cfg.write_text(json.dumps(SMALL))
+    rc = cli.main(["numerics", "--config", str(cfg), "--output-dir", str(tmp_path / "out"), "--set", "model.layers=2",
+                   "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "rms_rel against the fp32 reference" in out and "last (layer 1)" in out
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["schema"] == "cubesim.numerics/1" and rep["config"]["model"]["layers"] == 2
+    assert (tmp_path / "out" / "precision_report.json").exists()
+    rc = cli.main(["numerics", "--config", str(cfg), "--set", "model.hiden=3"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "'model.hiden' is not a field (did you mean 'model.hidden'?)" in err, err
+    rc = cli.main(["numerics", "--config", str(tmp_path / "missing.json")])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "cannot read it" in err, err
+
+
+def test_example_configs_load():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "examples" / "numerics"
+    files = sorted(root.glob("*.json"))
+    assert len(files) >= 2
+    for f in files:
+        cfg = cs.numerics.load_config(f)
+        assert cs.numerics.resolve(cfg)[0][0] == "reference"
