@@ -57,7 +57,29 @@ struct Shared {
   std::int64_t tm, tn, tk, mtiles, ntiles;
   bool functional;
   std::uint64_t dma_bytes = 0;
+  AccumulatorModel numerics = AccumulatorModel::f32_fma_seq;
 };
+
+// Before any work: a model the tile's k-blocks (or the operands' dtypes) cannot run.
+void check_numerics(AccumulatorModel m, std::int64_t tile_k, const HbmMatrix& A, const HbmMatrix& B) {
+  if (m == AccumulatorModel::f32_fma_seq) return;
+  const int g = accumulator_group(m);
+  if (A.cols > tile_k && tile_k % g != 0)
+    throw std::invalid_argument(fmt::format("sim_pe_gemm: gemm_numerics {} sums groups of {} products, but the PE's "
+                                            "tile k is {} (K = {}): give the topology's pe tile a k that is a multiple "
+                                            "of {}",
+                                            accumulator_model_name(m), g, tile_k, A.cols, g));
+  if (m == AccumulatorModel::hopper_tc && (A.dtype == DType::f32 || B.dtype == DType::f32))
+    throw std::invalid_argument(fmt::format("sim_pe_gemm: gemm_numerics hopper_tc models bf16/f16 tensor-core MMAs; "
+                                            "this GEMM's operands are {} and {}",
+                                            dtype_name(A.dtype), dtype_name(B.dtype)));
+}
+
+// A k-block continued from the running accumulator: the contract's kernel, or the model's.
+void pe_accumulate(AccumulatorModel m, const MatrixView& a, const MatrixView& b, float* acc, std::int64_t ld, bool last) {
+  if (m == AccumulatorModel::f32_fma_seq) det_gemm_accumulate(a, b, acc, ld);
+  else accumulate_model(m, a, b, acc, ld, last);
+}
 
 // The roofline figures of a finished run (r.time set).
 void roofline(SimGemmReport& r, const HbmMatrix& A, const HbmMatrix& B, const HbmVector* bias, const HbmMatrix& C,
@@ -161,7 +183,7 @@ void run_pe(hw::System& sys, hw::Pe& pe, const std::vector<std::int64_t>& tiles,
         tcm.read(tb.dst.addr, std::span<std::byte>(reinterpret_cast<std::byte*>(b_host.data()), b_host.size()));
         const MatrixView av{a_host.data(), A.dtype, st.mt, st.kt, ta.view_row_stride, ta.view_col_stride};
         const MatrixView bv{b_host.data(), B.dtype, st.kt, st.nt, tb.view_row_stride, tb.view_col_stride};
-        det_gemm_accumulate(av, bv, acc.data(), sh.tn);
+        pe_accumulate(sh.numerics, av, bv, acc.data(), sh.tn, st.k0 + sh.tk >= K);
       }
       pe.compute(static_cast<std::uint64_t>(st.mt * st.nt * st.kt), A.dtype, "gemm");
     }
@@ -248,6 +270,7 @@ struct Pipe {
   std::int64_t tm, tn, tk, mtiles, ntiles, nk, cm, cn, mblocks, nblocks, clusters;
   std::size_t stages;
   bool functional;
+  AccumulatorModel numerics = AccumulatorModel::f32_fma_seq;
   std::uint64_t dma_bytes = 0, multicast_bytes = 0;
   bool unaligned = false;  // an operand or C breaks TMA's 16-byte alignment (the header's [unaligned])
   std::uint64_t align = 16;  // the least alignment of A, B and C (alignment())
@@ -397,9 +420,9 @@ void run_cluster(hw::System& sys, std::vector<hw::Pe*> pes, std::int64_t g, Pipe
             b_host.resize(tb.dst.bytes());
             x.pe->tcm().read(ta.dst.addr, writable_bytes(a_host));
             x.pe->tcm().read(tb.dst.addr, writable_bytes(b_host));
-            det_gemm_accumulate(MatrixView{a_host.data(), A.dtype, mt, kt, ta.view_row_stride, ta.view_col_stride},
-                                MatrixView{b_host.data(), B.dtype, kt, nt, tb.view_row_stride, tb.view_col_stride},
-                                x.acc.data(), P.tn);
+            pe_accumulate(P.numerics, MatrixView{a_host.data(), A.dtype, mt, kt, ta.view_row_stride, ta.view_col_stride},
+                          MatrixView{b_host.data(), B.dtype, kt, nt, tb.view_row_stride, tb.view_col_stride},
+                          x.acc.data(), P.tn, w.kb + 1 >= P.nk);
           }
         }
         if (kt > 0) {
@@ -544,6 +567,8 @@ SimGemmReport run_pipeline(hw::System& sys, const HbmMatrix& A, const HbmMatrix&
   const hw::TileSpec& tile = kernel.tile;
   Pipe P{&A, &B, &C, bias, &g, tile.m, tile.n, tile.k, 0, 0, 0, kernel.cm, kernel.cn, 0, 0, 0,
          static_cast<std::size_t>(kernel.stages), sys.options().functional};
+  P.numerics = opts.numerics;
+  check_numerics(P.numerics, P.tk, A, B);
   P.mtiles = (A.rows + P.tm - 1) / P.tm;
   P.ntiles = (B.cols + P.tn - 1) / P.tn;
   P.nk = std::max<std::int64_t>((A.cols + P.tk - 1) / P.tk, 1);
@@ -647,6 +672,8 @@ SimGemmReport sim_pe_gemm(hw::System& sys, const HbmMatrix& A, const HbmMatrix& 
   const auto& tile = pes[0]->spec().tile;
   Shared sh{&A, &B, &C, bias, static_cast<std::int64_t>(tile.m), static_cast<std::int64_t>(tile.n),
             static_cast<std::int64_t>(tile.k), 0, 0, sys.options().functional};
+  sh.numerics = opts.numerics;
+  check_numerics(sh.numerics, sh.tk, A, B);
   sh.mtiles = (A.rows + sh.tm - 1) / sh.tm;
   sh.ntiles = (B.cols + sh.tn - 1) / sh.tn;
   const std::uint64_t need = 2 * (static_cast<std::uint64_t>(sh.tm * sh.tk) * dtype_size(A.dtype) +

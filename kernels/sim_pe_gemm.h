@@ -75,6 +75,7 @@
 //   fmt::print("{} ({}-bound, {:.1%} of roofline)\n", sim::format_time(r.time), r.bound, r.efficiency);
 #pragma once
 
+#include "kernels/accumulator.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -105,6 +106,9 @@ struct SimGemmOptions {
   std::vector<int> cubes;  // cubes whose PEs run the tiles (empty: the cube that holds C)
   int max_pes = 0;         // per cube; 0 = all
   std::string label = "gemm";
+  // The MAC array's accumulator model (kernels/accumulator.h); f32_fma_seq is the numerics contract.
+  // Others need the tile's k to be a multiple of the model's group (std::invalid_argument otherwise).
+  AccumulatorModel numerics = AccumulatorModel::f32_fma_seq;
 };
 
 // The run's time against the roofline: compute bound = MACs / (the PEs' MAC rate); memory bound =

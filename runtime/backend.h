@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "kernels/accumulator.h"
 #include "kernels/checksum.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
@@ -163,6 +164,11 @@ class Backend {
   virtual void fault_point(FaultPoint p, const Tensor& t) {
     if (replay_.armed()) replay_.on_point(p, t);
   }
+  // The accumulator model of the GEMMs this backend computes on host values (kernels/accumulator.h:
+  // the host and sim backends' `gemm_numerics` option; f32_fma_seq is the numerics contract).
+  kernels::AccumulatorModel gemm_numerics() const { return gemm_numerics_; }
+  void set_gemm_numerics(kernels::AccumulatorModel m) { gemm_numerics_ = m; }
+
   // The fault specs replayed at those points (runtime/fault_replay.h); null on a backend that injects
   // faults into a simulated system of its own (sim: SimBackend::system().faults()).
   virtual FaultReplay* fault_replay() { return &replay_; }
@@ -195,6 +201,7 @@ class Backend {
 
  private:
   FaultReplay replay_;
+  kernels::AccumulatorModel gemm_numerics_ = kernels::AccumulatorModel::f32_fma_seq;
 };
 
 }  // namespace cubesim::rt

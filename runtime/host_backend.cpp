@@ -50,8 +50,13 @@ void HostBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, 
 namespace {
 std::unique_ptr<Context> make_host(ContextOptions o, const BackendArgs& a) {
   reject_topology("host", a);
-  OptionReader("host", a.options).finish();
-  return std::make_unique<Context>(o);
+  OptionReader r("host", a.options);
+  const auto numerics = kernels::parse_accumulator_model(
+      r.choice("gemm_numerics", "f32_fma_seq", {"f32_fma_seq", "pairwise", "bf16_acc", "hopper_tc"}));
+  r.finish();
+  auto ctx = std::make_unique<Context>(o);
+  ctx->backend().set_gemm_numerics(numerics);
+  return ctx;
 }
 }  // namespace
 
@@ -59,7 +64,8 @@ extern const BackendInfo kHostBackendInfo;
 const BackendInfo kHostBackendInfo{
     .name = "host",
     .summary = "the reference: plain CPU memory, no simulated time; the bit-exact replay of a simulated run",
-    .options = "none (world_size >= 1 ranks)",
+    .options = "gemm_numerics ('f32_fma_seq' (the contract) | 'pairwise' | 'bf16_acc' | 'hopper_tc': the GEMMs' "
+               "accumulator model, kernels/accumulator.h); world_size >= 1 ranks",
     .devices = [] { return -1; },
     .unavailable = [] { return std::string(); },
     .make = &make_host};

@@ -143,7 +143,15 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& 
         bias_host = bias->to_host_bytes();
         bv = kernels::VectorView::contiguous(bias_host.data(), bias->dtype(), bias->numel());
       }
-      kernels::det_gemm(sa.view, sb.view, bias ? &bv : nullptr, sc.view);
+      if (be.gemm_numerics() == kernels::AccumulatorModel::f32_fma_seq) {
+        kernels::det_gemm(sa.view, sb.view, bias ? &bv : nullptr, sc.view);
+      } else {
+        try {
+          kernels::gemm_model(be.gemm_numerics(), sa.view, sb.view, bias ? &bv : nullptr, sc.view);
+        } catch (const std::invalid_argument& e) {
+          throw RuntimeError(fmt::format("{}: {}", name, e.what()));
+        }
+      }
       unstage(c, sc);
     }
     OpCost cost;

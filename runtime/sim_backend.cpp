@@ -191,7 +191,8 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
     const auto& st = static_cast<const SimStorage&>(bias->storage());
     hv = kernels::HbmVector{&st.memory(), st.addr() + bias->byte_offset(), bias->dtype(), bias->numel()};
   }
-  kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc, {.cubes = {device_of(c.device())}, .label = name});
+  kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc,
+                       {.cubes = {device_of(c.device())}, .label = name, .numerics = gemm_numerics()});
   return true;
 }
 
@@ -214,9 +215,15 @@ std::unique_ptr<Context> make_sim(ContextOptions o, const BackendArgs& a) {
   so.check_uninitialized = r.flag("check_uninitialized", false);
   so.hazards = hw::parse_hazard_mode(r.choice("hazards", "throw", {"throw", "record", "off"}));
   so.cubes = r.int_list("cubes");
+  const auto numerics = kernels::parse_accumulator_model(
+      r.choice("gemm_numerics", "f32_fma_seq", {"f32_fma_seq", "pairwise", "bf16_acc", "hopper_tc"}));
   r.finish();
-  if (a.topology) return make_sim_context(o, *a.topology, so);
-  return make_sim_context(o, hw::load_topology(kDefaultTopology), so);
+  auto with = [&](std::unique_ptr<Context> c) {
+    c->backend().set_gemm_numerics(numerics);
+    return c;
+  };
+  if (a.topology) return with(make_sim_context(o, *a.topology, so));
+  return with(make_sim_context(o, hw::load_topology(kDefaultTopology), so));
 }
 }  // namespace
 
@@ -225,7 +232,8 @@ const BackendInfo kSimBackendInfo{
     .name = "sim",
     .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
     .options = "timing_only (bool), timing ('chunk' | 'flow': flows sharing links max-min fairly, timing only), "
-               "check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), cubes (list of "
+               "check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), gemm_numerics ('f32_fma_seq' | 'pairwise' | "
+               "'bf16_acc' | 'hopper_tc': the PEs' accumulator model), cubes (list of "
                "cube ids: rank r on cubes[r]; default rank r on cube r); a topology (default single_cube)",
     .simulates = true,
     .devices = [] { return -1; },

@@ -68,18 +68,20 @@ DEFAULTS = {
         "algorithm": "ring",  # the collectives' algorithm
         "accumulate_f32": False,  # collectives carry bf16/f16 partial sums in f32
         "gemm_mode": "exact",     # cuda: exact | tensor_core
+        "gemm_numerics": "f32_fma_seq",  # sim, host: the GEMMs' accumulator model (kernels/accumulator.h)
         "timing_only": False,     # the tool needs values: always false
     },
 }
 # What the reference forces (first), and what the tool requires of every run (last, always wins).
 REFERENCE_FORCES = {"model.dtype": "f32", "model.residual_dtype": "f32", "run.backend": "host",
-                    "run.gemm_mode": "exact"}
+                    "run.gemm_mode": "exact", "run.gemm_numerics": "f32_fma_seq"}
 TOOL_REQUIRES = {"run.timing_only": False}
 CHOICES = {
     "model.dtype": ("f32", "bf16", "f16"),
     "model.residual_dtype": ("f32", "bf16", "f16"),
     "model.gelu": ("tanh", "erf"),
     "run.gemm_mode": ("exact", "tensor_core"),
+    "run.gemm_numerics": ("f32_fma_seq", "pairwise", "bf16_acc", "hopper_tc"),
 }
 RANGES = {"model.layers": (1, 1024), "model.hidden": (1, 1 << 16), "model.ffn": (1, 1 << 18),
           "model.tokens": (1, 1 << 16), "model.tp": (1, 1024)}
@@ -150,7 +152,14 @@ def _check(cfg, origin):
                           f"{', '.join(backends)})")
     if cfg["run"]["gemm_mode"] != "exact" and cfg["run"]["backend"] != "cuda":
         raise ConfigError(f"{origin}: run.gemm_mode = '{cfg['run']['gemm_mode']}' needs run.backend 'cuda' (sim and "
-                          f"host run the exact GEMM of the numerics contract)")
+                          f"host run the exact GEMM of the numerics contract; their accumulator models are "
+                          f"run.gemm_numerics)")
+    if cfg["run"]["gemm_numerics"] != "f32_fma_seq" and cfg["run"]["backend"] == "cuda":
+        raise ConfigError(f"{origin}: run.gemm_numerics = '{cfg['run']['gemm_numerics']}' is modelled by the sim and "
+                          f"host backends (the GPU has its own: run.gemm_mode)")
+    if cfg["run"]["gemm_numerics"] == "hopper_tc" and "f32" in (cfg["model"]["dtype"],):
+        raise ConfigError(f"{origin}: run.gemm_numerics = 'hopper_tc' models bf16/f16 tensor-core MMAs; model.dtype "
+                          f"is f32 (set model.dtype bf16 or f16)")
 
 
 def load_config(config, sets=()):
@@ -287,6 +296,8 @@ def _context(cfg):
         kw["topology"] = r["topology"]
     if r["backend"] == "cuda":
         kw["gemm_mode"] = r["gemm_mode"]
+    elif r["gemm_numerics"] != "f32_fma_seq":
+        kw["gemm_numerics"] = r["gemm_numerics"]
     return _cubesim.Context(r["backend"], **kw)
 
 

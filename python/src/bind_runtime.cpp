@@ -58,7 +58,8 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
                                           const py::object& hierarchy_arg, const py::object& stack_size_arg,
                                           bool record_ops, std::optional<std::string> gemm_mode,
                                           std::optional<std::string> cuda_collectives,
-                                          std::optional<std::vector<int>> ranks_on, std::optional<std::string> timing) {
+                                          std::optional<std::vector<int>> ranks_on, std::optional<std::string> timing,
+                                          std::optional<std::string> gemm_numerics) {
   const int world_size = static_cast<int>(int_arg(world_size_arg, "Context: world_size", 0, 1 << 20));
   const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "Context: hierarchy", 0, 1 << 20));
   const auto stack_size =
@@ -75,6 +76,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
   rt::BackendArgs args;
   if (timing_only) args.options["timing_only"] = *timing_only;
   if (timing) args.options["timing"] = *timing;
+  if (gemm_numerics) args.options["gemm_numerics"] = *gemm_numerics;
   if (check_uninitialized) args.options["check_uninitialized"] = *check_uninitialized;
   if (hazards) args.options["hazards"] = *hazards;
   if (gemm_mode) args.options["gemm_mode"] = *gemm_mode;
@@ -559,7 +561,10 @@ void bind_runtime(py::module_& m) {
                                   "links max-min fairly, faster for large messages; needs timing_only), check_uninitialized, hazards ('throw' "
                                   "| 'record' | 'off') and ranks_on (a list of cube ids: rank r runs on cube ranks_on[r]; default rank r "
                                   "on cube r) for sim; gemm_mode ('exact' | 'tensor_core') and "
-                                  "cuda_collectives ('ring' | 'nccl') for cuda. trace records spans for save_trace(). "
+                                  "cuda_collectives ('ring' | 'nccl') for cuda. gemm_numerics ('f32_fma_seq' | "
+                                  "'pairwise' | 'bf16_acc' | 'hopper_tc') for sim and host: the GEMMs' accumulator "
+                                  "model (kernels/accumulator.h; f32_fma_seq is the numerics contract). trace records "
+                                  "spans for save_trace(). "
                                   "algorithm, accumulate_f32, hierarchy: collective defaults. stack_size: bytes per "
                                   "rank process (Python rank functions need room; 1 MiB by default). record_ops keeps "
                                   "a record of every GEMM and collective (op_records()).")
@@ -568,7 +573,8 @@ void bind_runtime(py::module_& m) {
            py::arg("check_uninitialized") = py::none(), py::arg("hazards") = py::none(), py::arg("trace") = false,
            py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
            py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = py::none(),
-           py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none(), py::arg("timing") = py::none())
+           py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none(), py::arg("timing") = py::none(),
+           py::arg("gemm_numerics") = py::none())
       .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })

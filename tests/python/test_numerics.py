@@ -156,3 +156,56 @@ def test_example_configs_load():
     for f in files:
         cfg = cs.numerics.load_config(f)
         assert cs.numerics.resolve(cfg)[0][0] == "reference"
+
+
+def test_accumulator_models_reach_sim_and_host_alike():
+    models = ("f32_fma_seq", "pairwise", "bf16_acc", "hopper_tc")
+    cfg = dict(SMALL, variants={f"{m} {b}": {"model.dtype": "bf16", "run.gemm_numerics": m, "run.backend": b}
+                                for m in models for b in ("host", "sim")})
+    v = cs.numerics.run(cfg)["variants"]
+    for m in models:  # the simulated PEs run the same model: the same bits as the host
+        assert v[f"{m} sim"]["tensors"] == v[f"{m} host"]["tensors"], m
+    # A bf16 accumulator loses far more than an f32 one.
+    for t, mt in v["bf16_acc host"]["tensors"].items():
+        assert mt["rms_rel"] > 1.5 * v["f32_fma_seq host"]["tensors"][t]["rms_rel"], t
+    with pytest.raises(ValueError, match="'hopper_tc' models bf16/f16 tensor-core MMAs; model.dtype is f32"):
+        cs.numerics.run(dict(SMALL, variants={"a": {"run.gemm_numerics": "hopper_tc"}}))
+    with pytest.raises(ValueError, match="is modelled by the sim and host backends"):
+        cs.numerics.run(dict(SMALL, variants={"a": {"model.dtype": "bf16", "run.gemm_numerics": "pairwise",
+                                                    "run.backend": "cuda"}}))
+
+
+def test_gemm_numerics_on_a_context(rng):
+    a = rng.standard_normal((16, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 8)).astype(np.float32)
+    outs = {}
+    for model in ("bf16_acc", "hopper_tc", "f32_fma_seq"):
+        for backend in ("host", "sim"):
+            kw = {"topology": "ring4"} if backend == "sim" else {"world_size": 1}
+            ctx = cs.Context(backend, gemm_numerics=model, **kw)
+
+            def fn(rank):
+                c = ctx.empty(rank, [16, 8], "f32")
+                cs.matmul(ctx.tensor(rank, a, "bf16"), ctx.tensor(rank, b, "bf16"), c)
+                outs[model, backend] = c.numpy()
+            ctx.spawn(fn, nprocs=1)
+        np.testing.assert_array_equal(outs[model, "sim"], outs[model, "host"])
+    # hopper_tc truncates: on random data with f32 outputs some elements differ from the contract's.
+    assert (outs["hopper_tc", "host"] != outs["f32_fma_seq", "host"]).any()
+    np.testing.assert_allclose(outs["hopper_tc", "host"], outs["f32_fma_seq", "host"], rtol=1e-5, atol=1e-5)
+    # bf16_acc by definition: acc = bf16(fma(a, b, acc)) along k (a·b exact in float64, one f32 rounding).
+    ab = cs.round_to("bf16", a).astype(np.float64)
+    bb = cs.round_to("bf16", b).astype(np.float64)
+    want = np.zeros((16, 8), np.float32)
+    for k in range(96):
+        want = cs.round_to("bf16", (want.astype(np.float64) + ab[:, k:k + 1] * bb[k:k + 1, :]).astype(np.float32))
+    np.testing.assert_array_equal(outs["bf16_acc", "host"], want)
+    with pytest.raises(ValueError, match="'tf32' is not valid|not an accumulator model|valid"):
+        cs.Context("host", world_size=1, gemm_numerics="tf32")
+    ctx = cs.Context("sim", topology="ring4", overrides={"cube.pe.tile.k": 24}, gemm_numerics="hopper_tc")
+
+    def bad(rank):
+        c = ctx.empty(rank, [16, 8], "f32")
+        cs.matmul(ctx.tensor(rank, a, "bf16"), ctx.tensor(rank, b, "bf16"), c)
+    with pytest.raises(Exception, match="groups of 16 products, but the PE's tile k is 24"):
+        ctx.spawn(bad, nprocs=1)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/accumulator.h"
 #include "kernels/cuda/det_gemm_cuda.h"
 
 using namespace cubesim;
@@ -352,6 +353,71 @@ TEST_F(CudaGemmTc, BackwardAccuracy) {
   EXPECT_EQ(ea.unwritten + eb.unwritten, 0);
   EXPECT_LE(ea.rel_fro, 1e-3);
   EXPECT_LE(eb.rel_fro, 1e-3);
+}
+
+// The simulator's hopper_tc accumulator model (kernels/accumulator.h) against the GPU's tensor-core
+// det_gemm, bit for bit: the shape table of the other tensor-core tests, wide exponent ranges (so
+// alignment and truncation decide bits), and millions of single-instruction dot products (K = 16:
+// one k16 MMA from c = 0; K = 32: the second one's c is the first's result).
+TEST_F(CudaGemmTc, HopperTcModelIsBitwise) {
+  auto wide = [&](Operand& o, int spread) {
+    const MutableMatrixView v = o.host_mut();
+    std::uniform_int_distribution<int> e(-spread, spread);
+    std::uniform_real_distribution<float> m(1.0f, 2.0f);
+    for (std::int64_t r = 0; r < v.rows; ++r)
+      for (std::int64_t c = 0; c < v.cols; ++c) {
+        const std::uint64_t u = rng_();
+        const float x = (u % 17 == 0) ? 0.0f : ((u & 1) ? -1.0f : 1.0f) * std::ldexp(m(rng_), e(rng_));
+        store_f32(v.data, v.dtype, r * v.row_stride + c * v.col_stride, x);
+      }
+    o.upload();
+  };
+  struct Case {
+    std::int64_t M, N, K;
+    DType out;
+    bool bias;
+    int spread;  // 0: uniform [-1, 1)
+  };
+  const Case cases[] = {
+      {257, 129, 1000, DType::f32, true, 0},  {64, 1000, 77, DType::bf16, true, 0}, {300, 520, 1000, DType::f32, false, 0},
+      {128, 256, 64, DType::f32, false, 12},  {100, 200, 333, DType::f32, true, 20}, {4096, 4096, 16, DType::f32, false, 24},
+      {2048, 2048, 32, DType::f32, false, 30}, {256, 256, 4096, DType::f32, false, 3},
+  };
+  std::int64_t elements = 0;
+  for (const Case& cs : cases) {
+    SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
+                 " spread=" + std::to_string(cs.spread) + " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, cs.M, cs.K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, cs.K, cs.N, Layout::col_major);
+    if (cs.spread) wide(a, cs.spread), wide(b, cs.spread);
+    Operand bias = Operand::random(rng_, DType::f32, 1, cs.N, Layout::row_major);
+    Operand c = Operand::output(cs.out, cs.M, cs.N, Layout::row_major);
+    Operand ref = Operand::output(cs.out, cs.M, cs.N, Layout::row_major);
+    const VectorView bv = bias.dev_vec(), bh = bias.host_vec();
+    c.poison();
+    det_gemm_cuda(a.dev(), b.dev(), cs.bias ? &bv : nullptr, c.dev_mut(), tc(), nullptr);
+    c.download();
+    kernels::gemm_model(kernels::AccumulatorModel::hopper_tc, a.host(), b.host(), cs.bias ? &bh : nullptr, ref.host_mut());
+    std::int64_t bad = 0, differ_from_contract = 0;
+    std::string first;
+    Operand contract = Operand::output(cs.out, cs.M, cs.N, Layout::row_major);
+    kernels::det_gemm(a.host(), b.host(), cs.bias ? &bh : nullptr, contract.host_mut(), {.threads = 8});
+    for (std::int64_t r = 0; r < cs.M; ++r)
+      for (std::int64_t col = 0; col < cs.N; ++col) {
+        const bool diff = c.bits(r, col) != ref.bits(r, col);
+        differ_from_contract += c.bits(r, col) != contract.bits(r, col);
+        if (diff && bad++ == 0)
+          first = "(" + std::to_string(r) + ", " + std::to_string(col) + "): GPU " + std::to_string(c.at(r, col)) +
+                  " model " + std::to_string(ref.at(r, col));
+      }
+    elements += cs.M * cs.N;
+    std::printf("hopper_tc model vs GPU M=%lld N=%lld K=%lld spread=%d: %lld of %lld elements differ (the contract's "
+                "f32 FMA differs from the GPU in %lld)\n",
+                (long long)cs.M, (long long)cs.N, (long long)cs.K, cs.spread, (long long)bad, (long long)(cs.M * cs.N),
+                (long long)differ_from_contract);
+    EXPECT_EQ(bad, 0) << "first: " << first;
+  }
+  std::printf("hopper_tc model vs GPU: %lld elements compared\n", (long long)elements);
 }
 
 TEST(CudaGemmArgs, ErrorsNameTheOperand) {
