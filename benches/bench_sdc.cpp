@@ -5,8 +5,9 @@
 //             [--tokens N] [--hidden N] [--ffn N] [--steps N] [--clean-runs K] [--campaign N] [--seed S]
 //             [--share-gpus] [--topology NAME] [--json FILE] [--quick]
 //
-// Overhead: `steps` steps of the model (every layer: all_gather of the weight shard, GEMM + GELU)
-// with its 8 + 2·ranks checksums per layer and `steps` without, interleaved (with, without, with,
+// Overhead: `steps` steps of the model (every layer, fsdp: all_gather of the weight shard, GEMM +
+// GELU, 2·(3 + ranks) checksums; tp: the column and row GEMMs and their all-reduce, 2·(5 + ranks +
+// 2·(ranks - 1)) checksums) and `steps` without, interleaved (with, without, with,
 // ...); the step time is measured on the GPU (cuda: events around the step, the checksums' device
 // reductions included, their one read per step after it) or simulated (sim); the overhead is
 // median(with) / median(without) - 1 (target on H200: <= 2%). False positives: `clean-runs`
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
   if (args.quick) big.tokens = 256, big.hidden = 256, big.ffn = 512, big.layers = 4, steps = 3, clean_runs = 4;
   big.mode = mode;
   const hw::Topology topo = hw::load_topology(topology);
-  auto make = [&](bool for_timing) {
+  auto make = [&](bool for_timing, bool measure = true) {
     rt::ContextOptions o;
     o.world_size = ranks;
     if (backend == "host" && ranks == 0) o.world_size = 4;
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
     // The clean runs compare against the host replay: the exact GEMM, whatever --gemm-mode times.
     if (backend == "cuda" && for_timing) ba.options = {{"gemm_mode", gemm_mode}};
     if (backend == "cuda" && share_gpus) ba.options["share_gpus"] = true;
+    if (backend == "cuda" && !measure) ba.options["measure"] = false;  // no events piling up over thousands of runs
     return rt::make_context(backend, o, ba);
   };
   nlohmann::json out = {{"bench", "bench_sdc"}, {"backend", backend}, {"mode", sdc::mode_name(mode)}};
@@ -194,7 +196,7 @@ int main(int argc, char** argv) {
     o.seed = seed;
     o.clean_runs = 0;
     if (backend != "sim") {
-      o.make_context = [&] { return make(false); };
+      o.make_context = [&] { return make(false, false); };
       o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce};
       if (backend == "cuda") o.threads = 1;
     }

@@ -39,7 +39,9 @@ struct CollectiveOptions {
   int hierarchy = 0;                       // hierarchical: ranks per inner group (0: context default)
   bool async_op = false;                   // return at once; Work::wait() blocks until done
   // Checks inside a reduction chain (sdc's tensor-parallel mode): called with values only, and not
-  // when the backend runs the whole collective itself (NCCL on cuda). Must outlive the collective.
+  // when the backend runs the whole collective itself (NCCL on cuda). Every reduce step the
+  // algorithm runs reaches it: on the f32 working copy with accumulate_f32, per slice where an
+  // algorithm slices (tree, nccl). Must outlive the collective.
   const ReduceTap* reduce_tap = nullptr;
 };
 

@@ -650,6 +650,7 @@ std::unique_ptr<Context> make_cuda(ContextOptions o, const BackendArgs& a) {
   co.gemm_mode = cuda::parse_gemm_mode(r.choice("gemm_mode", "exact", {"exact", "tensor_core"}));
   co.collectives = parse_cuda_collectives(r.choice("collectives", "ring", {"ring", "nccl"}));
   co.share_gpus = r.flag("share_gpus", false);
+  co.measure = r.flag("measure", true);
   r.finish();
   if (cuda_device_count() == 0) {
     throw BackendUnavailableError("backend 'cuda': no usable GPU here (" + cuda_unavailable_reason() +
@@ -664,7 +665,8 @@ const BackendInfo kCudaBackendInfo{
     .name = "cuda",
     .summary = "real GPUs, one rank per GPU: exact or tensor-core GEMMs, the runtime's collectives or NCCL",
     .options = "gemm_mode ('exact' | 'tensor_core'), collectives ('ring' | 'nccl'), share_gpus (bool: more ranks "
-               "than GPUs, rank r on GPU r % GPUs; ring collectives only)",
+               "than GPUs, rank r on GPU r % GPUs; ring collectives only), measure (bool, default true: CUDA events "
+               "around every GEMM and collective, kept until the context goes)",
     .devices = &cuda_device_count,
     .unavailable = [] { return cuda_device_count() > 0 ? std::string() : "no usable GPU: " + cuda_unavailable_reason(); },
     .make = &make_cuda};

@@ -50,7 +50,7 @@ CudaCollectives parse_cuda_collectives(std::string_view s);  // throws RuntimeEr
 struct CudaBackendOptions {
   cuda::GemmMode gemm_mode = cuda::GemmMode::exact;
   CudaCollectives collectives = CudaCollectives::ring;
-  bool measure = true;  // CUDA events around every GEMM and collective
+  bool measure = true;  // CUDA events around every GEMM and collective (held until the backend goes)
   // More ranks than GPUs: rank r on GPU r % GPUs, each rank with its own stream and allocator (for
   // tests of multi-rank code on one GPU; the runtime's collectives only, not NCCL; times shared).
   bool share_gpus = false;

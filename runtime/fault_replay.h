@@ -5,7 +5,7 @@
 // The points a backend reports (Backend::fault_point): a GEMM wrote its output (spec site
 // `gemm_tile`: the whole output is the span, where the simulator corrupts one PE's tile of it) and
 // a collective's reduction step wrote its result (`reduce`). A spec's `cube` names a rank (-1: any)
-// and `nth` counts that rank's matching operations; the other sites (links, DMA, memory at rest)
+// and `nth` counts that rank's matching operations (with -1: every rank's, together); the other sites (links, DMA, memory at rest)
 // need a simulated system and are refused. A caller may stamp the records with a phase of its own
 // per rank (the SDC model: the layer), since these backends keep no simulated time.
 //

@@ -121,6 +121,10 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
   // The census: every candidate unit's operations in a fault-free run.
   Recipe census = recipe;
   auto ctx0 = fresh_context();
+  if (replayed && !ctx0->backend().fault_replay())
+    throw rt::RuntimeError(fmt::format("sdc campaign: make_context gave a {} context, which injects faults into a "
+                                       "simulated system of its own: leave make_context empty for the sim backend",
+                                       ctx0->backend().name()));
   if (replayed) {
     const int ranks = recipe.ranks > 0 ? recipe.ranks : ctx0->world_size();
     c.backend = std::string(ctx0->backend().name());
@@ -164,7 +168,10 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
   }
   const bool any = std::any_of(by_site.begin(), by_site.end(), [](const auto& v) { return !v.empty(); });
   if (!any && o.faults > 0)
-    throw rt::RuntimeError(fmt::format("sdc campaign: no operation on '{}' passes the sites asked for", topo.name));
+    throw rt::RuntimeError(fmt::format("sdc campaign: the {} model on {} has no operation at the sites asked for{}",
+                                       mode_name(recipe.mode),
+                                       replayed ? fmt::format("the {} backend", c.backend) : fmt::format("'{}'", topo.name),
+                                       recipe.mode == Mode::fsdp ? " (fsdp has no reduction steps)" : ""));
   const Golden ref = golden(recipe, cr.ranks, replayed ? nullptr : &topo.nccl);
   const int word_bytes = static_cast<int>(dtype_size(recipe.dtype));
 

@@ -1,13 +1,14 @@
 // campaign.h — fault campaigns: many seeded faults through the SDC model, and what caught each.
 //
-// A campaign first runs the recipe once fault-free on the simulator and counts, per site, the
-// operations a fault could strike (transfers over each link; PE DMA transfers, GEMM tiles and
-// reduction steps per cube).
+// A campaign first runs the recipe once fault-free and counts, per site, the operations a fault could
+// strike (on the simulator: transfers over each link; PE DMA transfers, GEMM tiles and reduction steps
+// per cube; on host or cuda, make_context: GEMM outputs and reduction steps per rank).
 // Fault i is then drawn from (seed, i) alone: a site (uniformly among `sites` that have operations),
 // a unit (link or cube) among those with operations, the n-th of its operations (uniform), and a
 // fault model (bit_flip 60%, multi_bit 15%, word_burst 15%, stuck_at 10%; their widths uniform in
-// range). Each fault runs the recipe on a fresh simulated system, so the outcome depends on the fault
-// alone: the same seed gives the same table on any thread count. `clean_runs` fault-free runs count
+// range). Each fault runs the recipe on a fresh simulated system (replayed: on its thread's context,
+// disarmed after every run), so the outcome depends on the fault alone: the same seed gives the same
+// table on any thread count. `clean_runs` fault-free runs count
 // false positives.
 //
 // Per fault: fired (the injector logged it), activated (some tensor or checksum differs from the

@@ -415,6 +415,9 @@ std::string list_names(const std::vector<std::string>& v) {
 // A tensor-aimed fault's rank and region inside its tensor: RuntimeError naming the field otherwise.
 void check_aimed(const Recipe& r, int p, std::size_t i) {
   const RecipeFault& f = r.faults[i];
+  if (tensor_index(r.mode, f.tensor) >= static_cast<int>(tensor_names(r.mode).size()))
+    throw rt::RuntimeError(fmt::format("sdc: faults.{}.tensor: '{}' is not a tensor of the {} model (valid: {})", i,
+                                       f.tensor, mode_name(r.mode), list_names(tensor_names(r.mode))));
   if (f.rank >= p)
     throw rt::RuntimeError(fmt::format("sdc: faults.{}.rank = {}: the run has ranks 0..{}", i, f.rank, p - 1));
   const std::uint64_t n = tensor_bytes(r, p, tensor_index(r.mode, f.tensor));
@@ -746,7 +749,10 @@ void judge(Result& res, const Golden& ref) {
       for (const auto& d : res.divergences) {
         if (d.layer != layer || d.point != Point::comm_output) continue;
         const int dist = ((d.rank - d.chunk) % p + p) % p;
-        const int eff = dist == 0 ? p : dist;  // the owner's own copy comes last
+        // fsdp: the owner's own copy (a local copy of its shard, checked at comm_input) comes last;
+        // tp: the owner's chunk is where the all-gather starts (it left the last reduction step
+        // matching, so a difference there entered on the owner after it): first.
+        const int eff = dist == 0 && r.mode == Mode::fsdp ? p : dist;
         if (eff < best_dist) best_dist = eff, best_rank = d.rank;
       }
       v.rank = best_rank;
@@ -929,9 +935,10 @@ Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
     for (std::size_t i = 0; i < r.faults.size(); ++i) {
       res.fault_operations.push_back(replay->seen(i));
       if (std::find(pending.begin(), pending.end(), i) == pending.end()) continue;
-      res.faults_not_fired.push_back(fmt::format("faults.{} ({}, nth {}): never fired; rank {} had {} matching operations",
+      const int cube = r.faults[i].spec.cube;
+      res.faults_not_fired.push_back(fmt::format("faults.{} ({}, nth {}): never fired; {} had {} matching operations",
                                                  i, hw::fault_site_name(r.faults[i].spec.site), r.faults[i].spec.nth,
-                                                 r.faults[i].spec.cube < 0 ? std::string("any") : std::to_string(r.faults[i].spec.cube),
+                                                 cube < 0 ? std::string("the ranks together") : fmt::format("rank {}", cube),
                                                  replay->seen(i)));
     }
     replay->clear();

@@ -20,7 +20,8 @@ unknown keys are refused; `sets` are "path=value" overrides ("layers=16", "fault
 Faults (site link|dma|hbm|tcm|gemm_tile|reduce, model bit_flip|multi_bit|stuck_at|word_burst, the
 nth matching operation from at_us on, or at rest at at_us, optionally aimed at a model tensor:
 "tensor": fsdp "shard"|"full"|"input"|"output", tp "input"|"w1"|"w2"|"hidden"|"output"; "layer",
-"rank") need the sim backend with values.
+"rank") need values: the sim backend injects any of them into its system; host and cuda replay
+gemm_tile and reduce faults at GEMM outputs and reduction steps ("cube" names a rank).
 """
 import json
 from pathlib import Path
@@ -97,13 +98,19 @@ def campaign(recipe=None, *, topology="ring4", faults=100, seed=1, clean_runs=10
     positives, the census of operations per unit and, with outcomes, one row per fault.
     progress(done, total) is called after each run.
 
-    backend "host" or "cuda" (world_size ranks, 0: all; backend_options as Context's) replays the
-    faults at the runtime's points instead (REPLAY_SITES: GEMM outputs and reduction steps per rank;
-    runtime/fault_replay.h); the topology then only names the campaign."""
+    backend "host" or "cuda" replays the faults at the runtime's points instead (REPLAY_SITES: GEMM
+    outputs and reduction steps per rank; runtime/fault_replay.h) on world_size ranks (0: the recipe's
+    ranks, else every GPU on cuda, 4 on host), backend_options as Context's; the topology then only
+    names the campaign, and cuda runs one fault at a time (threads ignored)."""
     if sites is None:
         sites = CAMPAIGN_SITES if backend == "sim" else REPLAY_SITES
+    rec = load_recipe(recipe, sets)
+    if backend != "sim" and not world_size:  # as `cubesim sdc run` takes them: the recipe's, the devices, or 4
+        info = next((b for b in _cubesim.backend_info() if b["name"] == backend), None)
+        devices = info["devices"] if info else -1
+        world_size = rec["ranks"] or (devices if devices > 0 else 4)
     topo = topology if isinstance(topology, _cubesim.Topology) else _cubesim.load_topology(topology)
-    return _cubesim._sdc_campaign(topo, load_recipe(recipe, sets), faults, seed, clean_runs, threads, list(sites),
+    return _cubesim._sdc_campaign(topo, rec, faults, seed, clean_runs, threads, list(sites),
                                   progress, outcomes, backend, world_size, dict(backend_options or {}))
 
 

@@ -460,14 +460,19 @@ TEST(SdcTp, ACampaignDetectsAndLocalisesEveryActivatedFault) {
   o.seed = 5;
   o.clean_runs = 4;
   o.threads = 2;
-  const CampaignResult c = run_campaign(hw::load_topology("ring4"), tp_recipe(), o);
-  EXPECT_EQ(c.total.fired, 120u);
-  EXPECT_GT(c.total.activated, 100u);
-  EXPECT_EQ(c.total.detected, c.total.activated) << campaign_to_json(c, false).dump(1);
-  EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
-  EXPECT_EQ(c.total.silent, 0u);
-  EXPECT_EQ(c.false_positives, 0u);
-  for (const char* site : {"link", "dma", "gemm_tile", "reduce"}) EXPECT_GT(c.by_site.at(site).injected, 15u) << site;
+  for (rt::Algorithm a : {rt::Algorithm::ring, rt::Algorithm::direct}) {
+    SCOPED_TRACE(std::string(rt::algorithm_name(a)));
+    Recipe r = tp_recipe();
+    r.algorithm = a;
+    const CampaignResult c = run_campaign(hw::load_topology("ring4"), r, o);
+    EXPECT_EQ(c.total.fired, 120u);
+    EXPECT_GT(c.total.activated, 100u);
+    EXPECT_EQ(c.total.detected, c.total.activated) << campaign_to_json(c, false).dump(1);
+    EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
+    EXPECT_EQ(c.total.silent, 0u);
+    EXPECT_EQ(c.false_positives, 0u);
+    for (const char* site : {"link", "dma", "gemm_tile", "reduce"}) EXPECT_GT(c.by_site.at(site).injected, 15u) << site;
+  }
 }
 
 // ---- faults replayed without a simulated system (host here; cuda below) ------------------------------
