@@ -29,7 +29,6 @@ rms_rel per layer.
 import copy
 import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _cubesim
+from ._docfile import read_document
 
 SCHEMA = "cubesim.numerics/1"
 EPS = 1e-30
@@ -173,25 +173,7 @@ def load_config(config, sets=()):
     else:
         path = Path(config)
         origin, base_dir = str(path), path.parent
-        try:
-            data = path.read_bytes()[:MAX_CONFIG_BYTES + 1]
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES} bytes; a config is at most that")
-        try:
-            text = data.decode("utf-8")
-            if path.suffix in (".yaml", ".yml"):
-                import yaml
-                doc = yaml.safe_load(text)
-            else:
-                doc = json.loads(text)
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        except Exception as e:  # yaml's errors
-            raise ConfigError(f"{path}: not YAML: {e}") from None
+        doc = read_document(path, MAX_CONFIG_BYTES, "a config", error=ConfigError, yaml_ok=True)
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: expected an object with model, data, run and variants")
     sections = list(DEFAULTS) + ["variants"]

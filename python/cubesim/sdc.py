@@ -23,10 +23,9 @@ nth matching operation from at_us on, or at rest at at_us, optionally aimed at a
 "rank") need values: the sim backend injects any of them into its system; host and cuda replay
 gemm_tile and reduce faults at GEMM outputs and reduction steps ("cube" names a rank).
 """
-import json
-from pathlib import Path
 
 from . import _cubesim
+from ._docfile import read_document
 
 SITES = ("link", "dma", "hbm", "tcm", "gemm_tile", "reduce")
 MODELS = ("bit_flip", "multi_bit", "stuck_at", "word_burst")
@@ -50,24 +49,8 @@ def load_recipe(recipe=None, sets=()):
     elif isinstance(recipe, dict):
         doc = recipe
     else:
-        path = Path(recipe)
-        origin = str(path)
-        try:
-            if path.is_file() and path.stat().st_size > MAX_RECIPE_BYTES:
-                raise ValueError(f"{path}: {path.stat().st_size} bytes; a recipe is at most {MAX_RECIPE_BYTES}")
-            data = path.read_bytes()[:MAX_RECIPE_BYTES + 1]
-        except OSError as e:
-            raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
-        if len(data) > MAX_RECIPE_BYTES:
-            raise ValueError(f"{path}: more than {MAX_RECIPE_BYTES} bytes; a recipe is at most that")
-        try:
-            doc = json.loads(data.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        except RecursionError:
-            raise ValueError(f"{path}: nested too deeply") from None
+        origin = str(recipe)
+        doc = read_document(recipe, MAX_RECIPE_BYTES, "a recipe")
     return _cubesim._sdc_recipe(doc, [str(s) for s in sets], origin)
 
 
