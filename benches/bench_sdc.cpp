@@ -14,7 +14,7 @@
 // fault-free runs of a small recipe on fresh data, each checked exactly against the host replay:
 // every layer-step whose checksums differ counts (target 0 over 10,000 layer-steps). Campaign
 // (`--campaign N`): N seeded faults through the small recipe (sdc/campaign.h; on host and cuda replayed
-// at GEMM outputs and reduction steps in device memory), detected and localised against the truth.
+// at GEMM outputs, reduction steps and collective results in device memory), detected and localised against the truth.
 // JSON: {"overhead": {...}, "clean": {...}, "campaign": {...}}.
 #include <algorithm>
 #include <string>
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
     o.clean_runs = 0;
     if (backend != "sim") {
       o.make_context = [&] { return make(false, false); };
-      o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce};
+      o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce, hw::FaultSite::link};
       if (backend == "cuda") o.threads = 1;
     }
     if (mode == sdc::Mode::fsdp)

@@ -156,8 +156,9 @@ class Backend {
   virtual void checksum(const Tensor& t, std::uint64_t base, void* slots, std::size_t word, std::size_t mix) {}
   virtual void read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) {}
 
-  // A logical point where a fault may strike (hw::FaultSpec's sites gemm_tile and reduce): the runtime
-  // calls it after a GEMM wrote its output `t` and after a reduction step wrote `t`. The simulator
+  // A logical point where a fault may strike (hw::FaultSpec's sites gemm_tile, reduce and link): the
+  // runtime calls it after a GEMM wrote its output `t`, after a reduction step wrote `t`, and when a
+  // collective's result `t` is complete on its rank. The simulator
   // passes reductions to its fault injector (its GEMM tiles reach it from the PEs); other backends
   // replay the specs armed in fault_replay() here, changing bits of t where it lives (device memory).
   using FaultPoint = rt::FaultPoint;

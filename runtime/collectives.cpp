@@ -189,6 +189,13 @@ std::string sig(const Tensor& t, const Call& c, std::string extra = {}) {
                      c.acc_f32 ? ", f32 accumulation" : "");
 }
 
+// The collective's result is in `out` on this rank: a point where a fault may strike (replayed on
+// backends without a simulated system, runtime/fault_replay.h).
+void output_ready(Comm& comm, const Tensor& out) {
+  Backend& be = comm.context().backend();
+  if (!be.timing_only() && out.numel() > 0) be.fault_point(Backend::FaultPoint::collective_output, out);
+}
+
 }  // namespace
 
 Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
@@ -201,6 +208,7 @@ Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOpt
       run_algorithm(c, Collective::all_reduce, c.algorithm.all_reduce, comm, m, w.buf, op);
     }
     finish_working(comm, w, t);
+    output_ready(comm, t);
   });
 }
 
@@ -224,6 +232,7 @@ Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGro
     }
     finish_working(comm, w, buf);
     staging_copy(comm, c, out.flatten(), algo::region(buf, chunk_range(buf.numel(), comm.size(), comm.me())));
+    output_ready(comm, out);
   });
 }
 
@@ -240,8 +249,9 @@ Work all_gather(const Tensor& out, const Tensor& in, ProcessGroup* group, Collec
     const Tensor flat = out.flatten();
     staging_copy(comm, c, algo::region(flat, chunk_range(flat.numel(), comm.size(), comm.me())), in.flatten());
     const auto m = algo::Members::whole(comm);
-    if (backend_runs(comm, Collective::all_gather, flat)) return;
-    run_algorithm(c, Collective::all_gather, c.algorithm.all_gather, comm, m, flat);
+    if (!backend_runs(comm, Collective::all_gather, flat))
+      run_algorithm(c, Collective::all_gather, c.algorithm.all_gather, comm, m, flat);
+    output_ready(comm, out);
   });
 }
 
@@ -259,8 +269,9 @@ Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions
     for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
     m.pos = (comm.me() - ri + p) % p;
     const Tensor flat = t.flatten();
-    if (backend_runs(comm, Collective::broadcast, flat, ReduceOp::sum, ri)) return;
-    run_algorithm(c, Collective::broadcast, c.algorithm.broadcast, comm, m, flat);
+    if (!backend_runs(comm, Collective::broadcast, flat, ReduceOp::sum, ri))
+      run_algorithm(c, Collective::broadcast, c.algorithm.broadcast, comm, m, flat);
+    output_ready(comm, t);
   });
 }
 

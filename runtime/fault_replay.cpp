@@ -10,11 +10,15 @@
 namespace cubesim::rt {
 
 void FaultReplay::add(const hw::FaultSpec& s, std::string_view where, int ranks) {
-  if (s.site != hw::FaultSite::gemm_tile && s.site != hw::FaultSite::reduce)
+  if (s.site != hw::FaultSite::gemm_tile && s.site != hw::FaultSite::reduce && s.site != hw::FaultSite::link)
     throw hw::FaultError(fmt::format("{}.site: '{}' needs a simulated system; on this backend faults replay at the "
                                      "runtime's points (valid: gemm_tile: a GEMM's output; reduce: a reduction step's "
-                                     "result)",
+                                     "result; link: a collective's result where it landed)",
                                      where, hw::fault_site_name(s.site)));
+  if (s.site == hw::FaultSite::link && s.link != -1)
+    throw hw::FaultError(fmt::format("{}.link: {}: this backend has no simulated links; a link fault strikes a "
+                                     "collective's result on rank `cube` (valid: -1)",
+                                     where, s.link));
   if (s.cube < -1 || s.cube >= ranks)
     throw hw::FaultError(fmt::format("{}.cube: {} is not a rank (valid: -1 for any, or 0..{})", where, s.cube, ranks - 1));
   if (s.pe != -1)
@@ -50,7 +54,9 @@ void FaultReplay::set_phase(int rank, int phase) {
 
 void FaultReplay::on_point(FaultPoint p, const Tensor& t) {
   if (!armed_ || !t.is_contiguous() || t.nbytes() == 0) return;
-  const hw::FaultSite site = p == FaultPoint::gemm_output ? hw::FaultSite::gemm_tile : hw::FaultSite::reduce;
+  const hw::FaultSite site = p == FaultPoint::gemm_output ? hw::FaultSite::gemm_tile
+                             : p == FaultPoint::reduce    ? hw::FaultSite::reduce
+                                                          : hw::FaultSite::link;
   const int rank = t.device();
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     const hw::FaultSpec& s = specs_[i];
@@ -64,7 +70,10 @@ void FaultReplay::on_point(FaultPoint p, const Tensor& t) {
     r.fault = hw::apply_fault_model(s, std::span(buf));
     t.storage().write(t.byte_offset() + offset, buf.data(), bytes);
     r.fault.spec = i;
-    r.fault.unit = fmt::format("rank{} {}", rank, p == FaultPoint::gemm_output ? "GEMM output" : "reduction step");
+    r.fault.unit = fmt::format("rank{} {}", rank,
+                               p == FaultPoint::gemm_output ? "GEMM output"
+                               : p == FaultPoint::reduce    ? "reduction step"
+                                                            : "collective output");
     r.fault.memory = fmt::format("rank{}", rank);
     r.fault.cube = rank;
     r.fault.offset = offset;

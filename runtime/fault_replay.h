@@ -3,10 +3,12 @@
 // the same window of the operation's output, in device memory where the tensor lives.
 //
 // The points a backend reports (Backend::fault_point): a GEMM wrote its output (spec site
-// `gemm_tile`: the whole output is the span, where the simulator corrupts one PE's tile of it) and
-// a collective's reduction step wrote its result (`reduce`). A spec's `cube` names a rank (-1: any)
+// `gemm_tile`: the whole output is the span, where the simulator corrupts one PE's tile of it), a
+// collective's reduction step wrote its result (`reduce`), and a collective's result has arrived on
+// a rank (`link`, with `link` -1: the bytes a link would have corrupted in flight, seen where they
+// landed; the simulator corrupts one transfer's bytes). A spec's `cube` names a rank (-1: any)
 // and `nth` counts that rank's matching operations (with -1: every rank's, together); the other sites (links, DMA, memory at rest)
-// need a simulated system and are refused. A caller may stamp the records with a phase of its own
+// (a link by index, DMA, memory at rest) need a simulated system and are refused. A caller may stamp the records with a phase of its own
 // per rank (the SDC model: the layer), since these backends keep no simulated time.
 //
 //   rt::FaultReplay& r = *ctx.backend().fault_replay();   // null on the sim backend (its injector)
@@ -25,19 +27,21 @@ namespace cubesim::rt {
 
 class Tensor;
 
-// Where a fault may strike in the runtime: after a GEMM wrote its output, after a reduction step.
-enum class FaultPoint { gemm_output, reduce };
+// Where a fault may strike in the runtime: after a GEMM wrote its output, after a reduction step,
+// when a collective's result is complete on a rank.
+enum class FaultPoint { gemm_output, reduce, collective_output };
 
 class FaultReplay {
  public:
   struct Record {
-    hw::FaultRecord fault;  // unit "rank1 GEMM output" / "rank1 reduction step"; memory "rank1"; cube: the rank
+    hw::FaultRecord fault;  // unit "rank1 GEMM output" / "rank1 reduction step" / "rank1 collective output";
+                            // memory "rank1"; cube: the rank
     int rank = -1;
     int phase = -1;  // the rank's phase (set_phase) when it fired
   };
 
-  // Checks the spec (site gemm_tile or reduce, cube -1 or a rank below `ranks`, no time, the model's
-  // fields): hw::FaultError naming `where`.field and what would be valid.
+  // Checks the spec (site gemm_tile, reduce or link with link -1, cube -1 or a rank below `ranks`, no
+  // time, the model's fields): hw::FaultError naming `where`.field and what would be valid.
   void add(const hw::FaultSpec& spec, std::string_view where, int ranks);
   void clear();  // drops every spec, the log and the phases
   bool armed() const { return armed_ > 0; }

@@ -30,8 +30,10 @@ namespace {
 constexpr std::uint64_t kNever = std::uint64_t{1} << 62;  // a census spec's nth: counts, never fires
 
 std::string unit_label(const hw::FaultSpec& s) {
-  return s.site == hw::FaultSite::link ? fmt::format("link {}", s.link)
-                                       : fmt::format("{} cube{}", hw::fault_site_name(s.site), s.cube);
+  if (s.site == hw::FaultSite::link && s.link >= 0) return fmt::format("link {}", s.link);
+  // Replayed (host, cuda): a rank's GEMM outputs, reduction steps or collective results.
+  if (s.link < 0 && s.site == hw::FaultSite::link) return fmt::format("link rank{}", s.cube);
+  return fmt::format("{} cube{}", hw::fault_site_name(s.site), s.cube);
 }
 
 // Fault i of a campaign, from (seed, i) alone.
@@ -105,9 +107,10 @@ CampaignResult run_campaign(const hw::Topology& topo, const Recipe& recipe, cons
   const bool replayed = static_cast<bool>(o.make_context);
   if (replayed)
     for (hw::FaultSite s : o.sites)
-      if (s != hw::FaultSite::gemm_tile && s != hw::FaultSite::reduce)
+      if (s != hw::FaultSite::gemm_tile && s != hw::FaultSite::reduce && s != hw::FaultSite::link)
         throw rt::RuntimeError(fmt::format("sdc campaign: site '{}' needs the sim backend; a campaign on another "
-                                           "backend replays faults at the runtime's points (valid: gemm_tile, reduce)",
+                                           "backend replays faults at the runtime's points (valid: gemm_tile, reduce, "
+                                           "link: a collective's result where it landed)",
                                            hw::fault_site_name(s)));
   auto fresh_context = [&]() -> std::unique_ptr<rt::Context> {
     return replayed ? o.make_context() : rt::make_sim_context({}, topo);

@@ -2,7 +2,7 @@
 //
 // A campaign first runs the recipe once fault-free and counts, per site, the operations a fault could
 // strike (on the simulator: transfers over each link; PE DMA transfers, GEMM tiles and reduction steps
-// per cube; on host or cuda, make_context: GEMM outputs and reduction steps per rank).
+// per cube; on host or cuda, make_context: GEMM outputs, reduction steps and collective results per rank).
 // Fault i is then drawn from (seed, i) alone: a site (uniformly among `sites` that have operations),
 // a unit (link or cube) among those with operations, the n-th of its operations (uniform), and a
 // fault model (bit_flip 60%, multi_bit 15%, word_burst 15%, stuck_at 10%; their widths uniform in
@@ -43,7 +43,7 @@ struct CampaignOptions {
   std::vector<hw::FaultSite> sites = {hw::FaultSite::link, hw::FaultSite::dma, hw::FaultSite::gemm_tile,
                                       hw::FaultSite::reduce};
   // Another backend than sim (host, cuda): makes the context each thread runs on (reused from run to
-  // run); faults then replay at the runtime's points (sites gemm_tile and reduce, per rank), and the
+  // run); faults then replay at the runtime's points (sites gemm_tile, reduce and link, per rank), and the
   // topology argument only names the campaign. Null: a fresh simulated system of the topology per run.
   std::function<std::unique_ptr<rt::Context>()> make_context;
   // Called from the campaign's threads (one at a time) after each run: done, total.

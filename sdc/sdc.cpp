@@ -803,7 +803,7 @@ void validate(const Recipe& r, int world_size, const hw::Topology* topo) {
 Result run(rt::Context& ctx, const Recipe& r, const Golden* ref) {
   const int p = check_ranks(ctx.world_size(), r);
   auto* sim = dynamic_cast<rt::SimBackend*>(&ctx.backend());
-  // Backends without a simulated system replay gemm_tile and reduce faults at the runtime's points.
+  // Backends without a simulated system replay gemm_tile, reduce and link faults at the runtime's points.
   rt::FaultReplay* replay = sim ? nullptr : ctx.backend().fault_replay();
   if (!r.faults.empty() && (ctx.backend().timing_only() || (!sim && !replay)))
     throw rt::RuntimeError(fmt::format("sdc: the recipe has {} fault(s), which need values: the sim backend, or a "

@@ -161,14 +161,14 @@ struct Result {
 
 // Checks a recipe before any work, as run() would: ranks against the context's `world_size`, ffn
 // divisible by the ranks, and every fault against `topo` (null: a backend without a simulated system,
-// which replays gemm_tile and reduce faults only). RuntimeError naming the field and what would be valid.
+// which replays gemm_tile, reduce and link faults only). RuntimeError naming the field and what would be valid.
 void validate(const Recipe& r, int world_size, const hw::Topology* topo);
 
 // The reference of a recipe for `ranks` ranks (a host context, no faults); `nccl`: the simulated
 // topology's section when the recipe's algorithm is nccl (its chunking follows it).
 Golden golden(const Recipe& r, int ranks, const hw::NcclSpec* nccl = nullptr);
 // Runs the recipe on ctx. Faults need values: on the sim backend they are injected into its system;
-// host and cuda replay gemm_tile and reduce faults at the runtime's points (runtime/fault_replay.h:
+// host and cuda replay gemm_tile, reduce and link faults at the runtime's points (runtime/fault_replay.h:
 // `cube` names a rank, `nth` counts its GEMM outputs or reduction steps) and refuse the other sites;
 // RuntimeError otherwise; a recipe too large for the context (ranks, ffn not divisible by ranks) is refused
 // naming the field. `ref`: the recipe's golden for the same rank count (made when null).

@@ -1294,7 +1294,7 @@ def build_parser():
     sr = ssub.add_parser("run", help="run the SDC model once (with the recipe's faults); exit 1 if it finds corruption")
     recipe_opts(sr)
     sr.add_argument("--backend", default="sim", choices=cs.backends(),
-                    help="where it runs (sim injects any fault; host and cuda replay gemm_tile and reduce faults)")
+                    help="where it runs (sim injects any fault; host and cuda replay gemm_tile, reduce and link faults)")
     sr.add_argument("--dry-run", action="store_true", help="validate the recipe (and its faults against the topology), "
                     "print it in full, run nothing")
     json_opt(sr)
@@ -1313,7 +1313,7 @@ def build_parser():
                     f"cuda {','.join(cs.sdc.REPLAY_SITES)})")
     sc.add_argument("--backend", default="sim", choices=cs.backends(),
                     help="sim (faults injected into the topology's simulated system, default), or host/cuda (faults "
-                    "replayed at GEMM outputs and reduction steps, in device memory on cuda)")
+                    "replayed at GEMM outputs, reduction steps and collective results, in device memory on cuda)")
     json_opt(sc)
     sc.set_defaults(fn=cmd_sdc_campaign)
 

@@ -21,7 +21,8 @@ Faults (site link|dma|hbm|tcm|gemm_tile|reduce, model bit_flip|multi_bit|stuck_a
 nth matching operation from at_us on, or at rest at at_us, optionally aimed at a model tensor:
 "tensor": fsdp "shard"|"full"|"input"|"output", tp "input"|"w1"|"w2"|"hidden"|"output"; "layer",
 "rank") need values: the sim backend injects any of them into its system; host and cuda replay
-gemm_tile and reduce faults at GEMM outputs and reduction steps ("cube" names a rank).
+gemm_tile, reduce and link faults at GEMM outputs, reduction steps and collective results ("cube"
+names a rank; "link" -1).
 """
 
 from . import _cubesim
@@ -30,7 +31,8 @@ from ._docfile import read_document
 SITES = ("link", "dma", "hbm", "tcm", "gemm_tile", "reduce")
 MODELS = ("bit_flip", "multi_bit", "stuck_at", "word_burst")
 CAMPAIGN_SITES = ("link", "dma", "gemm_tile", "reduce")  # reduce: tp only (fsdp has no reductions)
-REPLAY_SITES = ("gemm_tile", "reduce")  # what host and cuda replay (no simulated system)
+REPLAY_SITES = ("gemm_tile", "reduce", "link")  # host and cuda replay them (no simulated system; link: a
+                                                # collective's result where it landed)
 POINTS = ("comm_input", "comm_output", "compute_input", "compute_output")
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -167,7 +169,7 @@ def format_campaign(c):
     rec = c["recipe"]
     return "\n".join([
         (f"SDC campaign on '{c['topology']}'" if c.get("backend", "sim") == "sim" else
-         f"SDC campaign on the {c['backend']} backend (faults replayed at GEMM outputs and reduction steps)") +
+         f"SDC campaign on the {c['backend']} backend (faults replayed at GEMM outputs, reduction steps and collective results)") +
         f": {c['ranks']} ranks, {rec['mode']} mode, {rec['layers']} layers, seed {c['seed']}, {c['wall_s']:.1f} s",
         format_table(head, rows),
         "(detected: % of activated; localised: % of detected, to comm/compute, layer and rank)",

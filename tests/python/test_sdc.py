@@ -118,7 +118,7 @@ def test_faults_the_topology_lacks_are_refused():
         cs.sdc.validate({"faults": [{"site": "gemm_tile", "cube": 0, "pe": 200}]}, ctx)
     with pytest.raises(ValueError, match="faults.0.link = 99: the topology 'ring4' has links 0.."):
         cs.sdc.run({**SMALL, "faults": [{"site": "link", "link": 99}]}, context=ctx)
-    with pytest.raises(ValueError, match="on the host backend: faults.0.site: 'link' needs a simulated system"):
+    with pytest.raises(ValueError, match="on the host backend: faults.0.link: 1: this backend has no simulated links"):
         cs.sdc.run({**SMALL, "faults": [{"site": "link", "link": 1}]}, context=cs.Context("host", world_size=4))
     with pytest.raises(ValueError, match="ffn = 102 is not divisible by the 4 ranks"):
         cs.sdc.run({**SMALL, "ffn": 102}, context=ctx)
@@ -237,10 +237,10 @@ def test_faults_replay_on_the_host_backend_and_its_campaigns(capsys):
         cs.sdc.run(dict(SMALL, faults=[{"site": "gemm_tile", "at_us": 2}]), context=host)
     c = cs.sdc.campaign(dict(SMALL, mode="tp"), backend="host", faults=60, seed=2, clean_runs=2)  # 4 ranks
     t = c["total"]
-    assert c["backend"] == "host" and c["ranks"] == 4 and set(c["by_site"]) == {"gemm_tile", "reduce"}
+    assert c["backend"] == "host" and c["ranks"] == 4 and set(c["by_site"]) == {"gemm_tile", "reduce", "link"}
     assert t["fired"] == 60 and t["detected"] == t["activated"] > 50 and t["localised"] == t["detected"]
-    with pytest.raises(ValueError, match="site 'link' needs the sim backend"):
-        cs.sdc.campaign(SMALL, backend="host", world_size=4, faults=1, sites=["link"])
+    with pytest.raises(ValueError, match="site 'dma' needs the sim backend"):
+        cs.sdc.campaign(SMALL, backend="host", world_size=4, faults=1, sites=["dma"])
     rc, out, err = run_cli(capsys, "sdc", "campaign", "--backend", "host", "--set", "mode=tp", "--set", "layers=2",
                            "--faults", "20", "--clean-runs", "1")
     assert rc == 0, err

@@ -509,12 +509,26 @@ TEST(SdcReplay, GemmAndReductionFaultsAreFoundOnTheHostAsOnSim) {
     EXPECT_EQ(res.verdict.layer, layer);
     EXPECT_EQ(res.verdict.rank, 3);
   }
+  // A link fault strikes a collective's result where it landed: fsdp's all_gather of layer 1 (the
+  // rank-fill check's is the first), seen by comm_output on that rank alone.
+  RecipeFault link;
+  link.spec = {.site = hw::FaultSite::link, .model = hw::FaultModel::multi_bit, .cube = 1, .nth = 3, .bits = 3, .seed = 2};
+  r.mode = Mode::fsdp;
+  r.faults = {link};
+  res = run(host, r);
+  ASSERT_EQ(res.faults.size(), 1u) << res.verdict.text;
+  EXPECT_EQ(truth_of(res, 0).kind, Verdict::Kind::comm);
+  EXPECT_EQ(res.verdict.kind, Verdict::Kind::comm) << res.verdict.text;
+  EXPECT_EQ(res.verdict.layer, 1);
+  EXPECT_EQ(res.verdict.rank, 1);
+  for (const auto& d : res.divergences) EXPECT_EQ(d.rank, 1);
   // The next run on the same context starts disarmed.
   r.faults.clear();
   EXPECT_EQ(run(host, r).verdict.kind, Verdict::Kind::clean);
   // What needs a simulated system is refused, naming the field.
   for (const auto& [spec, at, field] : std::vector<std::tuple<hw::FaultSpec, double, std::string>>{
-           {{.site = hw::FaultSite::link, .link = 0}, -1, "faults.0.site: 'link' needs a simulated system"},
+           {{.site = hw::FaultSite::link, .link = 0}, -1, "faults.0.link: 0: this backend has no simulated links"},
+           {{.site = hw::FaultSite::dma}, -1, "faults.0.site: 'dma' needs a simulated system"},
            {{.site = hw::FaultSite::reduce, .cube = 4}, -1, "faults.0.cube: 4 is not a rank (valid: -1 for any, or 0..3)"},
            {{.site = hw::FaultSite::gemm_tile, .pe = 1}, -1, "faults.0.pe: 1"},
            {{.site = hw::FaultSite::gemm_tile}, 3.0, "faults.0.at: this backend keeps no simulated time"}}) {
@@ -572,7 +586,7 @@ TEST(SdcReplay, AHostCampaignDetectsAndLocalisesEveryActivatedFault) {
   o.seed = 9;
   o.clean_runs = 4;
   o.threads = 2;
-  o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce};
+  o.sites = {hw::FaultSite::gemm_tile, hw::FaultSite::reduce, hw::FaultSite::link};
   o.make_context = [] { return std::make_unique<rt::Context>(rt::ContextOptions{.world_size = 4}); };
   const CampaignResult c = run_campaign(hw::load_topology("ring4"), tp_recipe(), o);
   EXPECT_EQ(c.backend, "host");
@@ -581,8 +595,9 @@ TEST(SdcReplay, AHostCampaignDetectsAndLocalisesEveryActivatedFault) {
   EXPECT_EQ(c.total.detected, c.total.activated);
   EXPECT_EQ(c.total.localised, c.total.detected) << campaign_to_json(c).dump(1);
   EXPECT_EQ(c.false_positives, 0u);
-  EXPECT_GT(c.by_site.at("reduce").injected, 50u);
-  o.sites = {hw::FaultSite::link};
+  EXPECT_GT(c.by_site.at("reduce").injected, 40u);
+  EXPECT_GT(c.by_site.at("link").injected, 40u);
+  o.sites = {hw::FaultSite::dma};
   EXPECT_THROW(run_campaign(hw::load_topology("ring4"), tp_recipe(), o), rt::RuntimeError);
 }
 
