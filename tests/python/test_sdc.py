@@ -244,6 +244,6 @@ def test_faults_replay_on_the_host_backend_and_its_campaigns(capsys):
     rc, out, err = run_cli(capsys, "sdc", "campaign", "--backend", "host", "--set", "mode=tp", "--set", "layers=2",
                            "--faults", "20", "--clean-runs", "1")
     assert rc == 0, err
-    assert "on the host backend (faults replayed at GEMM outputs and reduction steps)" in out, out
+    assert "on the host backend (faults replayed at GEMM outputs, reduction steps and collective results)" in out, out
     rc, out, err = run_cli(capsys, "sdc", "campaign", "--backend", "host", "--sites", "dma", "--faults", "1")
     assert rc == 2 and "'dma' is not drawn by campaigns on host" in err, err
