@@ -15,11 +15,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/accumulator.h"
 #include "kernels/cuda/det_gemm_cuda.h"
 #include "tests/kernels/gemm_cases.h"
 
@@ -138,6 +140,46 @@ class CudaGemmContract : public GemmContract {
 TEST_P(CudaGemmContract, Holds) {
   const auto& [backend, c] = GetParam();
   run_gemm_case(backend, c);
+}
+
+// The simulator's hopper_tc accumulator model (kernels/accumulator.h) as a backend of the table,
+// against the tensor-core mode on every bf16 case whose check compares with a reference: forward and
+// both backward products, every layout and edge of the table, bit for bit.
+GemmBackend hopper_tc_model_backend() {
+  using kernels::AccumulatorModel;
+  return {"hopper_tc_model",
+          [](const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C) {
+            kernels::gemm_model(AccumulatorModel::hopper_tc, A, B, bias, C);
+          },
+          [](const MatrixView& dC, const MatrixView& B, const MutableMatrixView& dA) {
+            kernels::gemm_model(AccumulatorModel::hopper_tc, dC, B.transposed(), nullptr, dA);
+          },
+          [](const MatrixView& A, const MatrixView& dC, const MutableMatrixView& dB) {
+            kernels::gemm_model(AccumulatorModel::hopper_tc, A.transposed(), dC, nullptr, dB);
+          }};
+}
+
+TEST(CudaHopperTcModel, EqualsTheTensorCoresOnTheContractTable) {
+  std::string why;
+  if (!cuda::test::have_cuda_device(&why)) GTEST_SKIP() << why;
+  if (!cuda::tensor_core_mode_supported()) GTEST_SKIP() << "tensor_core mode needs an sm_90 GPU (H100/H200)";
+  const GemmBackend gpu = cuda_backend("cuda_tc", mode(cuda::GemmMode::tensor_core));
+  const GemmBackend model = hopper_tc_model_backend();
+  int cases = 0;
+  std::int64_t elements = 0;
+  for (const GemmCase& c : gemm_cases()) {
+    if (c.check != Check::matches_reference || c.in != DType::bf16) continue;
+    SCOPED_TRACE(c.name());
+    const Operands o = make_operands(c, c.batch, 0x5eed + static_cast<std::uint64_t>(cases), c.layout);
+    const HostMatrix got = run_case_op(gpu, c, o.X, o.W, o, c.layout, 0);
+    const HostMatrix want = run_case_op(model, c, o.X, o.W, o, c.layout, 1);
+    EXPECT_TRUE(bitwise_equal(got, want));
+    ++cases;
+    elements += c.batch * c.width;
+  }
+  std::printf("hopper_tc model vs tensor cores on the contract table: %d bf16 cases, %lld elements\n", cases,
+              static_cast<long long>(elements));
+  EXPECT_GT(cases, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(CudaExact, CudaGemmContract,
