@@ -60,7 +60,9 @@ DEFAULTS = {
         "seed": 1,            # the input and the output gradient (normal, scaled below)
         "input_scale": 1.0,
         "grad_scale": 1.0,
-        "npz": None,          # a file with arrays "input" and "output_grad" [tokens, hidden] instead
+        "npz": None,          # a file with arrays "input" and "output_grad" [tokens, hidden] instead, and
+                              # optionally every block's weights (layers.<l>.fc1.weight [ffn, hidden],
+                              # .fc1.bias [ffn], .fc2.weight [hidden, ffn], .fc2.bias [hidden])
     },
     "run": {
         "backend": "sim",     # sim | host | cuda
@@ -244,7 +246,41 @@ def resolve(cfg):
     return out
 
 
+def _weights(cfg, arrays, path):
+    """The blocks' full weights from the .npz's arrays: None when it has none; ConfigError naming a
+    missing or mis-shaped array otherwise."""
+    m = cfg["model"]
+    names = [k for k in arrays if k.startswith("layers.")]
+    if not names:
+        return None
+    out = []
+    for l in range(m["layers"]):
+        block = {}
+        for part, shape in (("fc1.weight", (m["ffn"], m["hidden"])), ("fc1.bias", (m["ffn"],)),
+                            ("fc2.weight", (m["hidden"], m["ffn"])), ("fc2.bias", (m["hidden"],))):
+            key = f"layers.{l}.{part}"
+            if part.endswith("bias") and not m["bias"]:
+                continue
+            if key not in arrays:
+                raise ConfigError(f"data.npz: {path} has weights but no array '{key}' (every block needs fc1.weight "
+                                  f"{list((m['ffn'], m['hidden']))}, fc1.bias [{m['ffn']}], fc2.weight "
+                                  f"{list((m['hidden'], m['ffn']))}, fc2.bias [{m['hidden']}]; model.layers = "
+                                  f"{m['layers']})")
+            a = np.asarray(arrays[key])
+            if a.shape != shape or a.dtype.kind not in "fiu":
+                raise ConfigError(f"data.npz: '{key}' is {a.dtype}{list(a.shape)}; expected numbers of shape {list(shape)}")
+            block[part] = a.astype(np.float32)
+        out.append(block)
+    extra = sorted(set(names) - {f"layers.{l}.{p}" for l in range(m["layers"])
+                                 for p in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")})
+    if extra:
+        raise ConfigError(f"data.npz: {path}: '{extra[0]}' is not a weight of the model (blocks 0..{m['layers'] - 1}, "
+                          "each fc1.weight, fc1.bias, fc2.weight, fc2.bias)")
+    return out
+
+
 def _data(cfg):
+    """The input, the output gradient and the weights (None: the seeded master weights)."""
     m, d = cfg["model"], cfg["data"]
     shape = (m["tokens"], m["hidden"])
     if d["npz"]:
@@ -263,11 +299,11 @@ def _data(cfg):
                 raise ConfigError(f"data.npz: '{k}' is {a.dtype}{list(a.shape)}; expected numbers of shape "
                                   f"{list(shape)} (model.tokens x model.hidden)")
             out.append(a.astype(np.float64))
-        return out[0], out[1]
+        return out[0], out[1], _weights(cfg, arrays, d["npz"])
     rng = np.random.default_rng(d["seed"])
     x = rng.standard_normal(shape) * d["input_scale"]
     dy = rng.standard_normal(shape) * d["grad_scale"]
-    return x, dy
+    return x, dy, None
 
 
 def _context(cfg):
@@ -283,9 +319,11 @@ def _context(cfg):
     return _cubesim.Context(r["backend"], **kw)
 
 
-def run_model(cfg, x, dy):
+def run_model(cfg, x, dy, weights=None):
     """One forward and backward pass of the residual stack on the config's backend; returns
-    {tensor name: float64 array} (rank 0's copy: every rank holds the same after the all-reduces)."""
+    {tensor name: float64 array} (rank 0's copy: every rank holds the same after the all-reduces).
+    `weights`: per block the full fc1/fc2 weights and biases (each rank takes its shard), else the
+    seeded master weights."""
     m = cfg["model"]
     ctx = _context(cfg)
     if ctx.world_size < m["tp"]:
@@ -303,6 +341,15 @@ def run_model(cfg, x, dy):
         try:
             blocks = [_cubesim.tp.ParallelMLP(ctx, m["hidden"], m["ffn"], gelu=m["gelu"], bias=m["bias"], dtype=bdt,
                                               seed=m["seed"] + l) for l in range(L)]
+            if weights is not None:  # this rank's shards: fc1 by rows (and its bias), fc2 by columns
+                per = m["ffn"] // tp
+                rows = slice(rank * per, (rank + 1) * per)
+                for blk, w in zip(blocks, weights):
+                    blk.fc1.weight.copy_from(w["fc1.weight"][rows])
+                    blk.fc2.weight.copy_from(np.ascontiguousarray(w["fc2.weight"][:, rows]))
+                    if m["bias"]:
+                        blk.fc1.bias.copy_from(w["fc1.bias"][rows])
+                        blk.fc2.bias.copy_from(w["fc2.bias"])
             h = ctx.tensor(rank, x, rdt)
             for l, blk in enumerate(blocks):
                 y = cast(rank, blk.forward(cast(rank, h, bdt)), rdt)
@@ -439,7 +486,7 @@ def run(config, *, output_dir=None, progress=None, save_tensors=False, sets=()):
     progress(done, total, name) is called after each run."""
     cfg = load_config(config, sets)
     runs = resolve(cfg)
-    x, dy = _data(cfg)
+    x, dy, weights = _data(cfg)
     rep = {"schema": SCHEMA, "config": {s: cfg[s] for s in DEFAULTS}, "eps": EPS, "reference": {},
            "variants": {}}
     ref_tensors = None
@@ -457,7 +504,7 @@ def run(config, *, output_dir=None, progress=None, save_tensors=False, sets=()):
             if progress:
                 progress(i + 1, len(runs), name)
             continue
-        tensors = run_model(c, x, dy)
+        tensors = run_model(c, x, dy, weights)
         wall[name] = time.monotonic() - t0
         if save_tensors:
             saved[name] = tensors

@@ -209,3 +209,41 @@ def test_gemm_numerics_on_a_context(rng):
         cs.matmul(ctx.tensor(rank, a, "bf16"), ctx.tensor(rank, b, "bf16"), c)
     with pytest.raises(Exception, match="groups of 16 products, but the PE's tile k is 24"):
         ctx.spawn(bad, nprocs=1)
+
+
+def test_weights_from_the_npz_are_the_model(tmp_path, rng):
+    L, T, H, F = 2, 8, 64, 256
+    x = rng.standard_normal((T, H))
+    arrays = {"input": x, "output_grad": rng.standard_normal((T, H))}
+    for l in range(L):
+        arrays[f"layers.{l}.fc1.weight"] = 0.1 * rng.standard_normal((F, H))
+        arrays[f"layers.{l}.fc1.bias"] = 0.1 * rng.standard_normal(F)
+        arrays[f"layers.{l}.fc2.weight"] = 0.1 * rng.standard_normal((H, F))
+        arrays[f"layers.{l}.fc2.bias"] = 0.1 * rng.standard_normal(H)
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    cfg = {"model": {"layers": L, "hidden": H, "ffn": F, "tokens": T, "tp": 4},
+           "data": {"npz": str(path)}, "variants": {"bf16": {"model.dtype": "bf16"}}}
+    cs.numerics.run(cfg, output_dir=tmp_path / "out", save_tensors=True)
+    got = np.load(tmp_path / "out" / "tensors.npz")["reference/layers.0.output"]
+    # Block 0 in float64 from the full weights (each rank held its shard): h = x + MLP(x), tanh GELU.
+    w = {k: arrays[f"layers.0.{k}"].astype(np.float32).astype(np.float64) for k in
+         ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")}
+    xf = x.astype(np.float32).astype(np.float64)
+    a = xf @ w["fc1.weight"].T + w["fc1.bias"]
+    g = 0.5 * a * (1 + np.tanh(0.7978845608028654 * (a + 0.044715 * a ** 3)))
+    want = xf + g @ w["fc2.weight"].T + w["fc2.bias"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    del arrays["layers.1.fc2.bias"]
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"has weights but no array 'layers.1.fc2.bias'"):
+        cs.numerics.run(cfg)
+    arrays["layers.1.fc2.bias"] = np.zeros(H + 1)
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"'layers.1.fc2.bias' is float64\[65\]; expected numbers of shape \[64\]"):
+        cs.numerics.run(cfg)
+    arrays["layers.1.fc2.bias"] = np.zeros(H)
+    arrays["layers.2.fc1.weight"] = np.zeros((F, H))
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"'layers.2.fc1.weight' is not a weight of the model \(blocks 0..1"):
+        cs.numerics.run(cfg)
