@@ -21,7 +21,10 @@ def read_document(path, max_bytes, what, error=ValueError, yaml_ok=False):
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
     if yaml_ok and path.suffix in (".yaml", ".yml"):
-        import yaml
+        try:
+            import yaml
+        except ImportError:
+            raise error(f"{path}: YAML needs PyYAML (apt-get install python3-yaml); or write JSON") from None
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError as e:

@@ -159,7 +159,7 @@ def _check(cfg, origin):
     if cfg["run"]["gemm_numerics"] != "f32_fma_seq" and cfg["run"]["backend"] == "cuda":
         raise ConfigError(f"{origin}: run.gemm_numerics = '{cfg['run']['gemm_numerics']}' is modelled by the sim and "
                           f"host backends (the GPU has its own: run.gemm_mode)")
-    if cfg["run"]["gemm_numerics"] == "hopper_tc" and "f32" in (cfg["model"]["dtype"],):
+    if cfg["run"]["gemm_numerics"] == "hopper_tc" and cfg["model"]["dtype"] == "f32":
         raise ConfigError(f"{origin}: run.gemm_numerics = 'hopper_tc' models bf16/f16 tensor-core MMAs; model.dtype "
                           f"is f32 (set model.dtype bf16 or f16)")
 
