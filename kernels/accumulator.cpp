@@ -18,12 +18,16 @@ float element(const MatrixView& v, std::int64_t r, std::int64_t c) {
   return load_f32(v.data, v.dtype, r * v.row_stride + c * v.col_stride);
 }
 
-// f32 rounded toward zero from a double.
+// A group's exact sum to f32 as the Hopper tensor core does: rounded toward zero, but a sum beyond the
+// f32 range (|d| >= 2^128) is infinite, not the largest finite value that IEEE round-toward-zero gives,
+// and a negative sum cut to zero is +0 (measured on an H200:
+// CudaGemmTc.HopperTcModelOnAMillionSingleInstructionTiles).
 float to_f32_rz(double d) {
+  if (std::fabs(d) >= 0x1p128) return std::copysign(std::numeric_limits<float>::infinity(), static_cast<float>(d));
   float f = static_cast<float>(d);  // nearest even
-  if (std::isinf(f) && std::isfinite(d)) return std::copysign(std::numeric_limits<float>::max(), static_cast<float>(d));
+  if (std::isinf(f)) return std::copysign(std::numeric_limits<float>::max(), static_cast<float>(d));
   if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  return f;
+  return f == 0.0f ? 0.0f : f;  // a sum cut to nothing is +0, whatever its sign (measured on an H200)
 }
 
 float pairwise_sum(float* p, int n) {
@@ -77,15 +81,21 @@ float hopper_tc_step(float acc, const float* a, const float* b, int n, int min_e
     // The product's exponent is e_a + e_b: its significand stays in [1, 4).
     ex[i + 1] = t[i + 1] == 0 ? 0 : exponent_of(a[i], min_exp_a) + exponent_of(b[i], min_exp_b);
   }
-  if (!finite) {  // NaN and Inf as IEEE arithmetic gives them
-    float s = acc;
-    for (int i = 0; i < n; ++i) s += a[i] * b[i];
-    return s;
+  if (!finite) {
+    // An infinite or NaN input: the exact products (finite ones cannot overflow in double) and the
+    // accumulator summed as IEEE arithmetic does, so inf + finite is inf (a product beyond the f32
+    // range does not turn an infinite accumulator into NaN, as an f32 sum would; measured on an H200).
+    double s = acc;
+    for (int i = 0; i < n; ++i) s += t[i + 1];
+    return static_cast<float>(s);
   }
   int emax = std::numeric_limits<int>::min();
   for (int i = 0; i <= n; ++i)
     if (t[i] != 0) emax = std::max(emax, ex[i]);
   if (emax == std::numeric_limits<int>::min()) return acc;  // every term zero: the accumulator's zero
+  // The alignment never goes below 2^kHopperMinAlignExp (the least bf16 exponent, a subnormal's): in a
+  // group of tiny terms the cut is 2^(-133 - 25), coarser than 25 bits below their own largest.
+  emax = std::max(emax, kHopperMinAlignExp);
   // Each term as an integer multiple of 2^(emax - frac_bits), truncated toward zero; exact sum.
   const int scale = frac_bits - emax;
   std::int64_t sum = 0;

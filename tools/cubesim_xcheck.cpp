@@ -24,8 +24,11 @@
 //
 //   cubesim-xcheck [--topology h200x4] [--tp N]... [--tokens 4096 --hidden 4096 --ffn 14336]
 //                  [--check-tokens 256 --check-hidden 1024 --check-ffn 4096] [--iters 5]
-//                  [--json FILE] [--sim-only] [--torch | --no-torch] [--torch-json FILE]
+//                  [--json FILE] [--sim-only] [--share-gpus] [--torch | --no-torch] [--torch-json FILE]
 // Without --tp: every power of two up to the smaller of the topology's cubes and the GPUs.
+// --share-gpus: a tp above the GPUs places its ranks on them in turn (rank r on GPU r % GPUs, each its
+// own stream); only the bits are checked then, in the modes the runtime's ring serves (exact+ring,
+// tensor_core+ring; NCCL wants a GPU per rank), and the timed section runs on the simulator alone.
 // Exit status: 0 all bitwise claims hold; 1 a claim failed; 2 bad arguments; 3 no usable GPU (the
 // simulated side is still printed; --sim-only asks for it alone and exits 0).
 #include <algorithm>
@@ -71,6 +74,7 @@ struct Args {
   int iters = 5;
   std::string json;
   bool sim_only = false;
+  bool share_gpus = false;  // bits at a tp above the GPUs: ranks share them (r % GPUs); no timing then
   enum class Torch { automatic, on, off } torch = Torch::automatic;
   std::string torch_json;
 };
@@ -260,7 +264,7 @@ std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool 
 int usage(const std::string& msg) {
   fmt::print(stderr,
              "cubesim-xcheck: {}\nusage: cubesim-xcheck [--topology NAME] [--tp N]... [--tokens N] [--hidden N] [--ffn N] "
-             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only] "
+             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only] [--share-gpus] "
              "[--torch | --no-torch] [--torch-json FILE]\n",
              msg);
   return 2;
@@ -288,6 +292,7 @@ int main(int argc, char** argv) {
       else if (s == "--iters") a.iters = std::stoi(next());
       else if (s == "--json") a.json = next();
       else if (s == "--sim-only") a.sim_only = true;
+      else if (s == "--share-gpus") a.share_gpus = true;
       else if (s == "--torch") a.torch = Args::Torch::on;
       else if (s == "--no-torch") a.torch = Args::Torch::off;
       else if (s == "--torch-json") a.torch_json = next();
@@ -320,7 +325,8 @@ int main(int argc, char** argv) {
   }
   for (int t : a.tps) {
     if (t < 1 || t > cubes) return usage(fmt::format("--tp {}: topology '{}' has {} cubes", t, a.topology, cubes));
-    if (cuda && t > gpus) return usage(fmt::format("--tp {}: {} GPU(s) visible", t, gpus));
+    if (cuda && t > gpus && !a.share_gpus)
+      return usage(fmt::format("--tp {}: {} GPU(s) visible (--share-gpus puts several ranks on a GPU, bits only)", t, gpus));
   }
 
   nlohmann::json out = {{"tool", "cubesim-xcheck"}, {"topology", a.topology}, {"iters", a.iters},
@@ -360,10 +366,11 @@ int main(int argc, char** argv) {
       {"exact+ring", {.gemm_mode = cuda::GemmMode::exact, .collectives = rt::CudaCollectives::ring}},
       {"tensor_core+nccl", {.gemm_mode = cuda::GemmMode::tensor_core, .collectives = rt::CudaCollectives::nccl}},
       {"tensor_core+ring", {.gemm_mode = cuda::GemmMode::tensor_core, .collectives = rt::CudaCollectives::ring}}};
-  auto cuda_context = [](int tp, const rt::CudaBackendOptions& m, bool record) {
+  auto cuda_context = [&](int tp, rt::CudaBackendOptions m, bool record) {
     rt::ContextOptions o;
     o.world_size = tp;
     o.record_ops = record;
+    m.share_gpus = tp > gpus;
     return rt::make_cuda_context(o, m);
   };
 #endif
@@ -386,7 +393,12 @@ int main(int argc, char** argv) {
 #ifdef CUBESIM_XCHECK_CUDA
       if (cuda) {
         std::vector<std::map<std::string, Diff>> diffs;
+        const bool shared = tp > gpus;
         for (const Mode& m : modes) {
+          if (shared && m.opts.collectives == rt::CudaCollectives::nccl) {
+            diffs.emplace_back();  // not run: NCCL wants a GPU per rank
+            continue;
+          }
           auto cctx = cuda_context(tp, m.opts, false);
           gpu_name = static_cast<rt::CudaBackend&>(cctx->backend()).device_name(0);
           const bool hopper = std::string(m.label) == "tensor_core+ring";
@@ -396,20 +408,24 @@ int main(int argc, char** argv) {
         Table t({"tensor", "exact+ring vs sim", "tensor_core+ring vs sim in hopper_tc",
                  "tensor_core+nccl vs sim (max abs, rel norm)"});
         for (const auto& [name, d0] : diffs[0]) {
-          const Diff& d1 = diffs[1].at(name);
           const Diff& d2 = diffs[2].at(name);
-          const bool ok1 = d1.rel() <= tol;
-          claims_hold = claims_hold && d0.bitwise && d2.bitwise && ok1;
+          claims_hold = claims_hold && d0.bitwise && d2.bitwise;
+          nlohmann::json j = {{"tp", tp}, {"tensor", name}, {"exact_ring_bitwise", d0.bitwise},
+                              {"exact_ring_max_abs", d0.max_abs}, {"tensor_core_ring_vs_hopper_tc_bitwise", d2.bitwise},
+                              {"tensor_core_ring_vs_hopper_tc_max_abs", d2.max_abs}, {"shared_gpus", shared}};
+          std::string nccl_cell = "not run (ranks share GPUs)";
+          if (!shared) {
+            const Diff& d1 = diffs[1].at(name);
+            const bool ok1 = d1.rel() <= tol;
+            claims_hold = claims_hold && ok1;
+            nccl_cell = fmt::format("{}{:.3g}, {:.3g} ({} tol {:.3g})", d1.bitwise ? "bitwise equal; " : "", d1.max_abs,
+                                    d1.rel(), ok1 ? "within" : "OUTSIDE", tol);
+            j.update({{"tensor_core_nccl_bitwise", d1.bitwise}, {"tensor_core_nccl_max_abs", d1.max_abs},
+                      {"tensor_core_nccl_rel_norm", d1.rel()}, {"tolerance", tol}});
+          }
           t.row({name, d0.bitwise ? "bitwise equal" : fmt::format("DIFFERS (max abs {:.3g})", d0.max_abs),
-                 d2.bitwise ? "bitwise equal" : fmt::format("DIFFERS (max abs {:.3g})", d2.max_abs),
-                 fmt::format("{}{:.3g}, {:.3g} ({} tol {:.3g})", d1.bitwise ? "bitwise equal; " : "", d1.max_abs, d1.rel(),
-                             ok1 ? "within" : "OUTSIDE", tol)});
-          out["bits"].push_back({{"tp", tp}, {"tensor", name}, {"exact_ring_bitwise", d0.bitwise},
-                                 {"exact_ring_max_abs", d0.max_abs}, {"tensor_core_ring_vs_hopper_tc_bitwise", d2.bitwise},
-                                 {"tensor_core_ring_vs_hopper_tc_max_abs", d2.max_abs},
-                                 {"tensor_core_nccl_bitwise", d1.bitwise},
-                                 {"tensor_core_nccl_max_abs", d1.max_abs}, {"tensor_core_nccl_rel_norm", d1.rel()},
-                                 {"tolerance", tol}});
+                 d2.bitwise ? "bitwise equal" : fmt::format("DIFFERS (max abs {:.3g})", d2.max_abs), nccl_cell});
+          out["bits"].push_back(j);
         }
         t.print();
       }
@@ -424,8 +440,10 @@ int main(int argc, char** argv) {
     std::vector<std::string> header = {"op", "sim us"};
     std::map<std::string, std::vector<double>> measured[2];
     std::vector<double> step_us[2];
+    const bool timed = cuda && tp <= gpus;  // a timing with ranks sharing a GPU would say nothing
 #ifdef CUBESIM_XCHECK_CUDA
-    if (cuda) {
+    if (cuda && !timed) fmt::print("  cuda: not timed (tp {} on {} GPU(s): --share-gpus checks the bits only)\n", tp, gpus);
+    if (timed) {
       for (std::size_t mi = 0; mi < 2; ++mi) {  // timed: exact+ring and tensor_core+nccl (the bits-only third mode is not)
         header.push_back(std::string(modes[mi].label) + " us");
         header.push_back("err");
@@ -450,7 +468,7 @@ int main(int argc, char** argv) {
     // Columns: 0 the simulator, 1-2 the cuda modes, 3 PyTorch; sums of GEMMs and blocking collectives.
     constexpr int kCols = 4;
     double gemm_sum[kCols] = {}, coll_sum[kCols] = {};
-    bool have[kCols] = {true, cuda, cuda, tref != nullptr};
+    bool have[kCols] = {true, timed, timed, tref != nullptr};
     auto add = [&](int col, const std::string& kind, double us, const std::string& torch_name) {
       if (us < 0) return;
       if (kind == "gemm") gemm_sum[col] += us;
@@ -463,7 +481,7 @@ int main(int argc, char** argv) {
       add(0, op->kind, s_us, tname);
       std::vector<std::string> row = {key, fmt::format("{:.1f}", s_us)};
       nlohmann::json j = {{"tp", tp}, {"op", key}, {"kind", op->kind}, {"sim_us", s_us}};
-      for (int mi = 0; mi < (cuda ? 2 : 0); ++mi) {
+      for (int mi = 0; mi < (timed ? 2 : 0); ++mi) {
         const auto it = measured[mi].find(key);
         const double m = it == measured[mi].end() ? -1 : median(it->second);
         add(1 + mi, op->kind, m, tname);

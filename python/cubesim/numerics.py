@@ -71,6 +71,7 @@ DEFAULTS = {
         "accumulate_f32": False,  # collectives carry bf16/f16 partial sums in f32
         "gemm_mode": "exact",     # cuda: exact | tensor_core
         "gemm_numerics": "f32_fma_seq",  # sim, host: the GEMMs' accumulator model (kernels/accumulator.h)
+        "share_gpus": False,      # cuda: more ranks (model.tp) than GPUs, rank r on GPU r % GPUs
         "timing_only": False,     # the tool needs values: always false
     },
 }
@@ -159,6 +160,9 @@ def _check(cfg, origin):
     if cfg["run"]["gemm_numerics"] != "f32_fma_seq" and cfg["run"]["backend"] == "cuda":
         raise ConfigError(f"{origin}: run.gemm_numerics = '{cfg['run']['gemm_numerics']}' is modelled by the sim and "
                           f"host backends (the GPU has its own: run.gemm_mode)")
+    if cfg["run"]["share_gpus"] and cfg["run"]["backend"] != "cuda":
+        raise ConfigError(f"{origin}: run.share_gpus places several ranks on one GPU; run.backend is "
+                          f"'{cfg['run']['backend']}' (it applies to 'cuda' only)")
     if cfg["run"]["gemm_numerics"] == "hopper_tc" and cfg["model"]["dtype"] == "f32":
         raise ConfigError(f"{origin}: run.gemm_numerics = 'hopper_tc' models bf16/f16 tensor-core MMAs; model.dtype "
                           f"is f32 (set model.dtype bf16 or f16)")
@@ -314,6 +318,8 @@ def _context(cfg):
         kw["topology"] = r["topology"]
     if r["backend"] == "cuda":
         kw["gemm_mode"] = r["gemm_mode"]
+        if r["share_gpus"]:
+            kw["share_gpus"] = True
     elif r["gemm_numerics"] != "f32_fma_seq":
         kw["gemm_numerics"] = r["gemm_numerics"]
     return _cubesim.Context(r["backend"], **kw)

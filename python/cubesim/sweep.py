@@ -1074,6 +1074,7 @@ class Rows(list):
     """The results, one dict per case in case order; to_dataframe() where pandas is installed."""
 
     abandoned = 0
+    elapsed_s = 0.0  # the run's own wall time: from the first case handed out to the last recorded
 
     def to_dataframe(self):
         try:
@@ -1229,9 +1230,12 @@ def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed
         todo = [c for c in todo if c.invalid is None]
         log(f"sweep {p.hash}: {len(p.cases)} cases, {len(p.cases) - len(todo)} already in {db}, {len(todo)} to run "
             f"({executor} executor)")
+        t0 = time.perf_counter()
         abandoned = _drive(p, d, todo, executor, jobs or os.cpu_count() or 1, timeout, progress, mpi_ex) if todo else 0
+        elapsed = time.perf_counter() - t0
         rows = Rows(d.rows())
         rows.abandoned = abandoned  # thread executor: calls still running past their timeout
+        rows.elapsed_s = elapsed
         return rows
     finally:
         d.close()
@@ -1480,10 +1484,47 @@ def bench_spec(cases, seed=1):
                       "random": {"loguniform": [16, 1024], "n": cases, "seed": seed}}]}
 
 
-def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(), serial_cases=None, tmpdir=None):
+def _independent_rate(cases, n):
+    """Cases per second of n forked processes each running `cases` in a plain loop, timed from a
+    common start to the last one's end."""
+    r_go, w_go = os.pipe()
+    r_done, w_done = os.pipe()
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(w_go)
+                os.read(r_go, 1)
+                for c in cases:
+                    run_case(c.config)
+                os.write(w_done, b"x")
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    os.close(r_go)
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    os.write(w_go, b"x" * n)
+    got = 0
+    while got < n:
+        got += len(os.read(r_done, n))
+    rate = n * len(cases) / (time.perf_counter() - t0)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    for fd in (w_go, r_done, w_done):
+        os.close(fd)
+    return rate
+
+
+def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(), serial_cases=None, tmpdir=None,
+              mpi_cases_per_worker=None):
     """Cases per second: serially in this process (the single-case rate), then per executor with
-    `jobs` workers; efficiency = rate / (jobs x single-case rate). mpi_np: process counts to run an
-    MPI sweep with (mpirun, rank 0 leading), efficiency against the 1-process MPI run."""
+    `jobs` workers; efficiency = rate / (jobs x single-case rate). Rates are the sweep's own (its
+    elapsed_s: from the first case handed out to the last recorded); `end_to_end` adds the start (the
+    executor's workers, and for MPI mpirun and the interpreters). mpi_np: worker counts to run an MPI
+    sweep with (mpirun, rank 0 leading), each worker given mpi_cases_per_worker cases (weak scaling, so
+    every run lasts about as long), efficiency against the 1-worker MPI run."""
     import tempfile
     import subprocess
     jobs = jobs or os.cpu_count() or 1
@@ -1495,46 +1536,41 @@ def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(),
         run_case(c.config)
     single = len(serial) / (time.perf_counter() - t0)
     rows = [{"executor": "serial", "workers": 1, "cases": len(serial), "cases_per_s": single, "efficiency": 1.0}]
-    # The machine's own ceiling: `jobs` forked processes, each running its share of those cases in a
-    # plain loop (no executor, no database): what the executors' overhead is measured against too.
-    t0 = time.perf_counter()
-    pids = []
-    for w in range(jobs):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                for c in serial[w::jobs]:
-                    run_case(c.config)
-            finally:
-                os._exit(0)
-        pids.append(pid)
-    for pid in pids:
-        os.waitpid(pid, 0)
-    ceiling = len(serial) / (time.perf_counter() - t0)
-    rows.append({"executor": "independent", "workers": jobs, "cases": len(serial), "cases_per_s": ceiling,
+    # The machine's own ceiling: `jobs` forked processes, each running the serial cases in a plain loop
+    # (no executor, no database), timed from when all have started: what the machine gives `jobs`
+    # copies of this work (shared caches, memory bandwidth, SMT siblings, clocks), which the executors'
+    # overhead is measured against too.
+    ceiling = _independent_rate(serial, jobs)
+    rows.append({"executor": "independent", "workers": jobs, "cases": jobs * len(serial), "cases_per_s": ceiling,
                  "efficiency": ceiling / (jobs * single)})
     with tempfile.TemporaryDirectory(dir=tmpdir) as tmp:
         for kind in executors:
             db = Path(tmp) / f"{kind}.db"
             t0 = time.perf_counter()
-            run(spec, db, executor=kind, jobs=jobs)
-            rate = len(p.cases) / (time.perf_counter() - t0)
+            res = run(spec, db, executor=kind, jobs=jobs)
+            total = time.perf_counter() - t0
+            rate = len(p.cases) / res.elapsed_s
             rows.append({"executor": kind, "workers": jobs, "cases": len(p.cases), "cases_per_s": rate,
-                         "efficiency": rate / (jobs * single), "of_independent": rate / ceiling})
+                         "efficiency": rate / (jobs * single), "of_independent": rate / ceiling,
+                         "end_to_end_cases_per_s": len(p.cases) / total})
         if mpi_np:
-            spec_path = Path(tmp) / "spec.json"
-            spec_path.write_text(json.dumps(spec))
             base_rate = None
+            per = mpi_cases_per_worker or max(cases // max(mpi_np), 50)
             env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
             for n in mpi_np:
-                db = Path(tmp) / f"mpi{n}.db"
+                spec_path = Path(tmp) / f"spec{n}.json"
+                spec_path.write_text(json.dumps(bench_spec(per * n, seed=n)))
+                db, out = Path(tmp) / f"mpi{n}.db", Path(tmp) / f"mpi{n}.json"
                 cmd = ["mpirun", "--oversubscribe", "-np", str(n + 1), sys.executable, "-m", "cubesim", "sweep", "run",
-                       str(spec_path), "--db", str(db), "--executor", "mpi"]
+                       str(spec_path), "--db", str(db), "--executor", "mpi", "--json", str(out)]
                 t0 = time.perf_counter()
                 subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-                rate = len(p.cases) / (time.perf_counter() - t0)
+                total = time.perf_counter() - t0
+                rate = per * n / json.loads(out.read_text())["elapsed_s"]
                 base_rate = base_rate or rate / n
-                rows.append({"executor": "mpi", "workers": n, "cases": len(p.cases), "cases_per_s": rate,
-                             "efficiency": rate / (n * base_rate), "of_independent": rate / ceiling,
+                rows.append({"executor": "mpi", "workers": n, "cases": per * n, "cases_per_s": rate,
+                             "efficiency": rate / (n * base_rate),
+                             "of_independent": rate / (ceiling if n == jobs else _independent_rate(serial, n)),
+                             "end_to_end_cases_per_s": per * n / total,
                              "oversubscribed": n + 1 > (os.cpu_count() or 1)})
     return rows

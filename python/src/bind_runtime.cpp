@@ -59,7 +59,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
                                           bool record_ops, std::optional<std::string> gemm_mode,
                                           std::optional<std::string> cuda_collectives,
                                           std::optional<std::vector<int>> ranks_on, std::optional<std::string> timing,
-                                          std::optional<std::string> gemm_numerics) {
+                                          std::optional<std::string> gemm_numerics, std::optional<bool> share_gpus) {
   const int world_size = static_cast<int>(int_arg(world_size_arg, "Context: world_size", 0, 1 << 20));
   const int hierarchy = static_cast<int>(int_arg(hierarchy_arg, "Context: hierarchy", 0, 1 << 20));
   const auto stack_size =
@@ -81,6 +81,7 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
   if (hazards) args.options["hazards"] = *hazards;
   if (gemm_mode) args.options["gemm_mode"] = *gemm_mode;
   if (cuda_collectives) args.options["collectives"] = *cuda_collectives;
+  if (share_gpus) args.options["share_gpus"] = *share_gpus;
   if (ranks_on) args.options["cubes"] = *ranks_on;  // sim: rank r on cube ranks_on[r]
   // A Topology is used as it is (the caller loaded and validated it); a name or path is loaded here,
   // once, with the overrides (which, without a topology, apply to the sim backend's default).
@@ -561,7 +562,8 @@ void bind_runtime(py::module_& m) {
                                   "links max-min fairly, faster for large messages; needs timing_only), check_uninitialized, hazards ('throw' "
                                   "| 'record' | 'off') and ranks_on (a list of cube ids: rank r runs on cube ranks_on[r]; default rank r "
                                   "on cube r) for sim; gemm_mode ('exact' | 'tensor_core') and "
-                                  "cuda_collectives ('ring' | 'nccl') for cuda. gemm_numerics ('f32_fma_seq' | "
+                                  "cuda_collectives ('ring' | 'nccl') and share_gpus (more ranks than GPUs: rank r on GPU "
+                                  "r % GPUs, each its own stream) for cuda. gemm_numerics ('f32_fma_seq' | "
                                   "'pairwise' | 'bf16_acc' | 'hopper_tc') for sim and host: the GEMMs' accumulator "
                                   "model (kernels/accumulator.h; f32_fma_seq is the numerics contract). trace records "
                                   "spans for save_trace(). "
@@ -574,7 +576,7 @@ void bind_runtime(py::module_& m) {
            py::arg("algorithm") = "ring", py::arg("accumulate_f32") = false, py::arg("hierarchy") = 0,
            py::arg("stack_size") = 1024 * 1024, py::arg("record_ops") = false, py::arg("gemm_mode") = py::none(),
            py::arg("cuda_collectives") = py::none(), py::arg("ranks_on") = py::none(), py::arg("timing") = py::none(),
-           py::arg("gemm_numerics") = py::none())
+           py::arg("gemm_numerics") = py::none(), py::arg("share_gpus") = py::none())
       .def_property_readonly("backend", [](rt::Context& c) { return std::string(c.backend().name()); })
       .def_property_readonly("world_size", &rt::Context::world_size)
       .def_property_readonly("timing_only", [](rt::Context& c) { return c.backend().timing_only(); })

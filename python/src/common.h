@@ -34,10 +34,32 @@ namespace py = pybind11;
 // pybind11's thread-local state, which must follow a fiber rather than the OS thread: the thread
 // state gil_scoped_acquire uses, and the stack of argument-loader frames of the calls in progress
 // (each bound call pushes one and checks, on return, that it is on top).
+#if PYBIND11_VERSION_MAJOR >= 3
+// pybind11 3 keeps the loader frames' top in a C++ thread_local behind a private accessor of
+// loader_life_support; an explicit instantiation may name a private member, which is how this
+// reaches it (the GPU machine's Python 3.12 has pybind11 3.x; Debian's 3.11 has 2.10).
+using LoaderFrameFn = py::detail::loader_life_support*& (*)();
+LoaderFrameFn loader_frame_fn();
+template <LoaderFrameFn F>
+struct LoaderFrameAccess {
+  friend LoaderFrameFn loader_frame_fn() { return F; }
+};
+template struct LoaderFrameAccess<&py::detail::loader_life_support::tls_current_frame>;
+#endif
+
 struct PybindThreadLocals {
   void* tstate = nullptr;
   void* loader_stack = nullptr;
 
+#if PYBIND11_VERSION_MAJOR >= 3
+  static PybindThreadLocals get() {
+    return {py::detail::get_internals().tstate.get(), loader_frame_fn()()};
+  }
+  void set() const {
+    py::detail::get_internals().tstate.set(static_cast<PyThreadState*>(tstate));
+    loader_frame_fn()() = static_cast<py::detail::loader_life_support*>(loader_stack);
+  }
+#else
   static auto& loader_key() {
 #if PYBIND11_INTERNALS_VERSION == 4
     return py::detail::get_local_internals().loader_life_support_tls_key;
@@ -52,6 +74,7 @@ struct PybindThreadLocals {
     PYBIND11_TLS_REPLACE_VALUE(py::detail::get_internals().tstate, tstate);
     PYBIND11_TLS_REPLACE_VALUE(loader_key(), loader_stack);
   }
+#endif
 };
 
 // Releases the GIL for the duration of a C++ call; afterwards restores the calling fiber's (or

@@ -1,6 +1,8 @@
 #include "sim/core/trace.h"
 
 #include <fstream>
+#include <cstring>
+#include <cerrno>
 #include <map>
 #include <ostream>
 #include <stdexcept>
@@ -141,11 +143,21 @@ void Trace::write_chrome_json(std::ostream& os) const {
 }
 
 void Trace::save(const std::string& path) const {
+  errno = 0;
   std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("cubesim: cannot open trace file '{}' for writing", path));
+  if (!f) {
+    throw std::runtime_error(fmt::format("cubesim: cannot open trace file '{}' for writing: {}", path,
+                                         errno ? std::strerror(errno) : "unknown error"));
+  }
   write_chrome_json(f);
+  const bool wrote = f.good();
+  errno = 0;
   f.close();
-  if (!f) throw std::runtime_error(fmt::format("cubesim: writing trace file '{}' failed (disk full?)", path));
+  if (!wrote || !f) {
+    throw std::runtime_error(fmt::format("cubesim: writing trace file '{}' failed ({}{})", path,
+                                         wrote ? "on close: " : "while writing: ",
+                                         errno ? std::strerror(errno) : "the stream reported an error"));
+  }
 }
 
 }  // namespace cubesim::sim

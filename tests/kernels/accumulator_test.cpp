@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -113,6 +114,37 @@ TEST(HopperTc, RoundsTowardZeroAndKeepsSigns) {
   EXPECT_EQ(tc(0.0f, {0.0f, 0.0f}, {1.0f, 2.0f}), 0.0f);
   EXPECT_TRUE(std::isnan(tc(1.0f, {NAN, 1.0f}, {1.0f, 1.0f})));
   EXPECT_EQ(tc(1.0f, {INFINITY}, {2.0f}), INFINITY);
+}
+
+TEST(HopperTc, TinyGroupsAreCutAtTwoToTheMinus158) {
+  // Products 2^-134 and -2^-159: 25 bits below 2^-134 would keep the second (2^-134 - 2^-159, then
+  // cut to the subnormal grid: 2^-134 - 2^-149); the alignment floor of 2^-133 cuts it: 2^-134.
+  EXPECT_EQ(tc(0.0f, {std::ldexp(1.0f, -67), std::ldexp(1.0f, -80)}, {std::ldexp(1.0f, -67), -std::ldexp(1.0f, -79)}),
+            std::ldexp(1.0f, -134));
+  // From 2^-133 up the cut is 25 bits below the largest term as before: -2^-158 beside 2^-133 stays.
+  EXPECT_EQ(tc(0.0f, {std::ldexp(1.0f, -66), std::ldexp(1.0f, -79)}, {std::ldexp(1.0f, -67), -std::ldexp(1.0f, -79)}),
+            std::ldexp(1.0f, -133) - std::ldexp(1.0f, -149));
+  // A negative sum below the least subnormal is cut to +0, not -0.
+  const float z = tc(0.0f, {-std::ldexp(1.0f, -75)}, {std::ldexp(1.0f, -76)});
+  EXPECT_EQ(z, 0.0f);
+  EXPECT_FALSE(std::signbit(z));
+}
+
+TEST(HopperTc, ASumBeyondTheF32RangeIsInfiniteNotTheLargestFloat) {
+  // IEEE round-toward-zero would give FLT_MAX; the tensor core gives inf (measured on an H200).
+  const float big = std::ldexp(1.0f, 100);
+  EXPECT_EQ(tc(0.0f, {big}, {std::ldexp(1.0f, 30)}), INFINITY);
+  EXPECT_EQ(tc(0.0f, {big}, {-std::ldexp(1.0f, 28)}), -INFINITY);
+  // Products beyond the range that cancel leave a finite sum: only the group's sum overflows.
+  EXPECT_EQ(tc(0.0f, {big, big}, {std::ldexp(1.0f, 30), -std::ldexp(1.0f, 30)}), 0.0f);
+  // Just below 2^128 the sum is cut to FLT_MAX (rounding to nearest would give inf).
+  const float m = std::ldexp(1.0f, 64);
+  EXPECT_EQ(tc(std::numeric_limits<float>::max(), {m}, {std::ldexp(1.0f, 39)}), std::numeric_limits<float>::max());
+  EXPECT_EQ(tc(std::numeric_limits<float>::max(), {m}, {std::ldexp(1.0f, 40)}), INFINITY);  // exactly 2^128
+  // An infinite accumulator stays infinite beside products beyond the f32 range of the other sign
+  // (exact products: no inf - inf); inf - inf from the inputs themselves is NaN.
+  EXPECT_EQ(tc(-INFINITY, {big}, {std::ldexp(1.0f, 40)}), -INFINITY);
+  EXPECT_TRUE(std::isnan(tc(-INFINITY, {INFINITY}, {1.0f})));
 }
 
 TEST(HopperTc, GroupsOfSixteenAlongKWhateverTheBlocking) {

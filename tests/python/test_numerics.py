@@ -247,3 +247,36 @@ def test_weights_from_the_npz_are_the_model(tmp_path, rng):
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=r"'layers.2.fc1.weight' is not a weight of the model \(blocks 0..1"):
         cs.numerics.run(cfg)
+
+
+def _cuda_gpus():
+    info = next((b for b in cs.backend_info() if b["name"] == "cuda"), None)
+    return info["devices"] if info is not None and info["available"] else 0
+
+
+@pytest.mark.skipif(_cuda_gpus() < 1, reason="needs a CUDA GPU (the cuda backend is absent here or sees none)")
+def test_cuda_variants_equal_the_host_and_the_hopper_tc_model_bit_for_bit(tmp_path):
+    # On the GPU: the cuda backend's exact GEMMs are the numerics contract's (= host), and its tensor-core
+    # GEMMs are what the hopper_tc accumulator model computes (= host and sim in hopper_tc), through the
+    # whole residual stack, forward and backward, with the runtime's ring all-reduce over tp 2.
+    tp = 2
+    share = _cuda_gpus() < tp
+    cuda = {"model.dtype": "bf16", "run.backend": "cuda", "run.share_gpus": share}
+    cfg = {"model": {"layers": 3, "hidden": 256, "ffn": 1024, "tokens": 64, "tp": tp},
+           "data": {"seed": 5},
+           "variants": {"exact cuda": dict(cuda),
+                        "exact host": {"model.dtype": "bf16"},
+                        "tc cuda": dict(cuda, **{"run.gemm_mode": "tensor_core"}),
+                        "hopper_tc host": {"model.dtype": "bf16", "run.gemm_numerics": "hopper_tc"},
+                        "hopper_tc sim": {"model.dtype": "bf16", "run.backend": "sim", "run.topology": "ring4",
+                                          "run.gemm_numerics": "hopper_tc"}}}
+    cs.numerics.run(cfg, output_dir=tmp_path, save_tensors=True)
+    z = np.load(tmp_path / "tensors.npz")
+    names = [f"layers.{l}.{k}" for l in range(3) for k in ("output", "input_grad")]
+    for t in names:
+        assert z[f"exact cuda/{t}"].any(), t
+        np.testing.assert_array_equal(z[f"exact cuda/{t}"], z[f"exact host/{t}"], err_msg=t)
+        np.testing.assert_array_equal(z[f"tc cuda/{t}"], z[f"hopper_tc host/{t}"], err_msg=t)
+        np.testing.assert_array_equal(z[f"tc cuda/{t}"], z[f"hopper_tc sim/{t}"], err_msg=t)
+    # The tensor cores do differ from the contract on this data (else the comparison proves little).
+    assert any((z[f"tc cuda/{t}"] != z[f"exact cuda/{t}"]).any() for t in names)

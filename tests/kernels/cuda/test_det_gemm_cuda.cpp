@@ -8,7 +8,9 @@
 // Without a CUDA device (CI, the build machine) every test skips with the reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -418,6 +420,162 @@ TEST_F(CudaGemmTc, HopperTcModelIsBitwise) {
     EXPECT_EQ(bad, 0) << "first: " << first;
   }
   std::printf("hopper_tc model vs GPU: %lld elements compared\n", (long long)elements);
+}
+
+// A million single-instruction tiles: GEMMs of K = 16 (each output one MMA k-group, its accumulator the
+// zero start) and K = 32 (the second k-group adds onto the first's result), counted in units of the
+// smallest instruction tile, m64n8k16 (512 k-group sums). The operands reach the edges a random uniform
+// draw never does: signed zeros, bf16 subnormals, products below the f32 range (underflow, f32
+// subnormal sums) and above it (overflow of the f32 result), and 160 binades of spread within a group.
+TEST_F(CudaGemmTc, HopperTcModelOnAMillionSingleInstructionTiles) {
+  struct Draw {
+    const char* name;
+    int lo, hi;  // operand exponents
+  };
+  auto fill = [&](Operand& o, const Draw& d) {
+    const MutableMatrixView v = o.host_mut();
+    std::uniform_int_distribution<int> e(d.lo, d.hi), sub(-133, -127);
+    std::uniform_real_distribution<float> m(1.0f, 2.0f);
+    for (std::int64_t r = 0; r < v.rows; ++r)
+      for (std::int64_t c = 0; c < v.cols; ++c) {
+        const std::uint64_t u = rng_();
+        const float sign = (u & 1) ? -1.0f : 1.0f;
+        float x;
+        if (u % 23 == 0)
+          x = sign * 0.0f;
+        else if (u % 29 == 0)
+          x = sign * std::ldexp(m(rng_), sub(rng_));  // a bf16 subnormal (rounded to bf16 by store_f32)
+        else
+          x = sign * std::ldexp(m(rng_), e(rng_));
+        store_f32(v.data, v.dtype, r * v.row_stride + c * v.col_stride, x);
+      }
+    o.upload();
+  };
+  struct Case {
+    std::int64_t M, N, K;
+    Draw draw;
+  };
+  // wide: 140 binades within a group; overflow: some sums beyond the f32 range; underflow: products
+  // around the f32 subnormal range (subnormal sums, terms cut to nothing).
+  const Case cases[] = {
+      {8192, 8192, 16, {"wide", -100, 40}},     {8192, 8192, 16, {"overflow", -30, 70}},
+      {4096, 8192, 16, {"underflow", -76, -60}}, {8192, 16384, 32, {"wide", -100, 40}},
+      {8192, 16384, 32, {"overflow", -30, 70}}, {4096, 8192, 32, {"underflow", -76, -60}},
+  };
+  std::int64_t groups = 0, outputs = 0, subnormal = 0, infinite = 0;
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(std::string(cs.draw.name) + " M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) +
+                 " K=" + std::to_string(cs.K) + " seed=" + std::to_string(seed_));
+    Operand a = Operand::zeros(DType::bf16, cs.M, cs.K, Layout::row_major);
+    Operand b = Operand::zeros(DType::bf16, cs.K, cs.N, Layout::col_major);
+    fill(a, cs.draw), fill(b, cs.draw);
+    Operand c = Operand::output(DType::f32, cs.M, cs.N, Layout::row_major);
+    Operand ref = Operand::output(DType::f32, cs.M, cs.N, Layout::row_major);
+    c.poison();
+    det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), tc(), nullptr);
+    c.download();
+    // The model, a block of rows per thread.
+    const MatrixView A = a.host();
+    const MutableMatrixView R = ref.host_mut();
+    constexpr std::int64_t kRows = 64;
+    parallel_rows((cs.M + kRows - 1) / kRows, [&](std::int64_t blk) {
+      const std::int64_t r0 = blk * kRows, n = std::min(kRows, cs.M - r0);
+      const MatrixView Ab{static_cast<const std::uint8_t*>(A.data) + r0 * A.row_stride * 2, A.dtype, n, A.cols,
+                          A.row_stride, A.col_stride};
+      const MutableMatrixView Rb{static_cast<std::uint8_t*>(R.data) + r0 * R.row_stride * 4, R.dtype, n, R.cols,
+                                 R.row_stride, R.col_stride};
+      kernels::gemm_model(kernels::AccumulatorModel::hopper_tc, Ab, b.host(), nullptr, Rb);
+    });
+    std::int64_t bad = 0, dumped_ok = 0;
+    std::string first;
+    // CUBESIM_TC_DUMP=FILE: each differing output of a one-group case (K = 16) and a sample of equal
+    // subnormal ones, as hex: GPU bits, model bits, then the 16 a and 16 b operands' bits (to study).
+    static std::FILE* dump = std::getenv("CUBESIM_TC_DUMP") ? std::fopen(std::getenv("CUBESIM_TC_DUMP"), "w") : nullptr;
+    auto dump_row = [&](std::int64_t r, std::int64_t col, std::uint32_t g, std::uint32_t w) {
+      std::fprintf(dump, "%s %08x %08x", cs.draw.name, g, w);
+      for (std::int64_t k = 0; k < cs.K; ++k) std::fprintf(dump, " %04x", a.bits(r, k));
+      for (std::int64_t k = 0; k < cs.K; ++k) std::fprintf(dump, " %04x", b.bits(k, col));
+      std::fprintf(dump, "\n");
+    };
+    for (std::int64_t r = 0; r < cs.M; ++r)
+      for (std::int64_t col = 0; col < cs.N; ++col) {
+        const std::uint32_t g = c.bits(r, col), w = ref.bits(r, col);
+        const float gv = c.at(r, col);
+        const bool sub = gv != 0 && std::fpclassify(gv) == FP_SUBNORMAL;
+        subnormal += sub;
+        infinite += std::isinf(gv);
+        if (dump && cs.K == 16 && g != w) dump_row(r, col, g, w);
+        if (dump && cs.K == 16 && g == w && sub && dumped_ok < 20000 && (r * 7 + col) % 97 == 0) dump_row(r, col, g, w), ++dumped_ok;
+        if (g == w || (std::isnan(gv) && std::isnan(ref.at(r, col)))) continue;
+        if (bad++ < 3) {
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "(%lld, %lld): GPU %a (0x%08x) model %a (0x%08x); k-group inputs:",
+                        (long long)r, (long long)col, gv, g, ref.at(r, col), w);
+          first += buf;
+          for (std::int64_t k = 0; k < cs.K; ++k) {
+            std::snprintf(buf, sizeof buf, " %a*%a", a.at(r, k), b.at(k, col));
+            first += buf;
+          }
+          first += "\n";
+        }
+      }
+    std::printf("hopper_tc model vs GPU, %s, M=%lld N=%lld K=%lld: %lld of %lld outputs differ\n", cs.draw.name,
+                (long long)cs.M, (long long)cs.N, (long long)cs.K, (long long)bad, (long long)(cs.M * cs.N));
+    EXPECT_EQ(bad, 0) << first;
+    outputs += cs.M * cs.N;
+    groups += cs.M * cs.N * (cs.K / 16);
+  }
+  std::printf("hopper_tc model vs GPU: %lld outputs, %lld k-groups = %lld m64n8k16 instruction tiles; %lld f32 "
+              "subnormal and %lld infinite outputs among them\n",
+              (long long)outputs, (long long)groups, (long long)(groups / 512), (long long)subnormal,
+              (long long)infinite);
+  EXPECT_GE(groups / 512, 1000000);
+  EXPECT_GT(subnormal, 0);  // the edges were reached
+}
+
+// The edges of the f32 range, built by hand (K = 32: the second group adds onto the first's sum):
+// a sum just under 2^128 (cut to FLT_MAX), exactly 2^128 (infinite), FLT_MAX plus a term that the
+// alignment keeps or cuts, and sums in the subnormal range.
+TEST_F(CudaGemmTc, HopperTcModelAtTheEdgesOfTheF32Range) {
+  constexpr std::int64_t M = 64, N = 8, K = 32;
+  Operand a = Operand::zeros(DType::bf16, M, K, Layout::row_major);
+  Operand b = Operand::zeros(DType::bf16, K, N, Layout::col_major);
+  const MutableMatrixView av = a.host_mut(), bv = b.host_mut();
+  auto setA = [&](std::int64_t r, std::int64_t k, float x) { store_f32(av.data, av.dtype, r * av.row_stride + k * av.col_stride, x); };
+  for (std::int64_t k = 0; k < K; ++k)
+    for (std::int64_t c = 0; c < N; ++c)
+      store_f32(bv.data, bv.dtype, k * bv.row_stride + c * bv.col_stride, c == 1 ? -1.0f : 1.0f);  // column 1: negated
+  const float ones8 = 2.0f - std::ldexp(1.0f, -7);  // 1.1111111b, a bf16
+  // FLT_MAX = 2^127 + ... + 2^104: three products of eight ones each, in the first group.
+  auto flt_max_first_group = [&](std::int64_t r) {
+    setA(r, 0, std::ldexp(ones8, 127)), setA(r, 1, std::ldexp(ones8, 119)), setA(r, 2, std::ldexp(ones8, 111));
+  };
+  std::int64_t r = 0;
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 103)), ++r;   // 2^128 - 2^103: just under 2^128
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 104)), ++r;   // exactly 2^128
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 102)), ++r;   // kept at 25 bits below 2^127
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 101)), ++r;   // cut
+  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 103)), ++r;    // in one group: 2^128 - 2^103
+  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 104)), ++r;    // in one group: 2^128
+  setA(r, 0, std::ldexp(1.5f, 127)), setA(r, 1, std::ldexp(1.0f, 126)), ++r;  // 2^128 in one group
+  setA(r, 0, std::ldexp(1.0f, -130)), ++r;                            // a bf16 subnormal alone
+  setA(r, 0, std::ldexp(1.5f, -140)), setA(r, 1, std::ldexp(1.0f, -149)), ++r;  // f32 subnormal sums
+  setA(r, 0, std::ldexp(1.0f, -126)), setA(r, 1, -std::ldexp(1.0f, -127)), ++r;
+  setA(r, 0, std::ldexp(1.0f, -100)), setA(r, 16, -std::ldexp(1.0f, -100)), setA(r, 17, std::ldexp(1.0f, -135)), ++r;
+  setA(r, 0, -0.0f), ++r;                                             // zeros: the sign of an all-zero sum
+  a.upload(), b.upload();
+  Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
+  Operand ref = Operand::output(DType::f32, M, N, Layout::row_major);
+  c.poison();
+  det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), tc(), nullptr);
+  c.download();
+  kernels::gemm_model(kernels::AccumulatorModel::hopper_tc, a.host(), b.host(), nullptr, ref.host_mut());
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t col = 0; col < 2; ++col) {
+      std::printf("edge row %lld col %lld: GPU %a model %a\n", (long long)i, (long long)col, c.at(i, col), ref.at(i, col));
+      EXPECT_EQ(c.bits(i, col), ref.bits(i, col)) << "row " << i << " col " << col << ": GPU " << c.at(i, col)
+                                                  << " model " << ref.at(i, col);
+    }
 }
 
 TEST(CudaGemmArgs, ErrorsNameTheOperand) {
