@@ -34,14 +34,22 @@ char kFinishedTag;  // address passed back by a fiber that has finished
 }  // namespace
 
 // Context switches. On x86-64 (System V, ELF) this is Boost.Context's jump_fcontext, with the same
-// context layout (so contexts made by make_fcontext start as before), saving the same registers
-// and the same FPU control words, but it leaves by `ret` into the saved return address where
-// jump_fcontext loads it and leaves by `jmp`. The difference is the CPU's return-stack
-// predictor: with `jmp`, every switch pushed a return address that was never popped, and the first
-// `ret` after a switch mispredicted. With `ret`, the call into the switch and the ret out of it
-// pair up, and when the process arriving blocked where the one leaving blocks (processes of one
-// kind waiting at the same place: ranks in a collective, the bench's ping-pong) every return after
-// the switch is predicted. (Not for CET shadow stacks, which this build does not enable.)
+// context layout (so contexts made by make_fcontext start as before) and the same callee-saved
+// registers, with two differences:
+//   - it leaves by `ret` into the saved return address where jump_fcontext loads it and leaves by
+//     `jmp`. The difference is the CPU's return-stack predictor: with `jmp`, every switch pushed a
+//     return address that was never popped, and the first `ret` after a switch mispredicted. With
+//     `ret`, the call into the switch and the ret out of it pair up, and when the process arriving
+//     blocked where the one leaving blocks (processes of one kind waiting at the same place: ranks
+//     in a collective, the bench's ping-pong) every return after the switch is predicted. (Not for
+//     CET shadow stacks, which this build does not enable.)
+//   - it does not switch the floating-point control words (MXCSR, the x87 control word): a
+//     simulator's processes share their thread's floating-point environment, as the code they run
+//     shares the thread. Saving them (stmxcsr, fnstcw) and loading them (ldmxcsr, fldcw) was 1.4-1.6
+//     ns of a 7.9 ns hand-over on the 2-core VM; loading them only when they differed was slower
+//     still (9.0 ns). Nothing in cubesim changes the rounding mode, flush-to-zero or the exception
+//     masks; code that does so inside a process must restore them before it blocks
+//     (docs/ARCHITECTURE.md, "Processes").
 #if defined(__x86_64__) && defined(__ELF__) && !defined(__CET__)
 extern "C" transfer_t cubesim_switch_fcontext(fcontext_t to, void* data);
 asm(R"(
@@ -52,8 +60,6 @@ asm(R"(
         .type cubesim_switch_fcontext, @function
 cubesim_switch_fcontext:
         leaq    -0x38(%rsp), %rsp
-        stmxcsr (%rsp)
-        fnstcw  0x4(%rsp)
         movq    %r12, 0x8(%rsp)
         movq    %r13, 0x10(%rsp)
         movq    %r14, 0x18(%rsp)
@@ -62,8 +68,6 @@ cubesim_switch_fcontext:
         movq    %rbp, 0x30(%rsp)
         movq    %rsp, %rax
         movq    %rdi, %rsp
-        ldmxcsr (%rsp)
-        fldcw   0x4(%rsp)
         movq    0x8(%rsp), %r12
         movq    0x10(%rsp), %r13
         movq    0x18(%rsp), %r14
