@@ -111,6 +111,25 @@ Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) c
   return t;
 }
 
+void Tensor::narrow_into(Tensor& out, std::int64_t d, std::int64_t start, std::int64_t length) const {
+  if (&out == this) throw RuntimeError("narrow_into: the view must be another tensor than its source");
+  if (d < 0) d += dim();
+  if (d < 0 || d >= dim()) {
+    throw RuntimeError(fmt::format("narrow: dimension {} out of range for {}", d, describe()));
+  }
+  const auto du = static_cast<std::size_t>(d);
+  if (start < 0 || length < 0 || start + length > shape_[du]) {
+    throw RuntimeError(fmt::format("narrow: [{}, {}) is outside dimension {} of size {} of {}", start, start + length,
+                                   d, shape_[du], describe()));
+  }
+  if (out.storage_ != storage_) out.storage_ = storage_;
+  out.shape_.assign(shape_.begin(), shape_.end());  // no allocation when out held as many dimensions
+  out.strides_.assign(strides_.begin(), strides_.end());
+  out.dtype_ = dtype_;
+  out.shape_[du] = length;
+  out.offset_ = offset_ + start * strides_[du];
+}
+
 std::vector<Tensor> Tensor::chunk(std::int64_t n, std::int64_t d) const {
   if (d < 0) d += dim();
   if (n <= 0) throw RuntimeError(fmt::format("chunk: the number of chunks must be positive, got {}", n));

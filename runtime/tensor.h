@@ -57,6 +57,9 @@ class Tensor {
 
   // Views sharing storage.
   Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  // The same view written into `out`, reusing its shape and stride buffers: no allocation once out
+  // has held a view of as many dimensions (the collectives' per-step chunks).
+  void narrow_into(Tensor& out, std::int64_t dim, std::int64_t start, std::int64_t length) const;
   std::vector<Tensor> chunk(std::int64_t n, std::int64_t dim) const;  // n equal parts; dim size % n == 0
   Tensor reshape(Shape shape) const;                                   // contiguous tensors only
   Tensor t() const;                                                    // 2-D: the transposed view

@@ -39,6 +39,11 @@ inline std::uint64_t tag(std::uint64_t phase, std::uint64_t a, std::uint64_t b =
 
 // The contiguous flat region [r.begin, r.begin + r.count) of a flat tensor.
 inline Tensor region(const Tensor& flat, Range r) { return flat.narrow(0, r.begin, r.count); }
+// The same into a tensor a loop keeps: no allocation per step.
+inline const Tensor& region(Tensor& out, const Tensor& flat, Range r) {
+  flat.narrow_into(out, 0, r.begin, r.count);
+  return out;
+}
 
 // Pipelining slices for tree and chain algorithms: a message of `bytes` travels in
 // ceil(bytes / kSliceBytes) slices (at most kMaxSlices, at least 1), cut with chunk_range.

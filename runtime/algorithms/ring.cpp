@@ -13,9 +13,10 @@ void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp
   const int j = m.pos;
   const std::int64_t n = flat.numel();
   const int next = m.at(j + 1), prev = m.at(j - 1);
+  Tensor out, in;  // the step's chunks, views rewritten in place (no allocation per step)
   for (int s = 0; s < M - 1; ++s) {
-    c.isend(next, region(flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4, s));
-    c.recv_reduce(prev, region(flat, chunk_range(n, M, mod(j - s - 2, M))), op, tag(m.phase * 4, s));
+    c.isend(next, region(out, flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4, s));
+    c.recv_reduce(prev, region(in, flat, chunk_range(n, M, mod(j - s - 2, M))), op, tag(m.phase * 4, s));
   }
   c.wait_all();
 }
@@ -26,9 +27,10 @@ void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params
   const int j = m.pos;
   const std::int64_t n = flat.numel();
   const int next = m.at(j + 1), prev = m.at(j - 1);
+  Tensor out, in;
   for (int s = 0; s < M - 1; ++s) {
-    c.isend(next, region(flat, chunk_range(n, M, mod(j - s, M))), tag(m.phase * 4 + 1, s));
-    c.recv(prev, region(flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4 + 1, s));
+    c.isend(next, region(out, flat, chunk_range(n, M, mod(j - s, M))), tag(m.phase * 4 + 1, s));
+    c.recv(prev, region(in, flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4 + 1, s));
   }
   c.wait_all();
 }
