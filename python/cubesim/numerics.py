@@ -58,9 +58,12 @@ DEFAULTS = {
     },
     "data": {
         "seed": 1,            # the input and the output gradient (normal, scaled below)
+        "vocab": 0,           # > 0: the input is seeded random tokens in [0, vocab) looked up in a seeded
+                              # embedding (row t normal from (seed, t), times input_scale); 0: normal activations
         "input_scale": 1.0,
         "grad_scale": 1.0,
-        "npz": None,          # a file with arrays "input" and "output_grad" [tokens, hidden] instead, and
+        "npz": None,          # a file with arrays "input" and "output_grad" [tokens, hidden] instead (or, for
+                              # the input, "tokens" [tokens] ints and "embedding" [vocab, hidden]), and
                               # optionally every block's weights (layers.<l>.fc1.weight [ffn, hidden],
                               # .fc1.bias [ffn], .fc2.weight [hidden, ffn], .fc2.bias [hidden])
     },
@@ -86,7 +89,7 @@ CHOICES = {
     "run.gemm_mode": ("exact", "tensor_core"),
     "run.gemm_numerics": ("f32_fma_seq", "pairwise", "bf16_acc", "hopper_tc"),
 }
-RANGES = {"model.layers": (1, 1024), "model.hidden": (1, 1 << 16), "model.ffn": (1, 1 << 18),
+RANGES = {"data.vocab": (0, 1 << 24), "model.layers": (1, 1024), "model.hidden": (1, 1 << 16), "model.ffn": (1, 1 << 18),
           "model.tokens": (1, 1 << 16), "model.tp": (1, 1024)}
 
 
@@ -283,6 +286,50 @@ def _weights(cfg, arrays, path):
     return out
 
 
+def token_ids(cfg):
+    """The seeded random tokens of a config with data.vocab > 0: model.tokens ids in [0, vocab)."""
+    m, d = cfg["model"], cfg["data"]
+    return np.random.default_rng((d["seed"], 0x70C)).integers(0, d["vocab"], m["tokens"])
+
+
+def embed(ids, hidden, seed, scale):
+    """Rows of the seeded embedding: token t's row is normal from numpy's default_rng((seed, 1, t)),
+    times scale, whatever the vocabulary's size (only the rows used are drawn)."""
+    rows = {int(t): np.random.default_rng((seed, 1, int(t))).standard_normal(hidden) * scale for t in set(ids.tolist())}
+    return np.stack([rows[int(t)] for t in ids])
+
+
+def _npz_input(arrays, path, shape):
+    """The input from an .npz: 'input' [tokens, hidden], or 'tokens' looked up in 'embedding'."""
+    if "tokens" in arrays:
+        ids = np.asarray(arrays["tokens"])
+        if ids.shape != shape[:1] or ids.dtype.kind not in "iu":
+            raise ConfigError(f"data.npz: 'tokens' is {ids.dtype}{list(ids.shape)}; expected integers of shape "
+                              f"[{shape[0]}] (model.tokens)")
+        if "embedding" not in arrays:
+            raise ConfigError(f"data.npz: {path} has 'tokens' but no 'embedding' [vocab, {shape[1]}] to look them up in")
+        e = np.asarray(arrays["embedding"])
+        if e.ndim != 2 or e.shape[1] != shape[1] or e.shape[0] < 1 or e.dtype.kind not in "fiu":
+            raise ConfigError(f"data.npz: 'embedding' is {e.dtype}{list(e.shape)}; expected numbers of shape "
+                              f"[vocab, {shape[1]}] (model.hidden)")
+        bad = ids[(ids < 0) | (ids >= e.shape[0])]
+        if bad.size:
+            raise ConfigError(f"data.npz: token id {int(bad[0])} is outside the embedding's vocabulary [0, "
+                              f"{e.shape[0]})")
+        if "input" in arrays:
+            raise ConfigError(f"data.npz: {path} has both 'input' and 'tokens': give one")
+        return e[ids].astype(np.float64)
+    if "input" not in arrays:
+        raise ConfigError(f"data.npz: {path} has no array 'input' (it needs 'input' [tokens, hidden], or 'tokens' and "
+                          f"'embedding', and 'output_grad', of shape {list(shape)}; it has "
+                          f"{', '.join(sorted(arrays)) or 'none'})")
+    a = np.asarray(arrays["input"])
+    if a.shape != shape or a.dtype.kind not in "fiu":
+        raise ConfigError(f"data.npz: 'input' is {a.dtype}{list(a.shape)}; expected numbers of shape "
+                          f"{list(shape)} (model.tokens x model.hidden)")
+    return a.astype(np.float64)
+
+
 def _data(cfg):
     """The input, the output gradient and the weights (None: the seeded master weights)."""
     m, d = cfg["model"], cfg["data"]
@@ -293,20 +340,20 @@ def _data(cfg):
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError) as e:
             raise ConfigError(f"data.npz: cannot read {d['npz']} ({e})") from None
-        out = []
-        for k in ("input", "output_grad"):
-            if k not in arrays:
-                raise ConfigError(f"data.npz: {d['npz']} has no array '{k}' (it needs 'input' and 'output_grad', "
-                                  f"each of shape {list(shape)}; it has {', '.join(sorted(arrays)) or 'none'})")
-            a = np.asarray(arrays[k])
-            if a.shape != shape or a.dtype.kind not in "fiu":
-                raise ConfigError(f"data.npz: '{k}' is {a.dtype}{list(a.shape)}; expected numbers of shape "
-                                  f"{list(shape)} (model.tokens x model.hidden)")
-            out.append(a.astype(np.float64))
-        return out[0], out[1], _weights(cfg, arrays, d["npz"])
+        x = _npz_input(arrays, d["npz"], shape)
+        if "output_grad" not in arrays:
+            raise ConfigError(f"data.npz: {d['npz']} has no array 'output_grad' (it needs 'input' and 'output_grad', "
+                              f"each of shape {list(shape)}; it has {', '.join(sorted(arrays)) or 'none'})")
+        dy = np.asarray(arrays["output_grad"])
+        if dy.shape != shape or dy.dtype.kind not in "fiu":
+            raise ConfigError(f"data.npz: 'output_grad' is {dy.dtype}{list(dy.shape)}; expected numbers of shape "
+                              f"{list(shape)} (model.tokens x model.hidden)")
+        return x, dy.astype(np.float64), _weights(cfg, arrays, d["npz"])
     rng = np.random.default_rng(d["seed"])
     x = rng.standard_normal(shape) * d["input_scale"]
     dy = rng.standard_normal(shape) * d["grad_scale"]
+    if d["vocab"]:
+        x = embed(token_ids(cfg), m["hidden"], d["seed"], d["input_scale"])
     return x, dy, None
 
 

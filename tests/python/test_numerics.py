@@ -116,6 +116,44 @@ def test_npz_data_and_its_errors(tmp_path, rng):
         cs.numerics.run(cfg)
 
 
+def test_token_inputs_seeded_and_from_an_npz(tmp_path):
+    # Seeded tokens: ids in [0, vocab), each token's embedding row the same wherever it occurs, and a
+    # study over them equals one whose .npz holds the same tokens and embedding rows.
+    cfg = dict(SMALL, data={"seed": 3, "vocab": 5}, variants={"bf16": {"model.dtype": "bf16"}})
+    loaded = cs.numerics.load_config(cfg)
+    ids = cs.numerics.token_ids(loaded)
+    assert ids.shape == (8,) and ids.min() >= 0 and ids.max() < 5 and len(set(ids.tolist())) < 8  # repeats
+    x = cs.numerics.embed(ids, 64, 3, 1.0)
+    for i in range(8):
+        for j in range(8):
+            assert (x[i] == x[j]).all() == (ids[i] == ids[j])
+    rep = cs.numerics.run(cfg, output_dir=tmp_path / "a", save_tensors=True)
+    assert rep["variants"] == cs.numerics.run(cfg)["variants"]  # deterministic
+    emb = np.zeros((5, 64))
+    for t in set(ids.tolist()):
+        emb[t] = cs.numerics.embed(np.array([t]), 64, 3, 1.0)[0]
+    dy = np.random.default_rng(3)
+    dy.standard_normal((8, 64))
+    path = tmp_path / "tokens.npz"
+    np.savez(path, tokens=ids, embedding=emb, output_grad=dy.standard_normal((8, 64)))
+    from_npz = cs.numerics.run(dict(SMALL, data={"npz": str(path)}, variants={"bf16": {"model.dtype": "bf16"}}))
+    assert from_npz["variants"]["bf16"]["tensors"] == rep["variants"]["bf16"]["tensors"]
+    # Tokens differ from normal activations (the default, vocab 0).
+    assert cs.numerics.run(dict(cfg, data={"seed": 3}))["variants"]["bf16"]["tensors"] != rep["variants"]["bf16"]["tensors"]
+    # Bad token data, named.
+    np.savez(path, tokens=ids + 5, embedding=emb, output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"token id \d+ is outside the embedding's vocabulary \[0, 5\)"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, tokens=ids, output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"has 'tokens' but no 'embedding' \[vocab, 64\]"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, tokens=ids.astype(np.float32), embedding=emb, output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"'tokens' is float32\[8\]; expected integers of shape \[8\]"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    with pytest.raises(ValueError, match=r"data.vocab = -1: valid are integers in \[0, 16777216\]"):
+        cs.numerics.run(dict(SMALL, data={"vocab": -1}))
+
+
 def test_summary_cells_keep_two_significant_digits():
     rep = cs.numerics.run(SMALL)
     text = cs.numerics.format_summary(rep)
