@@ -96,18 +96,8 @@ std::string Tensor::describe() const {
 }
 
 Tensor Tensor::narrow(std::int64_t d, std::int64_t start, std::int64_t length) const {
-  if (d < 0) d += dim();
-  if (d < 0 || d >= dim()) {
-    throw RuntimeError(fmt::format("narrow: dimension {} out of range for {}", d, describe()));
-  }
-  const auto du = static_cast<std::size_t>(d);
-  if (start < 0 || length < 0 || start + length > shape_[du]) {
-    throw RuntimeError(fmt::format("narrow: [{}, {}) is outside dimension {} of size {} of {}", start, start + length,
-                                   d, shape_[du], describe()));
-  }
-  Tensor t = *this;
-  t.shape_[du] = length;
-  t.offset_ = offset_ + start * strides_[du];
+  Tensor t;
+  narrow_into(t, d, start, length);
   return t;
 }
 

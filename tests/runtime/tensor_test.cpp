@@ -49,6 +49,31 @@ TEST(Tensor, ViewsShareStorageAndRoundTripEveryDtype) {
   }
 }
 
+TEST(Tensor, NarrowIntoRewritesAViewInPlace) {
+  ContextOptions o;
+  o.world_size = 1;
+  Context ctx(o);
+  std::vector<float> v(6 * 8);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor t = ctx.from_host_f32(0, {6, 8}, DType::f32, v);
+  const Tensor other = ctx.zeros(0, {3}, DType::bf16);
+  Tensor view = other;  // another storage, dtype and rank: all replaced
+  for (std::int64_t d : {0, 1, -1})
+    for (std::int64_t start = 0; start < 3; ++start) {
+      t.narrow_into(view, d, start, 2);
+      const Tensor want = t.narrow(d, start, 2);
+      EXPECT_EQ(view.shape(), want.shape());
+      EXPECT_EQ(view.strides(), want.strides());
+      EXPECT_EQ(view.offset(), want.offset());
+      EXPECT_EQ(view.dtype(), DType::f32);
+      EXPECT_EQ(view.storage_ptr(), t.storage_ptr());
+      EXPECT_EQ(view.to_host_f32(), want.to_host_f32());
+    }
+  EXPECT_THROW(t.narrow_into(view, 0, 5, 2), RuntimeError);
+  Tensor self = t;
+  EXPECT_THROW(self.narrow_into(self, 0, 0, 1), RuntimeError);
+}
+
 TEST(Tensor, BadShapesAndRanksAreClearErrors) {
   ContextOptions o;
   o.world_size = 2;
