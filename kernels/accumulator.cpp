@@ -93,8 +93,8 @@ float hopper_tc_step(float acc, const float* a, const float* b, int n, int min_e
   for (int i = 0; i <= n; ++i)
     if (t[i] != 0) emax = std::max(emax, ex[i]);
   if (emax == std::numeric_limits<int>::min()) return acc;  // every term zero: the accumulator's zero
-  // The alignment never goes below 2^kHopperMinAlignExp (the least bf16 exponent, a subnormal's): in a
-  // group of tiny terms the cut is 2^(-133 - 25), coarser than 25 bits below their own largest.
+  // The alignment never goes below 2^kHopperMinAlignExp (the exponent of the least bf16 subnormal): in
+  // a group of tiny terms the cut is 2^(-133 - 25), coarser than 25 bits below their own largest.
   emax = std::max(emax, kHopperMinAlignExp);
   // Each term as an integer multiple of 2^(emax - frac_bits), truncated toward zero; exact sum.
   const int scale = frac_bits - emax;

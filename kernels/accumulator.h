@@ -13,13 +13,15 @@
 //                and the accumulator c are fused in one sum. A product a·b is exact, with exponent
 //                e_a + e_b and its significand in [1, 4) (not renormalised); c has its own exponent;
 //                a subnormal operand has its format's least exponent; zero terms take no part in the
-//                maximum. With E the largest of these exponents, but at least -133 (the least
-//                bf16 exponent; an H200 cuts a group of tiny terms at 2^-158), each term keeps
-//                trunc(t · 2^(25 - E)) · 2^(E - 25) (kHopperFracBits = 25 fractional bits below 2^E,
-//                cut toward zero in sign-magnitude, no sticky bit), the kept terms are summed exactly,
-//                and the sum is rounded toward zero to f32 (subnormals kept), except that a sum of
-//                2^128 or more is ±Inf. The result is the next group's c. A non-finite input gives
-//                the IEEE sum of the exact terms instead (NaN or ±Inf).
+//                maximum. With E the largest of these exponents, but at least -133 (the exponent
+//                of the least bf16 subnormal, 2^-133: an H200 cuts a group of tiny terms at 2^-158),
+//                each term keeps trunc(t · 2^(25 - E)) · 2^(E - 25) (kHopperFracBits = 25
+//                fractional bits below 2^E, cut toward zero in sign-magnitude, no sticky bit), the
+//                kept terms are summed exactly, and the sum is rounded toward zero to f32
+//                (subnormals kept), except that a sum of 2^128 or more is ±Inf and a sum that is
+//                zero or cut to zero is +0. A group whose terms are all zero leaves c as it is. The
+//                result is the next group's c. A non-finite input gives the IEEE sum of the exact
+//                terms instead (NaN or ±Inf).
 //
 // Groups are aligned to multiples of the group size along k from k = 0, so a product blocked over k
 // (the simulated PE's k-blocks) gives the whole product's bits when every block but the last is a
@@ -48,7 +50,7 @@ AccumulatorModel parse_accumulator_model(std::string_view s, std::string_view wh
 inline constexpr int kPairwiseGroup = 32;
 inline constexpr int kHopperGroup = 16;     // products per fused add: one k16 MMA instruction
 inline constexpr int kHopperFracBits = 25;  // bits kept below the largest term's leading bit
-inline constexpr int kHopperMinAlignExp = -133;  // E is at least this (measured on an H200)
+inline constexpr int kHopperMinAlignExp = -133;  // E is at least this: the least bf16 subnormal's (H200)
 
 // Products summed per step of the model (k-blocks must be multiples of it, but the last).
 int accumulator_group(AccumulatorModel m);

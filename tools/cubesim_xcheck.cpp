@@ -26,9 +26,10 @@
 //                  [--check-tokens 256 --check-hidden 1024 --check-ffn 4096] [--iters 5]
 //                  [--json FILE] [--sim-only] [--share-gpus] [--torch | --no-torch] [--torch-json FILE]
 // Without --tp: every power of two up to the smaller of the topology's cubes and the GPUs.
-// --share-gpus: a tp above the GPUs places its ranks on them in turn (rank r on GPU r % GPUs, each its
+// --share-gpus: a --tp above the GPUs places its ranks on them in turn (rank r on GPU r % GPUs, each its
 // own stream); only the bits are checked then, in the modes the runtime's ring serves (exact+ring,
 // tensor_core+ring; NCCL wants a GPU per rank), and the timed section runs on the simulator alone.
+// (Without --tp the sizes stop at the GPUs' count, so name the larger ones.)
 // Exit status: 0 all bitwise claims hold; 1 a claim failed; 2 bad arguments; 3 no usable GPU (the
 // simulated side is still printed; --sim-only asks for it alone and exits 0).
 #include <algorithm>
@@ -350,7 +351,12 @@ int main(int argc, char** argv) {
                               a.time.hidden, a.time.ffn);
     }
   } else if (a.torch == Args::Torch::on || (a.torch == Args::Torch::automatic && cuda)) {
-    torch = run_torch(a.tps, a.time, a.torch == Args::Torch::on, torch_why);
+    // PyTorch times the step with a GPU per rank: only the tp sizes that have as many GPUs.
+    std::vector<int> timed_tps;
+    for (int t : a.tps)
+      if (!cuda || t <= gpus) timed_tps.push_back(t);
+    if (!timed_tps.empty()) torch = run_torch(timed_tps, a.time, a.torch == Args::Torch::on, torch_why);
+    else torch_why = "every --tp shares GPUs (--share-gpus): no timing";
   } else {
     torch_why = a.torch == Args::Torch::off ? "--no-torch" : "no GPU here (--torch-json FILE compares a saved run)";
   }

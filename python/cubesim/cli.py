@@ -1115,7 +1115,12 @@ def cmd_sweep_plot(args):
 def cmd_sweep_bench(args):
     sw = cs.sweep
     out = Output(args.json)
-    mpi = [int(x) for x in args.mpi.split(",") if x] if args.mpi else []
+    try:
+        mpi = [int(x) for x in args.mpi.split(",") if x.strip()] if args.mpi else []
+    except ValueError:
+        raise UsageError(f"--mpi {args.mpi}: give worker counts separated by commas, e.g. 1,2,4") from None
+    if any(n < 1 for n in mpi):
+        raise UsageError(f"--mpi {args.mpi}: worker counts start at 1")
     if mpi and not sw.mpi_available():
         raise UsageError(f"--mpi needs mpi4py on Open MPI; install it with: {sw.MPI_INSTALL}")
     with Progress("sweep bench"):
@@ -1131,8 +1136,9 @@ def cmd_sweep_bench(args):
                       "" if t is None else f">= {t}", met + (" (oversubscribed)" if r.get("oversubscribed") else "")])
         r["target"], r["met"] = t, (None if t is None else r["efficiency"] >= t)
     out.say("sweep throughput: `cubesim run --topology mesh4x4 --timing-only` cases (cases/s: the sweep's own rate, "
-            "first case handed out to last recorded; end to end: with the start of workers, mpirun and interpreters; "
-            "efficiency: rate / (workers x serial rate), MPI against its 1-worker run with as many cases per worker; "
+            "its executor's start to its shutdown; end to end: with mpirun's and the interpreters' start too; "
+            "efficiency: rate / (workers x serial rate), MPI against its first (1-worker) run with as many cases per "
+            "worker; "
             "of independent: rate / that of as many plain processes looping over cases, the machine's own ceiling)")
     out.say(format_table(["executor", "workers", "cases", "cases/s", "efficiency", "of independent", "end to end",
                           "target", "met"],

@@ -59,7 +59,8 @@ DEFAULTS = {
     "data": {
         "seed": 1,            # the input and the output gradient (normal, scaled below)
         "vocab": 0,           # > 0: the input is seeded random tokens in [0, vocab) looked up in a seeded
-                              # embedding (row t normal from (seed, t), times input_scale); 0: normal activations
+                              # embedding (row t normal from default_rng((seed, 1, t)), times input_scale);
+                              # 0: normal activations
         "input_scale": 1.0,
         "grad_scale": 1.0,
         "npz": None,          # a file with arrays "input" and "output_grad" [tokens, hidden] instead (or, for
@@ -163,6 +164,9 @@ def _check(cfg, origin):
     if cfg["run"]["gemm_numerics"] != "f32_fma_seq" and cfg["run"]["backend"] == "cuda":
         raise ConfigError(f"{origin}: run.gemm_numerics = '{cfg['run']['gemm_numerics']}' is modelled by the sim and "
                           f"host backends (the GPU has its own: run.gemm_mode)")
+    if cfg["data"]["vocab"] and cfg["data"]["npz"]:
+        raise ConfigError(f"{origin}: data.vocab = {cfg['data']['vocab']} draws seeded tokens, and data.npz gives the "
+                          f"data: set one (an .npz brings its own 'tokens' and 'embedding')")
     if cfg["run"]["share_gpus"] and cfg["run"]["backend"] != "cuda":
         raise ConfigError(f"{origin}: run.share_gpus places several ranks on one GPU; run.backend is "
                           f"'{cfg['run']['backend']}' (it applies to 'cuda' only)")
@@ -342,8 +346,9 @@ def _data(cfg):
             raise ConfigError(f"data.npz: cannot read {d['npz']} ({e})") from None
         x = _npz_input(arrays, d["npz"], shape)
         if "output_grad" not in arrays:
-            raise ConfigError(f"data.npz: {d['npz']} has no array 'output_grad' (it needs 'input' and 'output_grad', "
-                              f"each of shape {list(shape)}; it has {', '.join(sorted(arrays)) or 'none'})")
+            raise ConfigError(f"data.npz: {d['npz']} has no array 'output_grad' (it needs 'input', or 'tokens' and "
+                              f"'embedding', and 'output_grad' of shape {list(shape)}; it has "
+                              f"{', '.join(sorted(arrays)) or 'none'})")
         dy = np.asarray(arrays["output_grad"])
         if dy.shape != shape or dy.dtype.kind not in "fiu":
             raise ConfigError(f"data.npz: 'output_grad' is {dy.dtype}{list(dy.shape)}; expected numbers of shape "

@@ -1074,7 +1074,8 @@ class Rows(list):
     """The results, one dict per case in case order; to_dataframe() where pandas is installed."""
 
     abandoned = 0
-    elapsed_s = 0.0  # the run's own wall time: from the first case handed out to the last recorded
+    elapsed_s = 0.0  # the run's own wall time: its executor started, every case run and recorded, the
+    #                 executor shut down (without the interpreter's or mpirun's start)
 
     def to_dataframe(self):
         try:
@@ -1486,35 +1487,50 @@ def bench_spec(cases, seed=1):
 
 def _independent_rate(cases, n):
     """Cases per second of n forked processes each running `cases` in a plain loop, timed from a
-    common start to the last one's end."""
+    common start to the last one's end. RuntimeError if a process fails (none is left behind)."""
     r_go, w_go = os.pipe()
     r_done, w_done = os.pipe()
     pids = []
-    for _ in range(n):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(w_go)
-                os.read(r_go, 1)
-                for c in cases:
-                    run_case(c.config)
-                os.write(w_done, b"x")
-            finally:
-                os._exit(0)
-        pids.append(pid)
-    os.close(r_go)
+    try:
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(w_go)
+                    os.close(r_done)
+                    if os.read(r_go, 1) == b"x":  # EOF instead: the parent gave up
+                        for c in cases:
+                            run_case(c.config)
+                        os.write(w_done, b"x")
+                        code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    except BaseException:
+        os.close(w_go)  # the children started read EOF and leave
+        for pid in pids:
+            os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(r_go)
+        os.close(w_done)  # only the children's copies remain: EOF once they have all exited
     time.sleep(0.2)
     t0 = time.perf_counter()
     os.write(w_go, b"x" * n)
+    os.close(w_go)
     got = 0
     while got < n:
-        got += len(os.read(r_done, n))
-    rate = n * len(cases) / (time.perf_counter() - t0)
-    for pid in pids:
-        os.waitpid(pid, 0)
-    for fd in (w_go, r_done, w_done):
-        os.close(fd)
-    return rate
+        part = os.read(r_done, n)
+        if not part:
+            break  # every child has exited, some without finishing
+        got += len(part)
+    dt = time.perf_counter() - t0
+    os.close(r_done)
+    failed = sum(1 for pid in pids if os.waitpid(pid, 0)[1] != 0)
+    if got < n or failed:
+        raise RuntimeError(f"the independent-process ceiling: {max(n - got, failed)} of {n} processes failed")
+    return n * len(cases) / dt
 
 
 def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(), serial_cases=None, tmpdir=None,
@@ -1524,7 +1540,8 @@ def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(),
     elapsed_s: from the first case handed out to the last recorded); `end_to_end` adds the start (the
     executor's workers, and for MPI mpirun and the interpreters). mpi_np: worker counts to run an MPI
     sweep with (mpirun, rank 0 leading), each worker given mpi_cases_per_worker cases (weak scaling, so
-    every run lasts about as long), efficiency against the 1-worker MPI run."""
+    every run lasts about as long), efficiency against the run with the first count given (per
+    worker; 1 by default), and an independent ceiling measured at each count on the serial cases."""
     import tempfile
     import subprocess
     jobs = jobs or os.cpu_count() or 1

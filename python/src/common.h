@@ -35,16 +35,15 @@ namespace py = pybind11;
 // state gil_scoped_acquire uses, and the stack of argument-loader frames of the calls in progress
 // (each bound call pushes one and checks, on return, that it is on top).
 #if PYBIND11_VERSION_MAJOR >= 3
-// pybind11 3 keeps the loader frames' top in a C++ thread_local behind a private accessor of
-// loader_life_support; an explicit instantiation may name a private member, which is how this
-// reaches it (the GPU machine's Python 3.12 has pybind11 3.x; Debian's 3.11 has 2.10).
+#if PYBIND11_VERSION_HEX < 0x03000200
+#error "cubesim's bindings take pybind11 2.10 and later 2.x, or 3.0.2 and later (3.0.0 and 3.0.1 keep the loader frames elsewhere)"
+#endif
+// pybind11 3.0.2+ keeps the loader frames' top in a C++ thread_local behind a private accessor of
+// loader_life_support; module.cpp reaches it once, through an explicit instantiation (which may name
+// a private member), and hands it out here (the GPU machine's Python 3.12 has pybind11 3.x; Debian's
+// 3.11 has 2.10).
 using LoaderFrameFn = py::detail::loader_life_support*& (*)();
 LoaderFrameFn loader_frame_fn();
-template <LoaderFrameFn F>
-struct LoaderFrameAccess {
-  friend LoaderFrameFn loader_frame_fn() { return F; }
-};
-template struct LoaderFrameAccess<&py::detail::loader_life_support::tls_current_frame>;
 #endif
 
 struct PybindThreadLocals {

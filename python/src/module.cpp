@@ -22,6 +22,20 @@
 
 namespace py = pybind11;
 
+#if PYBIND11_VERSION_MAJOR >= 3
+namespace cubesim::pyb {
+// The one explicit instantiation (common.h): it defines stolen_loader_frame() to return the private
+// loader_life_support::tls_current_frame, which loader_frame_fn() hands out.
+LoaderFrameFn stolen_loader_frame();
+template <LoaderFrameFn F>
+struct LoaderFrameAccess {
+  friend LoaderFrameFn stolen_loader_frame() { return F; }
+};
+template struct LoaderFrameAccess<&py::detail::loader_life_support::tls_current_frame>;
+LoaderFrameFn loader_frame_fn() { return stolen_loader_frame(); }
+}  // namespace cubesim::pyb
+#endif
+
 void bind_sim_core(py::module_& m);
 void bind_topology(py::module_& m);
 void bind_runtime(py::module_& m);

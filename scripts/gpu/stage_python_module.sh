@@ -27,17 +27,21 @@ flags=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -ffp-contract=off -fno-
        -DFMT_HEADER_ONLY=1 -DCUBESIM_PY_HAVE_CUDA=1 -I. -isystem "$PY_INC" -isystem "$PY_ROOT/usr/include" -isystem "$PB_INC"
        -isystem /usr/local/cuda/include)
 objs=()
+pids=()
 for src in python/src/*.cpp; do
   o="$obj/$(basename "${src%.cpp}").o"
   if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ -n "$(find python/src -name '*.h' -newer "$o")" ]; then
     echo "compiling $src"
+    rm -f "$o"  # a failed compile must not leave the old object to be linked
     g++ "${flags[@]}" -c "$src" -o "$o" &
+    pids+=($!)
     # two at a time (this machine has two cores)
-    [ "$(jobs -r | wc -l)" -ge 2 ] && wait -n
+    [ "$(jobs -r | wc -l)" -ge 2 ] && { wait -n || { echo "a compile failed" >&2; wait; exit 1; }; }
   fi
   objs+=("$o")
 done
-wait
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+for o in "${objs[@]}"; do [ -f "$o" ] || { echo "not compiled: $o" >&2; exit 1; }; done
 b=build-cu
 g++ -shared -o "$out/_cubesim$suffix" "${objs[@]}" \
   $b/sdc/libcubesim_sdc.a $b/tp/libcubesim_tp.a $b/runtime/libcubesim_backends.a $b/runtime/libcubesim_runtime_cuda.a \
@@ -45,6 +49,11 @@ g++ -shared -o "$out/_cubesim$suffix" "${objs[@]}" \
   $b/sim/hw/libcubesim_sim_hw.a $b/sim/libcubesim_sim_core.a /usr/lib/x86_64-linux-gnu/libboost_context.a \
   $b/base/libcubesim_base.a -L/usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib/libcudart_static.a \
   -lcudadevrt -lrt -lpthread -ldl ${STATIC_CXX:+-static-libstdc++ -static-libgcc}
+# Python's own symbols are resolved when the module loads; none of cubesim's may be left undefined.
+if nm -D --undefined-only "$out/_cubesim$suffix" | grep ' U .*cubesim'; then
+  echo "the module leaves cubesim symbols undefined (above)" >&2
+  exit 1
+fi
 strip --strip-unneeded "$out/_cubesim$suffix"
 cp python/cubesim/*.py "$out/"
 ls -la "$out"

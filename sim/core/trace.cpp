@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <cstring>
+#include <filesystem>
 #include <cerrno>
 #include <map>
 #include <ostream>
@@ -149,14 +150,19 @@ void Trace::save(const std::string& path) const {
     throw std::runtime_error(fmt::format("cubesim: cannot open trace file '{}' for writing: {}", path,
                                          errno ? std::strerror(errno) : "unknown error"));
   }
+  errno = 0;
   write_chrome_json(f);
   const bool wrote = f.good();
-  errno = 0;
+  int err = wrote ? 0 : errno;  // the failed write's reason, before close() may change errno
+  if (wrote) errno = 0;
   f.close();
+  if (wrote && !f) err = errno;
   if (!wrote || !f) {
+    std::error_code ec;  // no partial trace left behind (a regular file only: never a device or a pipe)
+    if (std::filesystem::is_regular_file(path, ec)) std::filesystem::remove(path, ec);
     throw std::runtime_error(fmt::format("cubesim: writing trace file '{}' failed ({}{})", path,
                                          wrote ? "on close: " : "while writing: ",
-                                         errno ? std::strerror(errno) : "the stream reported an error"));
+                                         err ? std::strerror(err) : "the stream reported an error"));
   }
 }
 

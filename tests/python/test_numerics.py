@@ -109,7 +109,7 @@ def test_npz_data_and_its_errors(tmp_path, rng):
     cfg_seed = dict(SMALL, variants={"bf16": {"model.dtype": "bf16"}})
     assert a["variants"]["bf16"]["tensors"] != cs.numerics.run(cfg_seed)["variants"]["bf16"]["tensors"]
     np.savez(path, input=x)
-    with pytest.raises(ValueError, match=r"has no array 'output_grad' \(it needs 'input' and 'output_grad', each of shape \[8, 64\]"):
+    with pytest.raises(ValueError, match=r"has no array 'output_grad' \(it needs 'input', or 'tokens' and 'embedding', and 'output_grad' of shape \[8, 64\]"):
         cs.numerics.run(cfg)
     np.savez(path, input=x[:, :32], output_grad=dy)
     with pytest.raises(ValueError, match=r"'input' is float64\[8, 32\]; expected numbers of shape \[8, 64\]"):
@@ -150,6 +150,17 @@ def test_token_inputs_seeded_and_from_an_npz(tmp_path):
     np.savez(path, tokens=ids.astype(np.float32), embedding=emb, output_grad=np.zeros((8, 64)))
     with pytest.raises(ValueError, match=r"'tokens' is float32\[8\]; expected integers of shape \[8\]"):
         cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, tokens=ids, embedding=emb[:, :32], output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"'embedding' is float64\[5, 32\]; expected numbers of shape \[vocab, 64\]"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, tokens=ids, embedding=emb, input=np.zeros((8, 64)), output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"has both 'input' and 'tokens': give one"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, tokens=ids, embedding=emb)
+    with pytest.raises(ValueError, match=r"has no array 'output_grad' \(it needs 'input', or 'tokens' and 'embedding'"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    with pytest.raises(ValueError, match=r"data.vocab = 5 draws seeded tokens, and data.npz gives the data: set one"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path), "vocab": 5}))
     with pytest.raises(ValueError, match=r"data.vocab = -1: valid are integers in \[0, 16777216\]"):
         cs.numerics.run(dict(SMALL, data={"vocab": -1}))
 

@@ -2,6 +2,7 @@
 bit against an independent replay of the documented order), run reports, traces, and errors that
 arrive as Python exceptions with the C++ message."""
 import json
+import os
 import threading
 
 import numpy as np
@@ -612,3 +613,14 @@ def test_flow_level_timing_is_opt_in_close_to_chunk_level_and_refused_with_value
     with pytest.raises(ValueError, match="no option 'timing'"):
         cs.Context("host", world_size=2, timing="flow")
     assert cs.Context("host", world_size=2).timing is None
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_trace_that_cannot_be_written_says_why_and_removes_no_device(tmp_path):
+    ctx = cs.Context("sim", topology="ring4", trace=True)
+    ctx.spawn(lambda rank: None)
+    with pytest.raises(RuntimeError, match=r"writing trace file '/dev/full' failed \(on close: No space left on device\)"):
+        ctx.save_trace("/dev/full")
+    assert os.path.exists("/dev/full")  # only a regular file it wrote is removed
+    with pytest.raises(RuntimeError, match=r"cannot open trace file '.*/no/such/dir/t.json' for writing: No such file"):
+        ctx.save_trace(str(tmp_path / "no" / "such" / "dir" / "t.json"))

@@ -448,3 +448,17 @@ def test_example_specs_plan(name):
         pytest.importorskip("yaml")
     p = sweep.plan(EXAMPLES / name)
     assert p.cases and not p.invalid
+
+
+def test_the_bench_ceiling_reports_failed_processes_instead_of_hanging(monkeypatch):
+    # The independent-process ceiling forks workers that run cases; one that fails must end the
+    # measurement with an error (it used to leave the parent reading a pipe forever).
+    p = sweep.plan(sweep.bench_spec(2))
+    assert sweep._independent_rate(p.cases[:1], 2) > 0
+
+    def boom(config):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(sweep, "run_case", boom)
+    with pytest.raises(RuntimeError, match="2 of 2 processes failed"):
+        sweep._independent_rate(p.cases[:1], 2)

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -426,7 +428,8 @@ TEST_F(CudaGemmTc, HopperTcModelIsBitwise) {
 // zero start) and K = 32 (the second k-group adds onto the first's result), counted in units of the
 // smallest instruction tile, m64n8k16 (512 k-group sums). The operands reach the edges a random uniform
 // draw never does: signed zeros, bf16 subnormals, products below the f32 range (underflow, f32
-// subnormal sums) and above it (overflow of the f32 result), and 160 binades of spread within a group.
+// subnormal sums) and above it (overflow of the f32 result), and operands 140 binades apart (products
+// 280) within a group.
 TEST_F(CudaGemmTc, HopperTcModelOnAMillionSingleInstructionTiles) {
   struct Draw {
     const char* name;
@@ -455,7 +458,7 @@ TEST_F(CudaGemmTc, HopperTcModelOnAMillionSingleInstructionTiles) {
     std::int64_t M, N, K;
     Draw draw;
   };
-  // wide: 140 binades within a group; overflow: some sums beyond the f32 range; underflow: products
+  // wide: operands over 140 binades; overflow: some sums beyond the f32 range; underflow: products
   // around the f32 subnormal range (subnormal sums, terms cut to nothing).
   const Case cases[] = {
       {8192, 8192, 16, {"wide", -100, 40}},     {8192, 8192, 16, {"overflow", -30, 70}},
@@ -531,38 +534,58 @@ TEST_F(CudaGemmTc, HopperTcModelOnAMillionSingleInstructionTiles) {
               (long long)infinite);
   EXPECT_GE(groups / 512, 1000000);
   EXPECT_GT(subnormal, 0);  // the edges were reached
+  EXPECT_GT(infinite, 0);
 }
 
-// The edges of the f32 range, built by hand (K = 32: the second group adds onto the first's sum):
-// a sum just under 2^128 (cut to FLT_MAX), exactly 2^128 (infinite), FLT_MAX plus a term that the
-// alignment keeps or cuts, and sums in the subnormal range.
+// The edges of the f32 range, built by hand (K = 32: the second group adds onto the first's sum). B's
+// columns are 1, -1, 2^-40 and -2^-40, so each A row gives its sum, the negation, and the same terms
+// scaled into the subnormal range. Each output is checked against its value worked out here (and
+// against the model): a sum just under 2^128 (cut to FLT_MAX), exactly 2^128 (infinite), FLT_MAX less
+// a term the alignment keeps or cuts, the alignment floor of 2^-133 (a term of 2^-159 beside 2^-134 is
+// cut), f32 subnormal sums, and sums cut to nothing (+0 whatever their sign).
 TEST_F(CudaGemmTc, HopperTcModelAtTheEdgesOfTheF32Range) {
   constexpr std::int64_t M = 64, N = 8, K = 32;
   Operand a = Operand::zeros(DType::bf16, M, K, Layout::row_major);
   Operand b = Operand::zeros(DType::bf16, K, N, Layout::col_major);
   const MutableMatrixView av = a.host_mut(), bv = b.host_mut();
   auto setA = [&](std::int64_t r, std::int64_t k, float x) { store_f32(av.data, av.dtype, r * av.row_stride + k * av.col_stride, x); };
+  const float tiny = std::ldexp(1.0f, -40);
+  const float cols[4] = {1.0f, -1.0f, tiny, -tiny};
   for (std::int64_t k = 0; k < K; ++k)
-    for (std::int64_t c = 0; c < N; ++c)
-      store_f32(bv.data, bv.dtype, k * bv.row_stride + c * bv.col_stride, c == 1 ? -1.0f : 1.0f);  // column 1: negated
+    for (std::int64_t c = 0; c < 4; ++c) store_f32(bv.data, bv.dtype, k * bv.row_stride + c * bv.col_stride, cols[c]);
   const float ones8 = 2.0f - std::ldexp(1.0f, -7);  // 1.1111111b, a bf16
-  // FLT_MAX = 2^127 + ... + 2^104: three products of eight ones each, in the first group.
+  const float fmax = std::numeric_limits<float>::max(), inf = std::numeric_limits<float>::infinity();
+  // FLT_MAX = 2^128 - 2^104: three products of eight ones each, in the first group.
   auto flt_max_first_group = [&](std::int64_t r) {
     setA(r, 0, std::ldexp(ones8, 127)), setA(r, 1, std::ldexp(ones8, 119)), setA(r, 2, std::ldexp(ones8, 111));
   };
+  struct Want {
+    float c0, c2;  // columns 1 and 3 are their negations (a zero stays +0)
+  };
+  std::vector<Want> want;
   std::int64_t r = 0;
-  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 103)), ++r;   // 2^128 - 2^103: just under 2^128
-  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 104)), ++r;   // exactly 2^128
-  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 102)), ++r;   // kept at 25 bits below 2^127
-  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 101)), ++r;   // cut
-  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 103)), ++r;    // in one group: 2^128 - 2^103
-  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 104)), ++r;    // in one group: 2^128
-  setA(r, 0, std::ldexp(1.5f, 127)), setA(r, 1, std::ldexp(1.0f, 126)), ++r;  // 2^128 in one group
-  setA(r, 0, std::ldexp(1.0f, -130)), ++r;                            // a bf16 subnormal alone
-  setA(r, 0, std::ldexp(1.5f, -140)), setA(r, 1, std::ldexp(1.0f, -149)), ++r;  // f32 subnormal sums
-  setA(r, 0, std::ldexp(1.0f, -126)), setA(r, 1, -std::ldexp(1.0f, -127)), ++r;
-  setA(r, 0, std::ldexp(1.0f, -100)), setA(r, 16, -std::ldexp(1.0f, -100)), setA(r, 17, std::ldexp(1.0f, -135)), ++r;
-  setA(r, 0, -0.0f), ++r;                                             // zeros: the sign of an all-zero sum
+  auto row = [&](Want w) { want.push_back(w), ++r; };
+  // The scaled columns of the FLT_MAX rows are 2^-40 times the same sums: plain normal numbers.
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 103)), row({fmax, std::ldexp(fmax, -40)});      // 2^128 - 2^103
+  flt_max_first_group(r), setA(r, 16, std::ldexp(1.0f, 104)), row({inf, std::ldexp(1.0f, 88)});        // exactly 2^128
+  flt_max_first_group(r), setA(r, 16, -std::ldexp(1.0f, 102)),                                          // kept: 2^128 - 2^104 - 2^102,
+      row({fmax - std::ldexp(1.0f, 104), std::ldexp(fmax - std::ldexp(1.0f, 104), -40)});              // cut toward zero
+  flt_max_first_group(r), setA(r, 16, -std::ldexp(1.0f, 101)), row({fmax, std::ldexp(fmax, -40)});     // cut (25 bits below 2^127)
+  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 103)), row({fmax, std::ldexp(fmax, -40)});       // in one group
+  flt_max_first_group(r), setA(r, 3, std::ldexp(1.0f, 104)), row({inf, std::ldexp(1.0f, 88)});          // in one group: 2^128
+  setA(r, 0, std::ldexp(1.5f, 127)), setA(r, 1, std::ldexp(1.0f, 126)), row({inf, std::ldexp(1.0f, 88)});  // 2^128
+  // A bf16 subnormal alone; scaled, 2^-170 is far below the least f32 subnormal: +0 for both signs.
+  setA(r, 0, std::ldexp(1.0f, -130)), row({std::ldexp(1.0f, -130), 0.0f});
+  // Scaled into an exact f32 subnormal: 1.5 * 2^-140.
+  setA(r, 0, std::ldexp(1.5f, -100)), row({std::ldexp(1.5f, -100), std::ldexp(1.5f, -140)});
+  // The floor: scaled, 2^-134 beside -2^-159: 25 bits below 2^-134 would keep -2^-159 (and the sum, cut
+  // to the subnormal grid, would be 2^-134 - 2^-149); the floor at 2^-133 cuts it: 2^-134.
+  setA(r, 0, std::ldexp(1.0f, -94)), setA(r, 1, -std::ldexp(1.0f, -119)),
+      row({std::nextafter(std::ldexp(1.0f, -94), 0.0f), std::ldexp(1.0f, -134)});  // 2^-94 - 2^-119, cut to 24 bits
+  // Exact cancellation in the first group, then a term that the second cuts to nothing when scaled.
+  setA(r, 0, std::ldexp(1.0f, -100)), setA(r, 1, -std::ldexp(1.0f, -100)), setA(r, 16, std::ldexp(1.0f, -115)),
+      row({std::ldexp(1.0f, -115), 0.0f});
+  setA(r, 0, -0.0f), row({0.0f, 0.0f});  // zeros: the sign of an all-zero sum
   a.upload(), b.upload();
   Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
   Operand ref = Operand::output(DType::f32, M, N, Layout::row_major);
@@ -570,11 +593,21 @@ TEST_F(CudaGemmTc, HopperTcModelAtTheEdgesOfTheF32Range) {
   det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), tc(), nullptr);
   c.download();
   kernels::gemm_model(kernels::AccumulatorModel::hopper_tc, a.host(), b.host(), nullptr, ref.host_mut());
+  auto bits = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  };
   for (std::int64_t i = 0; i < r; ++i)
-    for (std::int64_t col = 0; col < 2; ++col) {
-      std::printf("edge row %lld col %lld: GPU %a model %a\n", (long long)i, (long long)col, c.at(i, col), ref.at(i, col));
-      EXPECT_EQ(c.bits(i, col), ref.bits(i, col)) << "row " << i << " col " << col << ": GPU " << c.at(i, col)
-                                                  << " model " << ref.at(i, col);
+    for (std::int64_t col = 0; col < 4; ++col) {
+      const float base = col < 2 ? want[static_cast<std::size_t>(i)].c0 : want[static_cast<std::size_t>(i)].c2;
+      const float expect = (col % 2 && base != 0) ? -base : base;
+      std::printf("edge row %lld col %lld: GPU %a model %a expected %a\n", (long long)i, (long long)col, c.at(i, col),
+                  ref.at(i, col), expect);
+      EXPECT_EQ(c.bits(i, col), bits(expect)) << "row " << i << " col " << col << ": GPU " << c.at(i, col) << " expected "
+                                              << expect;
+      EXPECT_EQ(ref.bits(i, col), bits(expect)) << "row " << i << " col " << col << ": model " << ref.at(i, col)
+                                                << " expected " << expect;
     }
 }
 
