@@ -323,13 +323,17 @@ def _npz_input(arrays, path, shape):
         if "input" in arrays:
             raise ConfigError(f"data.npz: {path} has both 'input' and 'tokens': give one")
         return e[ids].astype(np.float64)
-    if "input" not in arrays:
-        raise ConfigError(f"data.npz: {path} has no array 'input' (it needs 'input' [tokens, hidden], or 'tokens' and "
-                          f"'embedding', and 'output_grad', of shape {list(shape)}; it has "
-                          f"{', '.join(sorted(arrays)) or 'none'})")
-    a = np.asarray(arrays["input"])
+    return _npz_activation(arrays, path, "input", shape)
+
+
+def _npz_activation(arrays, path, key, shape):
+    """Array `key` of the .npz as float64 [tokens, hidden]; ConfigError naming it when missing or mis-shaped."""
+    if key not in arrays:
+        raise ConfigError(f"data.npz: {path} has no array '{key}' (it needs 'input', or 'tokens' and 'embedding', "
+                          f"and 'output_grad' of shape {list(shape)}; it has {', '.join(sorted(arrays)) or 'none'})")
+    a = np.asarray(arrays[key])
     if a.shape != shape or a.dtype.kind not in "fiu":
-        raise ConfigError(f"data.npz: 'input' is {a.dtype}{list(a.shape)}; expected numbers of shape "
+        raise ConfigError(f"data.npz: '{key}' is {a.dtype}{list(a.shape)}; expected numbers of shape "
                           f"{list(shape)} (model.tokens x model.hidden)")
     return a.astype(np.float64)
 
@@ -345,15 +349,7 @@ def _data(cfg):
         except (OSError, ValueError) as e:
             raise ConfigError(f"data.npz: cannot read {d['npz']} ({e})") from None
         x = _npz_input(arrays, d["npz"], shape)
-        if "output_grad" not in arrays:
-            raise ConfigError(f"data.npz: {d['npz']} has no array 'output_grad' (it needs 'input', or 'tokens' and "
-                              f"'embedding', and 'output_grad' of shape {list(shape)}; it has "
-                              f"{', '.join(sorted(arrays)) or 'none'})")
-        dy = np.asarray(arrays["output_grad"])
-        if dy.shape != shape or dy.dtype.kind not in "fiu":
-            raise ConfigError(f"data.npz: 'output_grad' is {dy.dtype}{list(dy.shape)}; expected numbers of shape "
-                              f"{list(shape)} (model.tokens x model.hidden)")
-        return x, dy.astype(np.float64), _weights(cfg, arrays, d["npz"])
+        return x, _npz_activation(arrays, d["npz"], "output_grad", shape), _weights(cfg, arrays, d["npz"])
     rng = np.random.default_rng(d["seed"])
     x = rng.standard_normal(shape) * d["input_scale"]
     dy = rng.standard_normal(shape) * d["grad_scale"]

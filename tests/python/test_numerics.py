@@ -159,6 +159,10 @@ def test_token_inputs_seeded_and_from_an_npz(tmp_path):
     np.savez(path, tokens=ids, embedding=emb)
     with pytest.raises(ValueError, match=r"has no array 'output_grad' \(it needs 'input', or 'tokens' and 'embedding'"):
         cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
+    np.savez(path, output_grad=np.zeros((8, 64)))
+    with pytest.raises(ValueError, match=r"has no array 'input' \(it needs 'input', or 'tokens' and 'embedding', and "
+                                         r"'output_grad' of shape \[8, 64\]; it has output_grad\)"):
+        cs.numerics.run(dict(SMALL, data={"npz": str(path)}))
     with pytest.raises(ValueError, match=r"data.vocab = 5 draws seeded tokens, and data.npz gives the data: set one"):
         cs.numerics.run(dict(SMALL, data={"npz": str(path), "vocab": 5}))
     with pytest.raises(ValueError, match=r"data.vocab = -1: valid are integers in \[0, 16777216\]"):
