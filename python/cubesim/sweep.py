@@ -1074,8 +1074,9 @@ class Rows(list):
     """The results, one dict per case in case order; to_dataframe() where pandas is installed."""
 
     abandoned = 0
-    elapsed_s = 0.0  # the run's own wall time: its executor started, every case run and recorded, the
-    #                 executor shut down (without the interpreter's or mpirun's start)
+    # The run's own wall time: from its executor's start, through every case run and recorded, to the
+    # executor's shutdown (the interpreter's and mpirun's start are not in it).
+    elapsed_s = 0.0
 
     def to_dataframe(self):
         try:
