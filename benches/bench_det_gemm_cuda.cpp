@@ -1,9 +1,22 @@
 // bench_det_gemm_cuda — det_gemm on the GPU in both numerics modes against cuBLAS, measured in the
 // same run (the peer), on random bf16 data.
 //
-//   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc] [--shape MxNxK]...
+//   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc] [--shape MxNxK]... [--no-layers]
+//                       [--no-elementwise]
 //
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
+//
+// Then (tensor_core mode, unless --no-layers) the six GEMMs of a Megatron MLP step (4096 tokens,
+// hidden 4096, ffn 14336 / tp for tp 1, 2, 4) in the layouts the layers give them, each operand read
+// in place: forward X·Wᵀ (both k-major), input gradient dY·W (W N-major), weight gradient dYᵀ·X
+// (both MN-major); and M in {1, 16, 64} for the forward and input-gradient layouts. Each against
+// cublasGemmEx on the same layout (op N/T), timed in alternating trials. Targets (issue 18):
+// >= 0.95x cuBLAS for each of the six, >= 0.8x for M <= 64.
+//
+// Last (unless --no-elementwise) the cuda backend's elementwise kernels on the MLP's [4096, 14336]
+// bf16 activations (GELU and its backward, add, add_bias, the fixed-order bias gradient) in bytes
+// moved per second against a device-to-device copy of the same tensor in the same run (the floor a
+// memory-bound pass can reach). Target (issue 18): >= 0.8 of the copy's rate.
 //
 //   cublas_tflops   cublasGemmEx, bf16 in/out, CUBLAS_COMPUTE_32F, default math mode (no TF32);
 //                   timed in trials alternating with tc's (medians of 9 each)
@@ -24,6 +37,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -34,6 +48,7 @@
 #include "bench_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/det_gemm_cuda.h"
+#include "kernels/cuda/elementwise_cuda.h"
 
 using namespace cubesim;
 using namespace cubesim::bench;
@@ -129,6 +144,144 @@ std::pair<double, double> time_interleaved(F&& f, G&& g, int sets, int reps, int
   std::sort(tf.begin(), tf.end());
   std::sort(tg.begin(), tg.end());
   return {tf[tf.size() / 2], tg[tg.size() / 2]};
+}
+
+// One GEMM of a layer's step in its layout: A [M,K] k-major (row-major) or M-major (Aᵀ row-major),
+// B [K,N] k-major (Bᵀ = W row-major) or N-major (B row-major); C [M,N] bf16 row-major.
+struct LayerGemm {
+  std::string name;
+  int tp, M, N, K;
+  bool a_mn, b_mn;
+  double target;
+};
+
+nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool& all_met) {
+  const int T = 4096, H = 4096, F = 14336;
+  std::vector<LayerGemm> ops;
+  for (int tp : quick ? std::vector<int>{1} : std::vector<int>{1, 2, 4}) {
+    const int f = F / tp;
+    ops.push_back({"column fprop", tp, T, f, H, false, false, 0.95});
+    ops.push_back({"row fprop", tp, T, H, f, false, false, 0.95});
+    ops.push_back({"row dgrad", tp, T, f, H, false, true, 0.95});
+    ops.push_back({"row wgrad", tp, H, f, T, true, true, 0.95});
+    ops.push_back({"column dgrad", tp, T, H, f, false, true, 0.95});
+    ops.push_back({"column wgrad", tp, f, H, T, true, true, 0.95});
+  }
+  for (int m : {1, 16, 64}) {
+    ops.push_back({"fprop (small M)", 1, m, 4096, 4096, false, false, 0.8});
+    ops.push_back({"dgrad (small M)", 1, m, 4096, 4096, false, true, 0.8});
+  }
+  Table table({"op", "tp", "M x N x K", "layout", "cuBLAS TF/s", "tc TF/s", "tc/cuBLAS", "target", "workspace",
+               "rel vs cuBLAS"});
+  nlohmann::json rows = nlohmann::json::array();
+  GemmOptions tco;
+  tco.mode = GemmMode::tensor_core;
+  for (const LayerGemm& g : ops) {
+    const std::size_t a_n = static_cast<std::size_t>(g.M) * g.K, b_n = static_cast<std::size_t>(g.K) * g.N;
+    const int sets = static_cast<int>(std::clamp<std::size_t>((256u << 20) / ((a_n + b_n) * 2) + 1, 1, 6));
+    std::vector<std::unique_ptr<Buf>> A, B;
+    for (int i = 0; i < sets; ++i) {
+      A.push_back(std::make_unique<Buf>(a_n * 2));
+      B.push_back(std::make_unique<Buf>(b_n * 2));
+      gpu::fill_random_bf16(A.back()->p, static_cast<std::int64_t>(a_n), 3000 + 2 * i);
+      gpu::fill_random_bf16(B.back()->p, static_cast<std::int64_t>(b_n), 3001 + 2 * i);
+    }
+    Buf C_cublas(static_cast<std::size_t>(g.M) * g.N * 2), C_tc(static_cast<std::size_t>(g.M) * g.N * 2);
+    auto a_view = [&](int set) {
+      return g.a_mn ? MatrixView{A[set]->p, DType::bf16, g.M, g.K, 1, g.M} : MatrixView{A[set]->p, DType::bf16, g.M, g.K, g.K, 1};
+    };
+    auto b_view = [&](int set) {
+      return g.b_mn ? MatrixView{B[set]->p, DType::bf16, g.K, g.N, g.N, 1} : MatrixView{B[set]->p, DType::bf16, g.K, g.N, 1, g.K};
+    };
+    const MutableMatrixView c_view{C_tc.p, DType::bf16, g.M, g.N, g.N, 1};
+    auto cublas = [&](int set) {
+      const float alpha = 1.0f, beta = 0.0f;
+      // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: an N-major B is Bᵀ column-major (op N), a
+      // k-major one is B column-major (op T); a k-major A is Aᵀ column-major (op N), an M-major one op T.
+      CUBLAS_CHECK(cublasGemmEx(h, g.b_mn ? CUBLAS_OP_N : CUBLAS_OP_T, g.a_mn ? CUBLAS_OP_T : CUBLAS_OP_N, g.N, g.M, g.K,
+                                &alpha, B[set]->p, CUDA_R_16BF, g.b_mn ? g.N : g.K, A[set]->p, CUDA_R_16BF,
+                                g.a_mn ? g.M : g.K, &beta, C_cublas.p, CUDA_R_16BF, g.N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    };
+    auto ours = [&](int set) { det_gemm_cuda(a_view(set), b_view(set), nullptr, c_view, tco, nullptr); };
+    const double flops = 2.0 * g.M * g.N * g.K;
+    const int reps = static_cast<int>(std::clamp(0.02 / std::max(flops / 500e12, 1e-6), 3.0, 200.0));
+    const auto [t_cublas, t_tc] = time_interleaved([&](int set) { cublas(set); }, ours, sets, reps, 9);
+    const std::size_t ws = det_gemm_cuda_workspace_bytes(a_view(0), b_view(0), tco);
+    cublas(0);
+    ours(0);
+    const double rel = gpu::compare_bf16(C_tc.p, g.N, C_cublas.p, g.N, g.M, g.N).rel_fro;
+    const double ratio = t_cublas / t_tc;
+    const bool met = ratio >= g.target;
+    all_met = all_met && met;
+    const std::string layout = std::string(g.a_mn ? "A M-major" : "A k-major") + (g.b_mn ? ", B N-major" : ", B k-major");
+    table.row({g.name, std::to_string(g.tp), fmt::format("{}x{}x{}", g.M, g.N, g.K), layout,
+               fmt::format("{:.1f}", flops / t_cublas / 1e12), fmt::format("{:.1f}", flops / t_tc / 1e12),
+               fmt::format("{:.3f}", ratio), fmt::format(">={:.2f} {}", g.target, met ? "ok" : "MISS"),
+               ws ? fmt::format("{} B (repacked)", ws) : "0 (in place)", fmt::format("{:.2e}", rel)});
+    rows.push_back({{"op", g.name},
+                    {"tp", g.tp},
+                    {"M", g.M},
+                    {"N", g.N},
+                    {"K", g.K},
+                    {"a_mn_major", g.a_mn},
+                    {"b_mn_major", g.b_mn},
+                    {"cublas_tflops", flops / t_cublas / 1e12},
+                    {"tc_tflops", flops / t_tc / 1e12},
+                    {"tc_vs_cublas", ratio},
+                    {"target", g.target},
+                    {"workspace_bytes", ws},
+                    {"tc_rel_fro_vs_cublas", rel},
+                    {"seconds", {{"cublas", t_cublas}, {"tc", t_tc}}}});
+  }
+  fmt::print("\nthe MLP step's GEMMs in their layouts (tensor_core vs cuBLAS, bf16 out):\n");
+  table.print();
+  return rows;
+}
+
+nlohmann::json bench_elementwise(bool quick, bool& all_met) {
+  const std::int64_t R = 4096, C = quick ? 4096 : 14336, n = R * C;
+  Buf x(n * 2), z(n * 2), y(n * 2), bias(C * 2), db(C * 2);
+  gpu::fill_random_bf16(x.p, n, 5001);
+  gpu::fill_random_bf16(z.p, n, 5002);
+  gpu::fill_random_bf16(bias.p, C, 5003);
+  const double elem = 2.0 * static_cast<double>(n);  // bytes of one [R, C] bf16 pass
+  const int reps = 20;
+  const double t_copy = time_median(
+      [&](int) { CUBESIM_CUDA_CHECK(cudaMemcpyAsync(y.p, x.p, n * 2, cudaMemcpyDeviceToDevice, nullptr)); }, 1, reps, 7);
+  const double copy_bw = 2 * elem / t_copy;  // read + write
+  struct Op {
+    const char* name;
+    double passes;  // [R, C] passes it reads and writes
+    std::function<void()> run;
+  };
+  const auto tanh = kernels::GeluKind::tanh;
+  const std::vector<Op> ops = {
+      {"gelu (tanh)", 2, [&] { cuda::gelu(tanh, x.p, DType::bf16, y.p, DType::bf16, n, nullptr); }},
+      {"gelu_backward (tanh)", 3,
+       [&] { cuda::gelu_backward(tanh, x.p, DType::bf16, z.p, DType::bf16, y.p, DType::bf16, n, nullptr); }},
+      {"add", 3, [&] { cuda::add(x.p, DType::bf16, z.p, DType::bf16, y.p, DType::bf16, n, nullptr); }},
+      {"add_bias", 2, [&] { cuda::add_bias(x.p, DType::bf16, bias.p, DType::bf16, y.p, DType::bf16, R, C, nullptr); }},
+      {"bias_grad (rows in order)", 1, [&] { cuda::bias_grad(x.p, DType::bf16, db.p, DType::bf16, R, C, nullptr); }},
+  };
+  Table table({"kernel", "bytes", "us", "GB/s", "vs copy", "target"});
+  table.row({"device-to-device copy (floor)", fmt::format("{:.0f} MB", 2 * elem / 1e6), fmt::format("{:.1f}", t_copy * 1e6),
+             fmt::format("{:.0f}", copy_bw / 1e9), "1.000", ""});
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Op& o : ops) {
+    const double t = time_median([&](int) { o.run(); }, 1, reps, 7);
+    const double bw = o.passes * elem / t, r = bw / copy_bw;
+    const bool met = r >= 0.8;
+    all_met = all_met && met;
+    table.row({o.name, fmt::format("{:.0f} MB", o.passes * elem / 1e6), fmt::format("{:.1f}", t * 1e6),
+               fmt::format("{:.0f}", bw / 1e9), fmt::format("{:.3f}", r), fmt::format(">=0.8 {}", met ? "ok" : "MISS")});
+    rows.push_back({{"kernel", o.name}, {"rows", R}, {"cols", C}, {"bytes", o.passes * elem}, {"seconds", t},
+                    {"GBps", bw / 1e9}, {"vs_copy", r}, {"target", 0.8}});
+  }
+  fmt::print("\nelementwise kernels on [{}, {}] bf16 against a device-to-device copy ({:.0f} GB/s moved):\n", R, C,
+             copy_bw / 1e9);
+  table.print();
+  return {{"copy_GBps", copy_bw / 1e9}, {"kernels", rows}};
 }
 
 }  // namespace
@@ -315,6 +468,14 @@ int main(int argc, char** argv) try {
                        {"tc_rel_fro_vs_cublas", tc_vs_cublas},
                        {"seconds", {{"cublas", t_cublas}, {"tc", t_tc}, {"exact", t_exact}}}});
   }
+  nlohmann::json layer_rows = nlohmann::json::array();
+  const bool layers = tc_ok && std::find(args.rest.begin(), args.rest.end(), "--no-layers") == args.rest.end();
+  bool layers_met = true;
+  if (layers) layer_rows = bench_layer_gemms(h, args.quick, layers_met);
+  nlohmann::json ew;
+  if (std::find(args.rest.begin(), args.rest.end(), "--no-elementwise") == args.rest.end()) {
+    ew = bench_elementwise(args.quick, layers_met);
+  }
   CUBLAS_CHECK(cublasDestroy(h));
 
   fmt::print("\n");
@@ -326,6 +487,8 @@ int main(int argc, char** argv) try {
     fmt::print(")\n");
     for (const auto& r : cfg_rows) fmt::print("  {}\n", r);
   }
+  fmt::print("layer GEMM and elementwise targets {}\n", layers_met ? "met" : "NOT all met");
+  all_met = all_met && layers_met;
   fmt::print("\ntargets {}\n", all_met ? "met" : "NOT all met");
   nlohmann::json j = {{"bench", "bench_det_gemm_cuda"},
                       {"gpu", prop.name},
@@ -337,6 +500,8 @@ int main(int argc, char** argv) try {
                       {"ffma_measured_ceiling_tflops", ffma_measured / 1e12},
                       {"layout", "C[M,N] bf16 = A[M,K] bf16 row-major . W[N,K]^T bf16 row-major"},
                       {"shapes", jshapes},
+                      {"layer_gemms", layer_rows},
+                      {"elementwise", ew},
                       {"targets_met", all_met}};
   write_json(args, j);
   return 0;

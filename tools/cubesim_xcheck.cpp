@@ -536,6 +536,14 @@ int main(int argc, char** argv) {
       out["timing"].push_back(j);
     }
     t.print();
+    // Issue 18's target: the tensor-core step no slower than PyTorch's on as many GPUs.
+    if (have[2] && have[3] && step[2] > 0 && step[3] > 0) {
+      const double r = step[2] / step[3];
+      fmt::print("tensor_core+nccl step / PyTorch step at tp {}: {:.3f} (target <= 1.0: {})\n", tp, r,
+                 r <= 1.0 ? "met" : "NOT met");
+      out["vs_pytorch"].push_back({{"tp", tp}, {"tensor_core_nccl_us", step[2]}, {"pytorch_us", step[3]}, {"ratio", r},
+                                   {"target", 1.0}});
+    }
   }
   const auto now = std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now());
   out["date"] = fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", now);

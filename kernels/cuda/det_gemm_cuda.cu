@@ -67,12 +67,13 @@ const char* dname(DType t) {
   return "?";
 }
 
-// Can the tensor-core kernel read this rows x kdim operand in place? (bf16, k contiguous, rows
-// 16-byte aligned, as TMA needs.)
-bool tc_native(const void* data, DType t, std::int64_t rows, std::int64_t rs, std::int64_t ks) {
+// Can the tensor-core kernel read this rows x kdim operand in place, k-major? (bf16, k contiguous,
+// rows 16-byte aligned and not overlapping, as TMA needs.) MN-major is the same test with the
+// dimensions' roles swapped.
+bool tc_native(const void* data, DType t, std::int64_t rows, std::int64_t kdim, std::int64_t rs, std::int64_t ks) {
   if (t != DType::bf16 || ks != 1) return false;
   if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0) return false;
-  return rows <= 1 || (rs > 0 && (rs * 2) % 16 == 0);
+  return rows <= 1 || (rs >= kdim && (rs * 2) % 16 == 0);
 }
 
 std::int64_t packed_ld(std::int64_t k) { return (k + 7) / 8 * 8; }
@@ -175,19 +176,30 @@ BiasArg check_args(const char* fn, const MatrixView& a, const MatrixView& b, con
   return ba;
 }
 
+// How the tensor-core kernel reads an operand: in place k-major, in place MN-major (through TMA
+// either way), or repacked to k-major bf16 in the workspace (another dtype, or strides TMA cannot
+// describe: a non-unit inner stride, rows not 16-byte aligned, a negative stride).
+enum class TcUse { k_major, mn_major, repack };
+
+TcUse tc_use(const void* data, DType t, std::int64_t rows, std::int64_t kdim, std::int64_t rs, std::int64_t ks) {
+  if (detail::tc_native(data, t, rows, kdim, rs, ks)) return TcUse::k_major;
+  if (detail::tc_native(data, t, kdim, rows, ks, rs)) return TcUse::mn_major;
+  return TcUse::repack;
+}
+
 struct TcPlan {
-  bool pack_a, pack_b;
+  TcUse a, b;
   std::size_t a_bytes, b_bytes;
 };
 
 TcPlan tc_plan(const MatrixView& a, const MatrixView& b) {
   TcPlan p;
   const std::int64_t K = a.cols;
-  p.pack_a = !detail::tc_native(a.data, a.dtype, a.rows, a.row_stride, a.col_stride);
-  // The kernel wants Bᵀ [N,K] k-contiguous: B's row stride is Bᵀ's column stride.
-  p.pack_b = !detail::tc_native(b.data, b.dtype, b.cols, b.col_stride, b.row_stride);
-  p.a_bytes = p.pack_a ? detail::round256(static_cast<std::size_t>(a.rows * detail::packed_ld(K) * 2)) : 0;
-  p.b_bytes = p.pack_b ? detail::round256(static_cast<std::size_t>(b.cols * detail::packed_ld(K) * 2)) : 0;
+  p.a = tc_use(a.data, a.dtype, a.rows, K, a.row_stride, a.col_stride);
+  // The kernel reads Bᵀ [N,K]: B's row stride is Bᵀ's column stride.
+  p.b = tc_use(b.data, b.dtype, b.cols, K, b.col_stride, b.row_stride);
+  p.a_bytes = p.a == TcUse::repack ? detail::round256(static_cast<std::size_t>(a.rows * detail::packed_ld(K) * 2)) : 0;
+  p.b_bytes = p.b == TcUse::repack ? detail::round256(static_cast<std::size_t>(b.cols * detail::packed_ld(K) * 2)) : 0;
   return p;
 }
 
@@ -224,22 +236,40 @@ void run_gemm(const char* fn, const MatrixView& a, const MatrixView& b, const Ve
   ops.K = static_cast<int>(K);
   auto* wsb = static_cast<std::uint8_t*>(ws);
   try {
-    if (plan.pack_a) {
-      detail::launch_pack_bf16(a.data, a.dtype, a.rows, K, a.row_stride, a.col_stride, wsb, ldk, stream);
-      ops.a = wsb;
-      ops.lda = ldk;
-    } else {
-      ops.a = a.data;
-      ops.lda = a.rows <= 1 ? ldk : a.row_stride;
+    // A row stride that is never used (one row, or one k for MN-major) is given a valid one.
+    switch (plan.a) {
+      case TcUse::repack:
+        detail::launch_pack_bf16(a.data, a.dtype, a.rows, K, a.row_stride, a.col_stride, wsb, ldk, stream);
+        ops.a = wsb;
+        ops.lda = ldk;
+        break;
+      case TcUse::k_major:
+        ops.a = a.data;
+        ops.lda = a.rows <= 1 ? ldk : a.row_stride;
+        break;
+      case TcUse::mn_major:
+        ops.a = a.data;
+        ops.lda = K <= 1 ? detail::packed_ld(a.rows) : a.col_stride;
+        ops.a_mn = true;
+        break;
     }
-    if (plan.pack_b) {
-      void* dst = wsb + plan.a_bytes;
-      detail::launch_pack_bf16(b.data, b.dtype, b.cols, K, b.col_stride, b.row_stride, dst, ldk, stream);
-      ops.bt = dst;
-      ops.ldb = ldk;
-    } else {
-      ops.bt = b.data;
-      ops.ldb = b.cols <= 1 ? ldk : b.col_stride;
+    switch (plan.b) {
+      case TcUse::repack: {
+        void* dst = wsb + plan.a_bytes;
+        detail::launch_pack_bf16(b.data, b.dtype, b.cols, K, b.col_stride, b.row_stride, dst, ldk, stream);
+        ops.bt = dst;
+        ops.ldb = ldk;
+        break;
+      }
+      case TcUse::k_major:
+        ops.bt = b.data;
+        ops.ldb = b.cols <= 1 ? ldk : b.col_stride;
+        break;
+      case TcUse::mn_major:
+        ops.bt = b.data;
+        ops.ldb = K <= 1 ? detail::packed_ld(b.cols) : b.row_stride;
+        ops.b_mn = true;
+        break;
     }
     detail::launch_tc_gemm(ops, ba, c, opt.tc_config, stream);
   } catch (...) {

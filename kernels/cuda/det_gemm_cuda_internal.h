@@ -24,15 +24,18 @@ struct BiasArg {
 void launch_exact_gemm(const MatrixView& a, const MatrixView& b, const BiasArg& bias, const MutableMatrixView& c,
                        cudaStream_t stream);
 
-// GemmMode::tensor_core on operands already in the kernel's layout (det_gemm_tc.cu):
-// a: M x K bf16, k contiguous, row stride lda elements; bt: N x K bf16 (Bᵀ), k contiguous, row
-// stride ldb elements; lda*2 and ldb*2 multiples of 16, both pointers 16-byte aligned, K >= 1.
+// GemmMode::tensor_core on bf16 operands TMA can read in place (det_gemm_tc.cu):
+// a: M x K, k contiguous, row stride lda elements (element (m, k) at a + m*lda + k), or with a_mn
+// m contiguous (at a + k*lda + m); bt: Bᵀ, N x K, k contiguous (element (n, k) at bt + n*ldb + k),
+// or with b_mn n contiguous (at bt + k*ldb + n). lda*2 and ldb*2 multiples of 16, both pointers
+// 16-byte aligned, K >= 1.
 struct TcOperands {
   const void* a;
   std::int64_t lda;
   const void* bt;
   std::int64_t ldb;
   int M, N, K;
+  bool a_mn = false, b_mn = false;
 };
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
                     cudaStream_t stream);

@@ -3,7 +3,10 @@
 // Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread
 // streams 64-wide k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
 // the bulk tensor copy engine (128-byte swizzle, completion on a "full" mbarrier per stage), running
-// ahead into the next tile. Warpgroups 1..NC are consumers: each owns 64 rows and issues, per k-tile,
+// ahead into the next tile. Each operand is read in place in either major-ness: k-major (A row-major,
+// B = Wᵀ: the forward layer) as one box of rows x 64 k, or MN-major (the backward GEMMs' transposed
+// views: dY·W reads W N-major, Xᵀ·dY reads both M- and N-major) as boxes of 64 MN-contiguous elements
+// x 64 k rows, which the MMA reads with its transpose flag set. Warpgroups 1..NC are consumers: each owns 64 rows and issues, per k-tile,
 // four wgmma m64nBNk16 in ascending k, then frees the stage on its "empty" mbarrier; the epilogue adds
 // the bias, rounds, and hands 64 x 128-byte chunks to TMA stores that overlap the next tile.
 // m128n256_c2 runs the same in clusters of 2 CTAs along M that multicast halves of the B tile.
@@ -17,7 +20,9 @@
 //    M and the tile choose which rows share an instruction and how many columns it spans (n32..n256),
 //    never the arithmetic of an element. That the n width leaves an element's bits alone is a property
 //    of the hardware we rely on and pin with a test: every configuration is compared bit for bit;
-//  - no split-K, no atomics, no reduction across threads: one thread writes each element, once.
+//  - no split-K, no atomics, no reduction across threads: one thread writes each element, once;
+//  - an operand's major-ness changes where its elements sit in shared memory, not which elements
+//    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit).
 // Rows past M and columns past N read TMA's zero fill and are never stored.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -63,6 +68,10 @@ struct Cfg {
   // loads 1/CLUSTER of the B tile and multicasts it to all, so each pulls less from L2.
   static constexpr int CLUSTER = CLUSTER_;
   static constexpr int B_ROWS_PER_CTA = BN_ / CLUSTER_;
+  // An N-major B tile is boxes of B_MN_BOX columns x 64 k rows: 64 (128-byte rows, 128-byte
+  // swizzle), or 32 for the m64n32 tile (64-byte rows, 64-byte swizzle).
+  static constexpr int B_MN_BOX = B_ROWS_PER_CTA >= 64 ? 64 : B_ROWS_PER_CTA;
+  static_assert(B_MN_BOX == 64 || B_MN_BOX == 32, "N-major B boxes are 64 or 32 columns");
   static_assert(B_ROWS_PER_CTA * BK * 2 % 1024 == 0, "multicast slices must stay swizzle-atom aligned");
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -165,6 +174,18 @@ __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const CUtensorMap
 __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr) {
   return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>(1) << 16) |
          (static_cast<std::uint64_t>(1024 >> 4) << 32) | (static_cast<std::uint64_t>(1) << 62);
+}
+
+// Matrix descriptor of an MN-major operand tile: TMA boxes of ROW_BYTES / 2 MN-contiguous elements x
+// 64 k rows, one after another. In the MMA's canonical MN-major layout a swizzle atom is 8 k rows of
+// one box (the stride byte offset: 8 x ROW_BYTES from one 8-k group to the next) and the next
+// ROW_BYTES / 2 elements along MN are the next box (the leading byte offset: 64 x ROW_BYTES). A k16
+// step moves the start address 16 rows. ROW_BYTES 128: 128-byte swizzle; 64: 64-byte swizzle.
+template <int ROW_BYTES>
+__device__ __forceinline__ std::uint64_t smem_desc_mn(std::uint32_t addr) {
+  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "128- or 64-byte swizzle");
+  constexpr std::uint64_t lbo = 64 * ROW_BYTES, sbo = 8 * ROW_BYTES, mode = ROW_BYTES == 128 ? 1 : 2;
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (mode << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -285,7 +306,8 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
 
 // ---- the kernel ----------------------------------------------------------------------------------
 
-template <class C>
+// AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
+template <class C, bool AMN, bool BMN>
 __global__ void __launch_bounds__(C::THREADS, 1)
     tc_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                    const __grid_constant__ CUtensorMap tma_c, const Epi e) {
@@ -350,13 +372,31 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           // this CTA's slice of B lands in all of them.
           if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
           mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes (zero fill counts), all B slices
-          tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
-          if constexpr (CM > 1) {
-            tma_load_2d_multicast(sb + s * C::B_BYTES + rank * C::B_ROWS_PER_CTA * 128, &tma_b, kt * BK,
-                                  n_tile * C::BN + static_cast<int>(rank) * C::B_ROWS_PER_CTA, full(s),
-                                  static_cast<std::uint16_t>((1u << CM) - 1));
+          if constexpr (AMN) {
+#pragma unroll
+            for (int j = 0; j < C::BM / 64; ++j)
+              tma_load_2d(sa + s * C::A_BYTES + j * 64 * 128, &tma_a, m_tile * C::BM + j * 64, kt * BK, full(s));
           } else {
-            tma_load_2d(sb + s * C::B_BYTES, &tma_b, kt * BK, n_tile * C::BN, full(s));
+            tma_load_2d(sa + s * C::A_BYTES, &tma_a, kt * BK, m_tile * C::BM, full(s));
+          }
+          // This CTA's slice of the B tile: B_ROWS_PER_CTA columns (all of them without a cluster).
+          const std::uint32_t b_dst = sb + s * C::B_BYTES + rank * C::B_ROWS_PER_CTA * BK * 2;
+          const int n0 = n_tile * C::BN + static_cast<int>(rank) * C::B_ROWS_PER_CTA;
+          constexpr std::uint16_t mask = static_cast<std::uint16_t>((1u << CM) - 1);
+          if constexpr (BMN) {
+            constexpr int box = C::B_MN_BOX;
+#pragma unroll
+            for (int j = 0; j < C::B_ROWS_PER_CTA / box; ++j) {
+              if constexpr (CM > 1) {
+                tma_load_2d_multicast(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s), mask);
+              } else {
+                tma_load_2d(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s));
+              }
+            }
+          } else if constexpr (CM > 1) {
+            tma_load_2d_multicast(b_dst, &tma_b, kt * BK, n0, full(s), mask);
+          } else {
+            tma_load_2d(b_dst, &tma_b, kt * BK, n0, full(s));
           }
         }
       }
@@ -390,7 +430,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          Wgmma<C::BN>::mma(acc, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32));
+          // k-major: the next 16 k are 32 bytes along the row; MN-major: 16 rows further on.
+          std::uint64_t da, db;
+          if constexpr (AMN) da = smem_desc_mn<128>(a_tile + kk * 16 * 128);
+          else da = smem_desc(a_tile + kk * 32);
+          if constexpr (BMN) db = smem_desc_mn<C::B_MN_BOX * 2>(b_tile + kk * 16 * C::B_MN_BOX * 2);
+          else db = smem_desc(b_tile + kk * 32);
+          Wgmma<C::BN>::template mma<AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db);
         }
         wgmma_commit();
         // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
@@ -461,6 +507,24 @@ CUtensorMap make_map(const void* ptr, std::int64_t rows, std::int64_t k, std::in
   return map;
 }
 
+// MN-major: element (i, k) of an MN extent x k operand at ptr + k*ld + i (i contiguous); boxes of box
+// MN elements x 64 k rows, box*2-byte rows with the swizzle of that width (128 or 64 bytes).
+CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::int64_t ld, int box) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(mn), static_cast<cuuint64_t>(k)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t boxd[2] = {static_cast<cuuint32_t>(box), BK};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides,
+                                 boxd, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 box == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ") for a " +
+                                               std::to_string(k) + " x " + std::to_string(mn) +
+                                               " MN-major bf16 operand with row stride " + std::to_string(ld));
+  return map;
+}
 
 // The output C for TMA stores: rows x cols of `t`, unit column stride, row stride ld elements; boxes
 // of 64 rows x 128 bytes, 128-byte swizzle (the layout epilogue_tma writes).
@@ -484,13 +548,14 @@ CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols,
   return map;
 }
 
-template <class C>
+template <class C, bool AMN = false, bool BMN = false>
 void set_smem_attribute() {
   static std::once_flag once[64];
   int dev = 0;
   CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
   std::call_once(once[dev % 64], [] {
-    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(tc_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+    CUBESIM_CUDA_CHECK(
+        cudaFuncSetAttribute(tc_gemm_kernel<C, AMN, BMN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
   });
 }
 
@@ -514,18 +579,20 @@ int resident_clusters() {
   lc.dynamicSmemBytes = C::SMEM;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  CUBESIM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, tc_gemm_kernel<C>, &lc));
+  // Every layout's kernel has the same threads and shared memory: one answer for all.
+  CUBESIM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, tc_gemm_kernel<C, false, false>, &lc));
   if (fit <= 0)
     throw CudaError(cudaErrorInvalidConfiguration, "tc_gemm_kernel: no cluster of this configuration fits on the GPU");
   cache[dev % 64].store(fit, std::memory_order_relaxed);
   return fit;
 }
 
-template <class C>
+template <class C, bool AMN, bool BMN>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
-  set_smem_attribute<C>();
-  const CUtensorMap ma = make_map(o.a, o.M, o.K, o.lda, C::BM);
-  const CUtensorMap mb = make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
+  set_smem_attribute<C, AMN, BMN>();
+  const CUtensorMap ma = AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64) : make_map(o.a, o.M, o.K, o.lda, C::BM);
+  const CUtensorMap mb =
+      BMN ? make_map_mn(o.bt, o.N, o.K, o.ldb, C::B_MN_BOX) : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
   e.c = c.data;
   e.c_rs = c.row_stride;
@@ -566,8 +633,17 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
   const int fit = resident_clusters<C>();
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
-  CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C>, ma, mb, mc, e));
+  CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C, AMN, BMN>, ma, mb, mc, e));
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
+}
+
+// The kernel for the operands' major-ness.
+template <class C>
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
+  if (o.a_mn && o.b_mn) return launch<C, true, true>(o, bias, c, stream);
+  if (o.a_mn) return launch<C, true, false>(o, bias, c, stream);
+  if (o.b_mn) return launch<C, false, true>(o, bias, c, stream);
+  launch<C, false, false>(o, bias, c, stream);
 }
 
 }  // namespace

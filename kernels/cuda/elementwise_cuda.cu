@@ -1,5 +1,7 @@
 // The cuda backend's elementwise, reduction and bias-gradient kernels (kernels/cuda/elementwise_cuda.h).
-// Grid-stride loops over contiguous buffers; memory-bound, one element per thread per step.
+// Grid-stride loops over contiguous buffers; memory-bound. Where every operand is bf16 and 16-byte
+// aligned (the MLP's tensors), a thread moves 8 elements per 16-byte access; otherwise one element per
+// thread per step, any dtype. Both compute each element with the same operations: the same bits.
 #include "kernels/cuda/elementwise_cuda.h"
 
 #include <cuda_bf16.h>
@@ -7,7 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dtype_cuda.cuh"
@@ -134,6 +138,93 @@ void launch_checksum(const void* x, std::int64_t n, std::uint64_t base, unsigned
   else checksum_kernel<W, false><<<blocks, kThreads, 0, stream>>>(p, n, head, base, w, m);
 }
 
+// ---- bf16, 8 elements per 16-byte access ---------------------------------------------------------
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+__device__ __forceinline__ void unpack8(const uint4& q, float (&f)[8]) {
+  const unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);  // the lower address holds the lower half (exact widening)
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  // The scalar path's conversion, element by element (RNE, CUDA's canonical NaN).
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i]))) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1]))) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ float bf16_at(const void* p, std::int64_t i) {
+  return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[i]) << 16);
+}
+__device__ __forceinline__ void bf16_store(void* p, std::int64_t i, float v) {
+  static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+
+// y = f(x[, z]) on n bf16 elements: 16-byte vectors, then the n % 8 left one by one. With kCol,
+// f(c, a, b) gets the element's column c = index % cols (add_bias), worked out once per vector when
+// cols is a multiple of 8.
+template <bool kTwo, bool kCol, class F>
+__global__ void bf16_map_kernel(const void* x, const void* z, void* y, std::int64_t n, std::int64_t cols, F f) {
+  const std::int64_t nvec = n / 8;
+  const std::int64_t tid = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const bool whole = !kCol || cols % 8 == 0;
+  for (std::int64_t v = tid; v < nvec; v += stride) {
+    float a[8], b[8], r[8];
+    unpack8(static_cast<const uint4*>(x)[v], a);
+    if constexpr (kTwo) unpack8(static_cast<const uint4*>(z)[v], b);
+    const std::int64_t c = kCol && whole ? (v * 8) % cols : 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const std::int64_t col = !kCol ? 0 : whole ? c + k : (v * 8 + k) % cols;
+      r[k] = f(col, a[k], kTwo ? b[k] : 0.0f);
+    }
+    static_cast<uint4*>(y)[v] = pack8(r);
+  }
+  for (std::int64_t i = nvec * 8 + tid; i < n; i += stride) {
+    bf16_store(y, i, f(kCol ? i % cols : 0, bf16_at(x, i), kTwo ? bf16_at(z, i) : 0.0f));
+  }
+}
+
+template <bool kTwo, bool kCol = false, class F>
+void launch_bf16_map(const void* x, const void* z, void* y, std::int64_t n, F f, cudaStream_t stream,
+                     std::int64_t cols = 1) {
+  bf16_map_kernel<kTwo, kCol><<<blocks_for((n + 7) / 8), kThreads, 0, stream>>>(x, z, y, n, cols, f);
+  CUBESIM_CUDA_CHECK_LAUNCH("bf16_map_kernel");
+}
+
+bool all_bf16(std::initializer_list<std::pair<const void*, DType>> ops) {
+  for (const auto& [p, t] : ops) {
+    if (t != DType::bf16 || !aligned16(p)) return false;
+  }
+  return true;
+}
+
+struct GeluF {
+  kernels::GeluKind k;
+  __device__ float operator()(std::int64_t, float a, float) const { return kernels::gelu(k, a); }
+};
+struct GeluBackwardF {
+  kernels::GeluKind k;
+  __device__ float operator()(std::int64_t, float a, float b) const { return kernels::gelu_backward(k, a, b); }
+};
+struct AddF {
+  __device__ float operator()(std::int64_t, float a, float b) const { return __fadd_rn(a, b); }
+};
+struct AddBiasF {
+  const void* bias;
+  __device__ float operator()(std::int64_t c, float a, float) const { return __fadd_rn(a, bf16_at(bias, c)); }
+};
+
 __global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -164,15 +255,54 @@ __global__ void add_bias_kernel(const void* x, DType xt, const void* bias, DType
   }
 }
 
-// One thread per column: consecutive threads read consecutive columns of a row (coalesced), and
-// each walks m in ascending order, as det_gemm_bias_grad does.
-__global__ void bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols) {
-  for (std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; c < cols;
-       c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float acc = 0.0f;
-    for (std::int64_t m = 0; m < rows; ++m) acc = __fadd_rn(acc, load(dy, dyt, m * cols + c));
-    detail::store_elem_rt(db, dbt, c, acc);
+// Each column's sum walks m in ascending order from +0.0f, as det_gemm_bias_grad does: a chain of
+// `rows` dependent adds per column, which no split may shorten. What makes it fast is the loading: a
+// block owns 32 columns; warps 1..7 stream row chunks of them into a double-buffered shared tile with
+// many loads in flight (16-byte ones for aligned bf16), while warp 0 (a lane per column) adds the
+// previous chunk's rows in order.
+constexpr int kBgCols = 32, kBgRows = 128, kBgThreads = 256;
+
+template <bool kVec>
+__global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt,
+                                                               std::int64_t rows, std::int64_t cols) {
+  __shared__ float tile[2][kBgRows][kBgCols + 1];
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kBgCols;
+  const int tid = threadIdx.x;
+  auto load_chunk = [&](std::int64_t r0, int buf) {
+    const int t = tid - 32;  // loaders: warps 1..7
+    constexpr int kLoaders = kBgThreads - 32;
+    if constexpr (kVec) {
+      // 4 vectors of 8 bf16 per row (cols % 8 == 0, so a vector never crosses the last column).
+      for (int e = t; e < kBgRows * 4; e += kLoaders) {
+        const int r = e / 4, q = e % 4;
+        const std::int64_t m = r0 + r, c = c0 + q * 8;
+        float f[8] = {};
+        if (m < rows && c < cols) unpack8(*reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(dy) + m * cols + c), f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) tile[buf][r][q * 8 + k] = f[k];
+      }
+    } else {
+      for (int e = t; e < kBgRows * kBgCols; e += kLoaders) {
+        const int r = e / kBgCols, cc = e % kBgCols;
+        const std::int64_t m = r0 + r, c = c0 + cc;
+        tile[buf][r][cc] = m < rows && c < cols ? load(dy, dyt, m * cols + c) : 0.0f;
+      }
+    }
+  };
+  float acc = 0.0f;
+  if (tid >= 32) load_chunk(0, 0);
+  __syncthreads();
+  int buf = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kBgRows, buf ^= 1) {
+    if (tid >= 32) {
+      if (r0 + kBgRows < rows) load_chunk(r0 + kBgRows, buf ^ 1);
+    } else {
+      const int n = static_cast<int>(std::min<std::int64_t>(kBgRows, rows - r0));
+      for (int r = 0; r < n; ++r) acc = __fadd_rn(acc, tile[buf][r][tid]);
+    }
+    __syncthreads();
   }
+  if (tid < 32 && c0 + tid < cols) detail::store_elem_rt(db, dbt, c0 + tid, acc);
 }
 
 }  // namespace
@@ -195,6 +325,7 @@ void reduce(void* dst, const void* src, DType dtype, std::int64_t n, ReduceOp op
 
 void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (all_bf16({{x, xt}, {y, yt}})) return launch_bf16_map<false>(x, nullptr, y, n, GeluF{k}, stream);
   gelu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, y, yt, n);
   CUBESIM_CUDA_CHECK_LAUNCH("gelu_kernel");
 }
@@ -202,12 +333,14 @@ void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::
 void gelu_backward(kernels::GeluKind k, const void* x, DType xt, const void* dy, DType dyt, void* dx, DType dxt,
                    std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (all_bf16({{x, xt}, {dy, dyt}, {dx, dxt}})) return launch_bf16_map<true>(x, dy, dx, n, GeluBackwardF{k}, stream);
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, dy, dyt, dx, dxt, n);
   CUBESIM_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
 void add(const void* a, DType at, const void* b, DType bt, void* y, DType yt, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (all_bf16({{a, at}, {b, bt}, {y, yt}})) return launch_bf16_map<true>(a, b, y, n, AddF{}, stream);
   add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, at, b, bt, y, yt, n);
   CUBESIM_CUDA_CHECK_LAUNCH("add_kernel");
 }
@@ -216,6 +349,9 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
               std::int64_t cols, cudaStream_t stream) {
   const std::int64_t n = rows * cols;
   if (n <= 0) return;
+  if (all_bf16({{x, xt}, {y, yt}}) && bt == DType::bf16) {
+    return launch_bf16_map<false, true>(x, nullptr, y, n, AddBiasF{bias}, stream, cols);
+  }
   add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, xt, bias, bt, y, yt, n, cols);
   CUBESIM_CUDA_CHECK_LAUNCH("add_bias_kernel");
 }
@@ -223,7 +359,12 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
 void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                cudaStream_t stream) {
   if (cols <= 0) return;
-  bias_grad_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
+  const unsigned blocks = static_cast<unsigned>((cols + kBgCols - 1) / kBgCols);
+  if (dyt == DType::bf16 && aligned16(dy) && cols % 8 == 0) {
+    bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
+  } else {
+    bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
+  }
   CUBESIM_CUDA_CHECK_LAUNCH("bias_grad_kernel");
 }
 

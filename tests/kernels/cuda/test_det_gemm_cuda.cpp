@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -250,11 +251,16 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
 TEST_F(CudaGemmTc, BatchInvariantBitwise) {
   // One big batch is the reference; sub-batches, chunks, padded and shuffled batches must reproduce
   // its rows bit for bit. K is not a multiple of the 64-wide k-tile, N not a multiple of any tile.
-  for (auto [N, K, out] : {std::tuple<std::int64_t, std::int64_t, DType>{1000, 1000, DType::f32}, {4096, 4096, DType::bf16}, {520, 77, DType::f32}}) {
+  // B k-major (the forward layer's Wᵀ) and N-major (the input gradient's W, read in place).
+  for (auto [N, K, out, bl] : {std::tuple<std::int64_t, std::int64_t, DType, Layout>{1000, 1000, DType::f32, Layout::col_major},
+                               {4096, 4096, DType::bf16, Layout::col_major}, {520, 77, DType::f32, Layout::col_major},
+                               {1000, 1000, DType::f32, Layout::row_major}, {4096, 4096, DType::bf16, Layout::row_major},
+                               {520, 77, DType::f32, Layout::row_major}}) {
     const std::int64_t Mbig = 2048 + 57;
-    SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " out=" + dn(out) + " seed=" + std::to_string(seed_));
+    SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " out=" + dn(out) + " B " + layout_name(bl) +
+                 " seed=" + std::to_string(seed_));
     Operand a = Operand::random(rng_, DType::bf16, Mbig, K, Layout::row_major);
-    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, bl);
     Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
     const VectorView bv = bias.dev_vec();
     Operand full = Operand::output(out, Mbig, N, Layout::row_major);
@@ -336,6 +342,48 @@ TEST_F(CudaGemmTc, RepackedOperandsGiveTheSameBits) {
   c1.download();
   c2.download();
   EXPECT_EQ(count_bit_mismatches(c1, 0, c2, 0, M), 0);
+}
+
+TEST_F(CudaGemmTc, EveryLayoutGivesTheSameBits) {
+  // Each operand read in place k-major or MN-major (the backward GEMMs' transposed views), or
+  // repacked (MN-major rows not 16-byte aligned), in every tile configuration, with a bias: the same
+  // bits as k-major A and B. Edges cut every tile; a dimension that is a multiple of 8 lets the rows
+  // along it be read in place, the others take the repack path.
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{304, 1000, 1000}, {1000, 520, 77},
+                         {64, 264, 136}, {129, 40, 200}, {8, 4096, 64}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
+    Operand a_k = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b_k = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand a_m = Operand::zeros(DType::bf16, M, K, Layout::col_major);
+    Operand b_n = Operand::zeros(DType::bf16, K, N, Layout::row_major);
+    for (std::int64_t r = 0; r < M; ++r) a_m.set_row(r, a_k, r);
+    for (std::int64_t r = 0; r < K; ++r) b_n.set_row(r, b_k, r);
+    a_m.upload();
+    b_n.upload();
+    Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
+    const VectorView bv = bias.dev_vec();
+    Operand ref = Operand::output(DType::f32, M, N, Layout::row_major);
+    ref.poison();
+    det_gemm_cuda(a_k.dev(), b_k.dev(), &bv, ref.dev_mut(), tc(TcConfig::m128n256), nullptr);
+    ref.download();
+    for (TcConfig cfg : kAllConfigs) {
+      for (const Operand* a : {&a_k, &a_m}) {
+        for (const Operand* b : {&b_k, &b_n}) {
+          // In place when the strided dimension's rows are 16-byte aligned: K for k-major, M or N else.
+          const bool a_in_place = (a == &a_k ? K : M) % 8 == 0, b_in_place = (b == &b_k ? K : N) % 8 == 0;
+          const std::size_t ws = det_gemm_cuda_workspace_bytes(a->dev(), b->dev(), tc(cfg));
+          EXPECT_EQ(ws == 0, a_in_place && b_in_place) << "workspace " << ws;
+          Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
+          c.poison();
+          det_gemm_cuda(a->dev(), b->dev(), &bv, c.dev_mut(), tc(cfg), nullptr);
+          c.download();
+          EXPECT_EQ(count_bit_mismatches(c, 0, ref, 0, M), 0)
+              << tc_config_name(cfg) << ": A " << (a == &a_k ? "k-major" : "M-major") << ", B "
+              << (b == &b_k ? "k-major" : "N-major");
+        }
+      }
+    }
+  }
 }
 
 TEST_F(CudaGemmTc, BackwardAccuracy) {
@@ -622,4 +670,27 @@ TEST(CudaGemmArgs, ErrorsNameTheOperand) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("A [M,K], B [K,N]"), std::string::npos) << e.what();
   }
+}
+
+TEST(CudaGemmPlan, TheLayersGemmsReadTheirOperandsInPlace) {
+  // Which operands TMA reads in place is decided on the host from the views (no GPU needed): the six
+  // GEMMs of a linear layer's step take no workspace; what TMA cannot describe is repacked.
+  const std::int64_t M = 4096, H = 1024, F = 4096;
+  void* p = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // 16-byte aligned; never dereferenced
+  const MatrixView x{p, DType::bf16, M, H, H, 1}, w{p, DType::bf16, F, H, H, 1}, dy{p, DType::bf16, M, F, F, 1};
+  GemmOptions o;
+  o.mode = GemmMode::tensor_core;
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(x, w.transposed(), o), 0u) << "fprop X·Wᵀ";
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, w, o), 0u) << "dgrad dY·W (W N-major)";
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy.transposed(), x, o), 0u) << "wgrad dYᵀ·X (both MN-major)";
+  // Fallbacks: another dtype, rows not 16-byte aligned, a negative stride, a misaligned start.
+  const MatrixView wf{p, DType::f32, F, H, H, 1}, wpad{p, DType::bf16, F, H, H + 3, 1},
+      wneg{static_cast<char*>(p) + (F - 1) * H * 2, DType::bf16, F, H, -H, 1},
+      wodd{static_cast<char*>(p) + 2, DType::bf16, F, H, H, 1};
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), static_cast<std::size_t>(H * F * 2)) << "f32 B";
+  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wpad, o), 0u) << "row stride H+3";
+  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wneg, o), 0u) << "negative row stride";
+  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wodd, o), 0u) << "start not 16-byte aligned";
+  o.mode = GemmMode::exact;
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), 0u) << "exact mode never repacks";
 }
