@@ -262,6 +262,8 @@ nlohmann::json bench_elementwise(bool quick, bool& all_met) {
        [&] { cuda::gelu_backward(tanh, x.p, DType::bf16, z.p, DType::bf16, y.p, DType::bf16, n, nullptr); }},
       {"add", 3, [&] { cuda::add(x.p, DType::bf16, z.p, DType::bf16, y.p, DType::bf16, n, nullptr); }},
       {"add_bias", 2, [&] { cuda::add_bias(x.p, DType::bf16, bias.p, DType::bf16, y.p, DType::bf16, R, C, nullptr); }},
+      {"bias_gelu (tanh; pre and y)", 3,
+       [&] { cuda::bias_gelu(tanh, x.p, DType::bf16, bias.p, DType::bf16, z.p, DType::bf16, y.p, DType::bf16, R, C, nullptr); }},
       {"bias_grad (rows in order)", 1, [&] { cuda::bias_grad(x.p, DType::bf16, db.p, DType::bf16, R, C, nullptr); }},
   };
   Table table({"kernel", "bytes", "us", "GB/s", "vs copy", "target"});

@@ -73,12 +73,13 @@ std::string_view collective_kind_name(CollectiveRequest::Kind k);
 // is contiguous and on the calling rank; values follow kernels/elementwise.h and one rounding to
 // out's dtype, exactly as the host path computes them.
 struct ElementwiseRequest {
-  enum class Kind { gelu, gelu_backward, add, add_bias, bias_grad, copy };
+  enum class Kind { gelu, gelu_backward, add, add_bias, bias_grad, copy, bias_gelu };
   Kind kind = Kind::copy;
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
-  const Tensor* x = nullptr;    // gelu, gelu_backward: x; add: a; add_bias: x; bias_grad: dy [rows, cols]; copy: src
-  const Tensor* y = nullptr;    // gelu_backward: dy; add: b; add_bias: bias [cols]
-  const Tensor* out = nullptr;  // bias_grad: db [cols], summed over rows in ascending order from +0.0f
+  const Tensor* x = nullptr;    // gelu, gelu_backward: x; add: a; add_bias, bias_gelu: x; bias_grad: dy [rows, cols]; copy: src
+  const Tensor* y = nullptr;    // gelu_backward: dy; add: b; add_bias, bias_gelu: bias [cols]
+  const Tensor* out = nullptr;  // bias_grad: db [cols], summed over rows in ascending order from +0.0f; bias_gelu: gelu(pre)
+  const Tensor* pre = nullptr;  // bias_gelu: x + bias rounded to its dtype (may be x)
 };
 
 class Backend {

@@ -461,7 +461,7 @@ bool CudaBackend::elementwise(const ElementwiseRequest& r) {
   using K = ElementwiseRequest::Kind;
   const Tensor& out = *r.out;
   const int rank = out.device();
-  for (const Tensor* t : {r.x, r.y, r.out}) {
+  for (const Tensor* t : {r.x, r.y, r.out, r.pre}) {
     if (t && (!as_cuda(t->storage()) || t->device() != rank || !t->is_contiguous())) return false;
   }
   Device& d = impl_->dev(rank);
@@ -481,6 +481,10 @@ bool CudaBackend::elementwise(const ElementwiseRequest& r) {
       break;
     case K::bias_grad:
       cuda::bias_grad(dptr(x), x.dtype(), dptr(out), out.dtype(), x.rows(), x.cols(), d.stream);
+      break;
+    case K::bias_gelu:
+      cuda::bias_gelu(r.gelu, dptr(x), x.dtype(), dptr(*r.y), r.y->dtype(), dptr(*r.pre), r.pre->dtype(), dptr(out),
+                      out.dtype(), x.rows(), x.cols(), d.stream);
       break;
     case K::copy:
       if (x.dtype() != out.dtype() || x.nbytes() != out.nbytes()) return false;

@@ -262,6 +262,39 @@ void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y) {
   });
 }
 
+void bias_gelu(kernels::GeluKind k, const Tensor& x, const Tensor& bias, const Tensor& pre, const Tensor& y) {
+  Context& ctx = Context::current("bias_gelu");
+  ctx.check_owned(bias, "bias_gelu");
+  if (bias.numel() != x.cols()) {
+    throw RuntimeError(fmt::format("bias_gelu: bias {} must have {} elements (the columns of {})", bias.describe(),
+                                   x.cols(), x.describe()));
+  }
+  for (const Tensor* t : {&pre, &y}) {
+    if (t->shape() != x.shape()) {
+      throw RuntimeError(fmt::format("bias_gelu: {} and {} must have the same shape", x.describe(), t->describe()));
+    }
+    same_rank(x, *t, "bias_gelu");
+  }
+  same_rank(x, bias, "bias_gelu");
+  ElementwiseRequest req{EK::bias_gelu, k, &x, &bias, &y, &pre};
+  const bool contiguous = x.is_contiguous() && bias.is_contiguous() && pre.is_contiguous() && y.is_contiguous();
+  if (values(y) && !(contiguous && ctx.backend().elementwise(req))) {
+    // add_bias's arithmetic, rounded to pre's dtype, then gelu's on the rounded values.
+    const std::vector<float> xs = x.to_host_f32(), b = bias.to_host_f32();
+    const auto cols = static_cast<std::size_t>(x.cols());
+    std::vector<float> p(xs.size());
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = xs[i] + b[i % cols];
+    pre.copy_from_host_f32(p.data(), pre.numel());
+    p = pre.to_host_f32();
+    kernels::gelu_forward(k, p.data(), p.data(), static_cast<std::int64_t>(p.size()));
+    y.copy_from_host_f32(p.data(), y.numel());
+  }
+  // As add_bias, the bias's bytes are not counted; gelu's 20 operations and the add per element.
+  OpCost cost{OpCost::Kind::elementwise, "bias_gelu", 0, 0, 0, y.dtype(), x.nbytes(), pre.nbytes() + y.nbytes(),
+              21 * static_cast<double>(y.numel()), true};
+  account(y, cost);
+}
+
 void copy(const Tensor& src, const Tensor& dst) {
   check_same_shape(src, dst, "copy");
   same_rank(src, dst, "copy");

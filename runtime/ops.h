@@ -21,6 +21,9 @@ void bias_grad(const Tensor& dy, const Tensor& db);
 void gelu(kernels::GeluKind k, const Tensor& x, const Tensor& y);                          // y = gelu(x)
 void gelu_backward(kernels::GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx);
 void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y);                       // y = x + bias (per column)
+// pre = x + bias (per column; pre may be x), y = gelu(pre): add_bias then gelu, bit for bit, in one
+// pass where the backend fuses them (Megatron's bias-GELU): x is read once, pre and y written once.
+void bias_gelu(kernels::GeluKind k, const Tensor& x, const Tensor& bias, const Tensor& pre, const Tensor& y);
 void add(const Tensor& a, const Tensor& b, const Tensor& y);                               // y = a + b
 void copy(const Tensor& src, const Tensor& dst);                                           // same shape and dtype
 

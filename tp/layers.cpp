@@ -213,9 +213,12 @@ ParallelMLP::ParallelMLP(rt::Context& ctx, MlpOptions o)
 rt::Tensor ParallelMLP::forward(const rt::Tensor& x) {
   LinearOutput h = fc1.forward(x);
   pre_activation = h.output;
-  if (h.bias.defined()) rt::add_bias(pre_activation, h.bias, pre_activation);
   activation = ctx_.empty(rank_, pre_activation.shape(), opts.dtype, "activation");
-  rt::gelu(opts.gelu, pre_activation, activation);
+  if (h.bias.defined()) {
+    rt::bias_gelu(opts.gelu, pre_activation, h.bias, pre_activation, activation);  // fused, as Megatron's bias-GELU
+  } else {
+    rt::gelu(opts.gelu, pre_activation, activation);
+  }
   return fc2.forward(activation).output;
 }
 

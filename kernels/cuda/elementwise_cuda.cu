@@ -225,6 +225,36 @@ struct AddBiasF {
   __device__ float operator()(std::int64_t c, float a, float) const { return __fadd_rn(a, bf16_at(bias, c)); }
 };
 
+// bias_gelu on bf16 (x, pre, y bf16 and 16-byte aligned, cols % 8 == 0): 16-byte vectors; pre's
+// rounding is a bf16 store, so gelu sees exactly the value stored.
+__global__ void bias_gelu_bf16_kernel(kernels::GeluKind k, const void* x, const void* bias, DType bt, void* pre, void* y,
+                                      std::int64_t nvec, std::int64_t cols) {
+  for (std::int64_t v = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; v < nvec;
+       v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float a[8], p[8], r[8];
+    unpack8(static_cast<const uint4*>(x)[v], a);
+    const std::int64_t c = (v * 8) % cols;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = __fadd_rn(a[j], load(bias, bt, c + j));
+    const uint4 pq = pack8(p);
+    static_cast<uint4*>(pre)[v] = pq;
+    unpack8(pq, p);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r[j] = kernels::gelu(k, p[j]);
+    static_cast<uint4*>(y)[v] = pack8(r);
+  }
+}
+
+// Any dtypes: pre's rounding through a store and a reload of that element (the thread's own).
+__global__ void bias_gelu_kernel(kernels::GeluKind k, const void* x, DType xt, const void* bias, DType bt, void* pre,
+                                 DType pt, void* y, DType yt, std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    detail::store_elem_rt(pre, pt, i, __fadd_rn(load(x, xt, i), load(bias, bt, i % cols)));
+    detail::store_elem_rt(y, yt, i, kernels::gelu(k, load(pre, pt, i)));
+  }
+}
+
 __global__ void gelu_kernel(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -257,15 +287,18 @@ __global__ void add_bias_kernel(const void* x, DType xt, const void* bias, DType
 
 // Each column's sum walks m in ascending order from +0.0f, as det_gemm_bias_grad does: a chain of
 // `rows` dependent adds per column, which no split may shorten. What makes it fast is the loading: a
-// block owns 32 columns; warps 1..7 stream row chunks of them into a double-buffered shared tile with
-// many loads in flight (16-byte ones for aligned bf16), while warp 0 (a lane per column) adds the
-// previous chunk's rows in order.
-constexpr int kBgCols = 32, kBgRows = 128, kBgThreads = 256;
+// block owns 32 columns; warps 1..7 stream chunks of rows of them into shared memory, two chunks
+// ahead of warp 0 (a lane per column), which adds each chunk's rows in order. bf16 rows whose starts
+// are 16-byte aligned go as 16-byte vectors and stay bf16 in the tile (256 rows a chunk); other
+// inputs are widened on load (128 rows a chunk).
+constexpr int kBgCols = 32, kBgThreads = 256, kBgBufs = 3;
 
 template <bool kVec>
 __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, DType dyt, void* db, DType dbt,
                                                                std::int64_t rows, std::int64_t cols) {
-  __shared__ float tile[2][kBgRows][kBgCols + 1];
+  using T = std::conditional_t<kVec, unsigned short, float>;
+  constexpr int R = kVec ? 256 : 128;
+  __shared__ __align__(16) T tile[kBgBufs][R][kBgCols];
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kBgCols;
   const int tid = threadIdx.x;
   auto load_chunk = [&](std::int64_t r0, int buf) {
@@ -273,16 +306,15 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
     constexpr int kLoaders = kBgThreads - 32;
     if constexpr (kVec) {
       // 4 vectors of 8 bf16 per row (cols % 8 == 0, so a vector never crosses the last column).
-      for (int e = t; e < kBgRows * 4; e += kLoaders) {
+      for (int e = t; e < R * 4; e += kLoaders) {
         const int r = e / 4, q = e % 4;
         const std::int64_t m = r0 + r, c = c0 + q * 8;
-        float f[8] = {};
-        if (m < rows && c < cols) unpack8(*reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(dy) + m * cols + c), f);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) tile[buf][r][q * 8 + k] = f[k];
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (m < rows && c < cols) v = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(dy) + m * cols + c);
+        *reinterpret_cast<uint4*>(&tile[buf][r][q * 8]) = v;
       }
     } else {
-      for (int e = t; e < kBgRows * kBgCols; e += kLoaders) {
+      for (int e = t; e < R * kBgCols; e += kLoaders) {
         const int r = e / kBgCols, cc = e % kBgCols;
         const std::int64_t m = r0 + r, c = c0 + cc;
         tile[buf][r][cc] = m < rows && c < cols ? load(dy, dyt, m * cols + c) : 0.0f;
@@ -290,15 +322,24 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
     }
   };
   float acc = 0.0f;
-  if (tid >= 32) load_chunk(0, 0);
+  const std::int64_t chunks = (rows + R - 1) / R;
+  if (tid >= 32) {
+    for (int i = 0; i < kBgBufs - 1 && i < chunks; ++i) load_chunk(i * R, i);
+  }
   __syncthreads();
-  int buf = 0;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kBgRows, buf ^= 1) {
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const int buf = static_cast<int>(i % kBgBufs);
     if (tid >= 32) {
-      if (r0 + kBgRows < rows) load_chunk(r0 + kBgRows, buf ^ 1);
+      const std::int64_t ahead = i + kBgBufs - 1;  // into the buffer chunk i - 1 left
+      if (ahead < chunks) load_chunk(ahead * R, static_cast<int>(ahead % kBgBufs));
     } else {
-      const int n = static_cast<int>(std::min<std::int64_t>(kBgRows, rows - r0));
-      for (int r = 0; r < n; ++r) acc = __fadd_rn(acc, tile[buf][r][tid]);
+      const int n = static_cast<int>(std::min<std::int64_t>(R, rows - i * R));
+      for (int r = 0; r < n; ++r) {
+        float v;
+        if constexpr (kVec) v = __uint_as_float(static_cast<unsigned>(tile[buf][r][tid]) << 16);
+        else v = tile[buf][r][tid];
+        acc = __fadd_rn(acc, v);
+      }
     }
     __syncthreads();
   }
@@ -354,6 +395,18 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
   }
   add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, xt, bias, bt, y, yt, n, cols);
   CUBESIM_CUDA_CHECK_LAUNCH("add_bias_kernel");
+}
+
+void bias_gelu(kernels::GeluKind k, const void* x, DType xt, const void* bias, DType bt, void* pre, DType pt, void* y,
+               DType yt, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return;
+  if (all_bf16({{x, xt}, {pre, pt}, {y, yt}}) && cols % 8 == 0) {
+    bias_gelu_bf16_kernel<<<blocks_for(n / 8), kThreads, 0, stream>>>(k, x, bias, bt, pre, y, n / 8, cols);
+  } else {
+    bias_gelu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, bias, bt, pre, pt, y, yt, n, cols);
+  }
+  CUBESIM_CUDA_CHECK_LAUNCH("bias_gelu_kernel");
 }
 
 void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,

@@ -8,6 +8,7 @@
 //   reduce       dst = op(dst, src): sum as f32 a + b, max NaN-propagating (kernels/reduce.h); an
 //                f32 sum with a NaN operand is NaN with the GPU's payload (the host keeps the operand's)
 //   gelu, gelu_backward, add, add_bias   elementwise in f32 (kernels/elementwise.h, as runtime/ops.cpp)
+//   bias_gelu    pre = x + bias rounded to pre's dtype, y = gelu(pre): add_bias then gelu in one pass
 //   bias_grad    db[n] = sum over rows m ascending from +0.0f (det_gemm_bias_grad)
 //   checksum     *word, *mix += kernels::checksum_pair(x) (kernels/checksum.h): 64-bit integer sums,
 //                per warp and then atomically into the slots, in any order: the host's bits
@@ -38,6 +39,9 @@ void add_bias(const void* x, DType xt, const void* bias, DType bt, void* y, DTyp
               std::int64_t cols, cudaStream_t stream);
 void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                cudaStream_t stream);
+// pre[r, c] = x[r, c] + bias[c] (pre may be x), y = gelu(pre), pre rounded to its dtype first.
+void bias_gelu(kernels::GeluKind k, const void* x, DType xt, const void* bias, DType bt, void* pre, DType pt, void* y,
+               DType yt, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 
 // Adds the word and mix checksums of n elements of x (the first at index `base` of its tensor) to
 // *word and *mix, 64-bit integers in device memory (zero them first to take one checksum; either may

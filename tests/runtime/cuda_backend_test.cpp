@@ -166,6 +166,10 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
           out["gelu_" + kn] = y.to_host_bytes();
           gelu_backward(k, a, b, y);
           out["gelu_backward_" + kn] = y.to_host_bytes();
+          Tensor pre = ctx.empty(r, {R, C}, d);
+          bias_gelu(k, a, bv, pre, y);
+          out["bias_gelu_pre_" + kn] = pre.to_host_bytes();
+          out["bias_gelu_" + kn] = y.to_host_bytes();
         }
         add(a, b, y);
         out["add"] = y.to_host_bytes();
