@@ -2,7 +2,7 @@
 // same run (the peer), on random bf16 data.
 //
 //   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc] [--shape MxNxK]... [--no-layers]
-//                       [--no-elementwise]
+//                       [--no-elementwise] [--layer-configs]
 //
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
 //
@@ -155,7 +155,7 @@ struct LayerGemm {
   double target;
 };
 
-nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool& all_met) {
+nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool configs, bool& all_met) {
   const int T = 4096, H = 4096, F = 14336;
   std::vector<LayerGemm> ops;
   for (int tp : quick ? std::vector<int>{1} : std::vector<int>{1, 2, 4}) {
@@ -211,6 +211,20 @@ nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool& all_met) {
     cublas(0);
     ours(0);
     const double rel = gpu::compare_bf16(C_tc.p, g.N, C_cublas.p, g.N, g.M, g.N).rel_fro;
+    // --layer-configs: each large-tile configuration forced (to choose `automatic` from measurements).
+    nlohmann::json by_cfg = nlohmann::json::object();
+    if (configs && g.M >= 2048) {
+      std::string line = fmt::format("  {} tp {} {}x{}x{}:", g.name, g.tp, g.M, g.N, g.K);
+      for (TcConfig cfg : {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128}) {
+        GemmOptions o = tco;
+        o.tc_config = cfg;
+        const double t = time_median([&](int set) { det_gemm_cuda(a_view(set), b_view(set), nullptr, c_view, o, nullptr); },
+                                     sets, reps, 5);
+        by_cfg[tc_config_name(cfg)] = flops / t / 1e12;
+        line += fmt::format("  {} {:.1f}", tc_config_name(cfg), flops / t / 1e12);
+      }
+      fmt::print("{}\n", line);
+    }
     const double ratio = t_cublas / t_tc;
     const bool met = ratio >= g.target;
     all_met = all_met && met;
@@ -232,6 +246,7 @@ nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool& all_met) {
                     {"target", g.target},
                     {"workspace_bytes", ws},
                     {"tc_rel_fro_vs_cublas", rel},
+                    {"tc_tflops_by_config", by_cfg},
                     {"seconds", {{"cublas", t_cublas}, {"tc", t_tc}}}});
   }
   fmt::print("\nthe MLP step's GEMMs in their layouts (tensor_core vs cuBLAS, bf16 out):\n");
@@ -473,7 +488,8 @@ int main(int argc, char** argv) try {
   nlohmann::json layer_rows = nlohmann::json::array();
   const bool layers = tc_ok && std::find(args.rest.begin(), args.rest.end(), "--no-layers") == args.rest.end();
   bool layers_met = true;
-  if (layers) layer_rows = bench_layer_gemms(h, args.quick, layers_met);
+  const bool layer_configs = std::find(args.rest.begin(), args.rest.end(), "--layer-configs") != args.rest.end();
+  if (layers) layer_rows = bench_layer_gemms(h, args.quick, layer_configs, layers_met);
   nlohmann::json ew;
   if (std::find(args.rest.begin(), args.rest.end(), "--no-elementwise") == args.rest.end()) {
     ew = bench_elementwise(args.quick, layers_met);

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -209,13 +211,54 @@ bool all_bf16(std::initializer_list<std::pair<const void*, DType>> ops) {
   return true;
 }
 
+// A GELU kind over every bf16 input (65536 bit patterns), computed once per device by the same device
+// functions: the forward's value rounded to bf16 (as the store rounds it), and the backward's factor
+// D(x) in f32. kernels::gelu_backward(k, x, dy) ends in det_mul(dy, D(x)) and D(x) =
+// gelu_backward(k, x, 1) exactly (x * 1 = x), so dy * D(x) from the table gives the computed bits.
+// A lookup turns the compute-bound GELU passes (exp and a correctly rounded division per element)
+// into memory-bound ones; the hot entries (activations span a few binades) stay in L1.
+struct GeluTables {
+  const unsigned short* fwd = nullptr;
+  const float* bwd = nullptr;
+};
+
+__global__ void gelu_tables_kernel(kernels::GeluKind k, unsigned short* fwd, float* bwd) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 65536u) return;
+  const float x = __uint_as_float(i << 16);
+  fwd[i] = __bfloat16_as_ushort(__float2bfloat16_rn(kernels::gelu(k, x)));
+  bwd[i] = kernels::gelu_backward(k, x, 1.0f);
+}
+
+GeluTables gelu_tables(kernels::GeluKind k, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, GeluTables> made;  // (device, kind); kept for the process
+  int dev = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, static_cast<int>(k));
+  if (const auto it = made.find(key); it != made.end()) return it->second;
+  void* p = nullptr;
+  CUBESIM_CUDA_CHECK(cudaMalloc(&p, 65536 * (2 + 4)));
+  auto* bwd = static_cast<float*>(p);
+  auto* fwd = reinterpret_cast<unsigned short*>(bwd + 65536);
+  gelu_tables_kernel<<<256, 256, 0, stream>>>(k, fwd, bwd);
+  CUBESIM_CUDA_CHECK_LAUNCH("gelu_tables_kernel");
+  CUBESIM_CUDA_CHECK(cudaStreamSynchronize(stream));  // ready for every stream of the device, once
+  return made[key] = GeluTables{fwd, bwd};
+}
+
+__device__ __forceinline__ unsigned bf16_bits(float x) { return __float_as_uint(x) >> 16; }  // x widened from bf16
+
 struct GeluF {
-  kernels::GeluKind k;
-  __device__ float operator()(std::int64_t, float a, float) const { return kernels::gelu(k, a); }
+  GeluTables t;
+  __device__ float operator()(std::int64_t, float a, float) const {
+    return __uint_as_float(static_cast<unsigned>(__ldg(t.fwd + bf16_bits(a))) << 16);
+  }
 };
 struct GeluBackwardF {
-  kernels::GeluKind k;
-  __device__ float operator()(std::int64_t, float a, float b) const { return kernels::gelu_backward(k, a, b); }
+  GeluTables t;
+  __device__ float operator()(std::int64_t, float a, float b) const { return __fmul_rn(b, __ldg(t.bwd + bf16_bits(a))); }
 };
 struct AddF {
   __device__ float operator()(std::int64_t, float a, float b) const { return __fadd_rn(a, b); }
@@ -227,21 +270,24 @@ struct AddBiasF {
 
 // bias_gelu on bf16 (x, pre, y bf16 and 16-byte aligned, cols % 8 == 0): 16-byte vectors; pre's
 // rounding is a bf16 store, so gelu sees exactly the value stored.
-__global__ void bias_gelu_bf16_kernel(kernels::GeluKind k, const void* x, const void* bias, DType bt, void* pre, void* y,
+__global__ void bias_gelu_bf16_kernel(GeluTables t, const void* x, const void* bias, DType bt, void* pre, void* y,
                                       std::int64_t nvec, std::int64_t cols) {
   for (std::int64_t v = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; v < nvec;
        v += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float a[8], p[8], r[8];
+    float a[8], p[8];
     unpack8(static_cast<const uint4*>(x)[v], a);
     const std::int64_t c = (v * 8) % cols;
 #pragma unroll
     for (int j = 0; j < 8; ++j) p[j] = __fadd_rn(a[j], load(bias, bt, c + j));
     const uint4 pq = pack8(p);
     static_cast<uint4*>(pre)[v] = pq;
-    unpack8(pq, p);
+    const unsigned w[4] = {pq.x, pq.y, pq.z, pq.w};
+    unsigned o[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] = kernels::gelu(k, p[j]);
-    static_cast<uint4*>(y)[v] = pack8(r);
+    for (int j = 0; j < 4; ++j) {
+      o[j] = static_cast<unsigned>(__ldg(t.fwd + (w[j] & 0xffffu))) | (static_cast<unsigned>(__ldg(t.fwd + (w[j] >> 16))) << 16);
+    }
+    static_cast<uint4*>(y)[v] = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
@@ -366,7 +412,7 @@ void reduce(void* dst, const void* src, DType dtype, std::int64_t n, ReduceOp op
 
 void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  if (all_bf16({{x, xt}, {y, yt}})) return launch_bf16_map<false>(x, nullptr, y, n, GeluF{k}, stream);
+  if (all_bf16({{x, xt}, {y, yt}})) return launch_bf16_map<false>(x, nullptr, y, n, GeluF{gelu_tables(k, stream)}, stream);
   gelu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, y, yt, n);
   CUBESIM_CUDA_CHECK_LAUNCH("gelu_kernel");
 }
@@ -374,7 +420,9 @@ void gelu(kernels::GeluKind k, const void* x, DType xt, void* y, DType yt, std::
 void gelu_backward(kernels::GeluKind k, const void* x, DType xt, const void* dy, DType dyt, void* dx, DType dxt,
                    std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  if (all_bf16({{x, xt}, {dy, dyt}, {dx, dxt}})) return launch_bf16_map<true>(x, dy, dx, n, GeluBackwardF{k}, stream);
+  if (all_bf16({{x, xt}, {dy, dyt}, {dx, dxt}})) {
+    return launch_bf16_map<true>(x, dy, dx, n, GeluBackwardF{gelu_tables(k, stream)}, stream);
+  }
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, dy, dyt, dx, dxt, n);
   CUBESIM_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
@@ -402,7 +450,7 @@ void bias_gelu(kernels::GeluKind k, const void* x, DType xt, const void* bias, D
   const std::int64_t n = rows * cols;
   if (n <= 0) return;
   if (all_bf16({{x, xt}, {pre, pt}, {y, yt}}) && cols % 8 == 0) {
-    bias_gelu_bf16_kernel<<<blocks_for(n / 8), kThreads, 0, stream>>>(k, x, bias, bt, pre, y, n / 8, cols);
+    bias_gelu_bf16_kernel<<<blocks_for(n / 8), kThreads, 0, stream>>>(gelu_tables(k, stream), x, bias, bt, pre, y, n / 8, cols);
   } else {
     bias_gelu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, x, xt, bias, bt, pre, pt, y, yt, n, cols);
   }

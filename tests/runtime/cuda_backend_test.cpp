@@ -189,6 +189,54 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   }
 }
 
+// The bf16 GELU kernels look values up in tables of every bf16 input: every one of the 65536 bit
+// patterns (zeros, subnormals, infinities, NaNs) through gelu, gelu_backward and bias_gelu gives the
+// host's bits, both kinds.
+TEST(CudaKernels, GeluOverEveryBf16InputEqualsHostBits) {
+  NEED_GPUS(1);
+  auto g = cuda_ring(1);
+  auto h = host_context(1);
+  std::mt19937_64 rng(4242);
+  const std::int64_t R = 256, C = 256;
+  std::vector<std::uint8_t> every(R * C * 2);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    every[2 * i] = static_cast<std::uint8_t>(i & 0xff);
+    every[2 * i + 1] = static_cast<std::uint8_t>(i >> 8);
+  }
+  const auto dyv = random_values(R * C, DType::bf16, rng), bias = random_values(C, DType::bf16, rng);
+  auto run = [&](Context& ctx) {
+    std::map<std::string, std::vector<std::uint8_t>> out;
+    ctx.spawn(1, [&](int r) {
+      Tensor x = ctx.empty(r, {R, C}, DType::bf16);
+      x.copy_from_host_bytes(every.data(), every.size());
+      Tensor dy = ctx.from_host_f32(r, {R, C}, DType::bf16, dyv), bv = ctx.from_host_f32(r, {C}, DType::bf16, bias);
+      Tensor y = ctx.empty(r, {R, C}, DType::bf16), pre = ctx.empty(r, {R, C}, DType::bf16);
+      for (auto k : {kernels::GeluKind::tanh, kernels::GeluKind::erf}) {
+        const std::string kn(kernels::gelu_kind_name(k));
+        gelu(k, x, y);
+        out["gelu_" + kn] = y.to_host_bytes();
+        gelu_backward(k, x, dy, y);
+        out["gelu_backward_" + kn] = y.to_host_bytes();
+        bias_gelu(k, x, bv, pre, y);
+        out["bias_gelu_" + kn] = y.to_host_bytes();
+      }
+    });
+    return out;
+  };
+  const auto hv = run(*h), gv = run(*g);
+  for (const auto& [name, bytes] : hv) {
+    const auto& got = gv.at(name);
+    std::int64_t diff = 0, first = -1;
+    for (std::size_t i = 0; i + 1 < bytes.size(); i += 2) {
+      if (got[i] != bytes[i] || got[i + 1] != bytes[i + 1]) {
+        ++diff;
+        if (first < 0) first = static_cast<std::int64_t>(i / 2);
+      }
+    }
+    EXPECT_EQ(diff, 0) << name << ": first differing input pattern 0x" << std::hex << first;
+  }
+}
+
 TEST(CudaKernels, ReduceEqualsHostReduceValues) {
   NEED_GPUS(1);
   auto ctx = cuda_ring(1);
