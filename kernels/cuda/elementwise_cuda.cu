@@ -351,13 +351,22 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
     const int t = tid - 32;  // loaders: warps 1..7
     constexpr int kLoaders = kBgThreads - 32;
     if constexpr (kVec) {
-      // 4 vectors of 8 bf16 per row (cols % 8 == 0, so a vector never crosses the last column).
-      for (int e = t; e < R * 4; e += kLoaders) {
-        const int r = e / 4, q = e % 4;
+      // 4 vectors of 8 bf16 per row (cols % 8 == 0, so a vector never crosses the last column). All of
+      // a thread's loads are issued before any lands in the tile: several in flight per thread.
+      constexpr int kPer = (R * 4 + kLoaders - 1) / kLoaders;
+      uint4 v[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = t + i * kLoaders, r = e / 4, q = e % 4;
         const std::int64_t m = r0 + r, c = c0 + q * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (m < rows && c < cols) v = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(dy) + m * cols + c);
-        *reinterpret_cast<uint4*>(&tile[buf][r][q * 8]) = v;
+        v[i] = make_uint4(0, 0, 0, 0);
+        if (e < R * 4 && m < rows && c < cols)
+          v[i] = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(dy) + m * cols + c);
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = t + i * kLoaders;
+        if (e < R * 4) *reinterpret_cast<uint4*>(&tile[buf][e / 4][(e % 4) * 8]) = v[i];
       }
     } else {
       for (int e = t; e < R * kBgCols; e += kLoaders) {

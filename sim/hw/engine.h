@@ -54,6 +54,7 @@ struct Path {
   PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
   Memory* dst = nullptr;
   std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
+  bool l2 = false;          // an L2 is one of its stages
   // The flow level's stage times for the sizes it last asked (FlowEngine::times): a message's flow
   // needs them when it starts and again for the counters when it ends, and a path's messages are
   // mostly of one size, so they are worked out once per size, not per message.
@@ -177,6 +178,9 @@ class FlowEngine {
   void release(TransferRecord* r);
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
+  // System::evict_paths dropped paths: a new one may take an evicted one's address, so the memo of
+  // the last long path's times is forgotten.
+  void paths_evicted() { scratch_path_ = nullptr; }
   // Recomputes the rates around the units changed since the last time (its own event, changed()).
   void reshare();
 
@@ -186,7 +190,8 @@ class FlowEngine {
   bool leave(TransferRecord* r);
   // r's path's stage times for r's chunk, last chunk and wire scale (without an L2 hit): memoized on
   // a path of up to kMemoStages stages, worked out each time for a longer one (a barrier's many-hop
-  // tokens), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.
+  // tokens: only the last one asked is kept, which a message's start asks again right after its
+  // by_chunks()), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.
   static constexpr std::size_t kMemoStages = 16;
   const Path::FlowTimes& times(const TransferRecord* r);
   // Notes that the flows on r's units changed; the rates are recomputed once, by an event after
@@ -206,7 +211,8 @@ class FlowEngine {
   std::vector<FlowResource*> comp_res_;      // scratch
   std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's
   std::vector<FlowResource*> changed_;  // units whose flows changed since the last reshare
-  Path::FlowTimes times_scratch_;       // times() of a path too long to memoize
+  Path::FlowTimes times_scratch_;       // times() of a path too long to memoize: the last one asked
+  const Path* scratch_path_ = nullptr;  // (a message's start asks right after its by_chunks())
   bool reshare_due_ = false;            // its event is scheduled
 };
 

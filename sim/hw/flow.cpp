@@ -88,12 +88,14 @@ FlowEngine::FlowEngine(System& sys) : sys_(&sys) {}
 
 const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
   Path& p = *r->path;
-  Path::FlowTimes& t = p.stages.size() <= kMemoStages ? p.flow_times : times_scratch_;
+  const bool memo = p.stages.size() <= kMemoStages;
+  Path::FlowTimes& t = memo ? p.flow_times : times_scratch_;
   const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
-  if (&t == &p.flow_times && t.chunk == r->chunk && t.last == last && t.wire.wire == r->wire.wire &&
+  if ((memo || scratch_path_ == &p) && t.chunk == r->chunk && t.last == last && t.wire.wire == r->wire.wire &&
       t.wire.data == r->wire.data) {
     return t;
   }
+  if (!memo) scratch_path_ = &p;
   t.chunk = r->chunk;
   t.last = last;
   t.wire = r->wire;
@@ -145,10 +147,9 @@ void FlowEngine::refresh_demand(FlowResource& e) {
 
 bool FlowEngine::by_chunks(const TransferRecord* r) {
   if (r->nchunks != 1) return false;
-  for (const Path::FlowTimes::Each& e : times(r).each) {  // one chunk: the last is the message
-    if (e.last > kLatencyBound) return true;
-  }
-  return false;  // latency-bound: a flow outside the sharing
+  // One chunk: the last is the message; the slowest stage decides whether it is latency-bound (a flow
+  // outside the sharing).
+  return times(r).slowest > kLatencyBound;
 }
 
 void FlowEngine::start(TransferRecord* r) {
@@ -167,6 +168,7 @@ void FlowEngine::start(TransferRecord* r) {
   const std::uint64_t body = r->split ? (r->nchunks - 1) * r->chunk : r->bytes;
   r->l2_path = false;
   for (const Stage& st : p.stages) {
+    if (!p.l2) break;  // most paths have none: no walk over their stages' units
     if (st.unit->kind() != UnitKind::l2) continue;
     r->l2_path = true;
     auto& l2 = static_cast<L2Cache&>(*st.unit);

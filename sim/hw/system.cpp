@@ -307,6 +307,7 @@ void System::evict_paths() {
     path_stages_ -= p.stages.size();
     it = paths_.erase(it);
   }
+  if (flows_) flows_->paths_evicted();  // a new path may take an evicted one's address
 }
 
 std::string stage_label(const Stage& s) {
@@ -333,6 +334,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     if (m.memory_kind() == MemoryKind::kHbm) {
       if (L2Cache* l2 = cube(m.cube()).l2()) {
         stage(*l2, read ? l2->latency() : 0, 0, read);
+        p->l2 = true;
         if (read) {
           p->stages.back().cache_read = l2;
           p->stages.back().fig = &unit_figures(*l2, true);
