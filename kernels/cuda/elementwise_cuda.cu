@@ -389,11 +389,19 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
       if (ahead < chunks) load_chunk(ahead * R, static_cast<int>(ahead % kBgBufs));
     } else {
       const int n = static_cast<int>(std::min<std::int64_t>(R, rows - i * R));
-      for (int r = 0; r < n; ++r) {
+      auto add_row = [&](int r) {
         float v;
         if constexpr (kVec) v = __uint_as_float(static_cast<unsigned>(tile[buf][r][tid]) << 16);
         else v = tile[buf][r][tid];
         acc = __fadd_rn(acc, v);
+      };
+      if (n == R) {
+        // A whole chunk, unrolled: the shared-memory reads run ahead of the chain of adds (which
+        // keeps its order: one add per row, in row order).
+#pragma unroll 32
+        for (int r = 0; r < R; ++r) add_row(r);
+      } else {
+        for (int r = 0; r < n; ++r) add_row(r);
       }
     }
     __syncthreads();
