@@ -236,41 +236,29 @@ void run_gemm(const char* fn, const MatrixView& a, const MatrixView& b, const Ve
   ops.K = static_cast<int>(K);
   auto* wsb = static_cast<std::uint8_t*>(ws);
   try {
+    // One operand as the kernel reads it: rows x K, element (r, k) at data + r*rs + k*ks (B as Bᵀ).
     // A row stride that is never used (one row, or one k for MN-major) is given a valid one.
-    switch (plan.a) {
-      case TcUse::repack:
-        detail::launch_pack_bf16(a.data, a.dtype, a.rows, K, a.row_stride, a.col_stride, wsb, ldk, stream);
-        ops.a = wsb;
-        ops.lda = ldk;
-        break;
-      case TcUse::k_major:
-        ops.a = a.data;
-        ops.lda = a.rows <= 1 ? ldk : a.row_stride;
-        break;
-      case TcUse::mn_major:
-        ops.a = a.data;
-        ops.lda = K <= 1 ? detail::packed_ld(a.rows) : a.col_stride;
-        ops.a_mn = true;
-        break;
-    }
-    switch (plan.b) {
-      case TcUse::repack: {
-        void* dst = wsb + plan.a_bytes;
-        detail::launch_pack_bf16(b.data, b.dtype, b.cols, K, b.col_stride, b.row_stride, dst, ldk, stream);
-        ops.bt = dst;
-        ops.ldb = ldk;
-        break;
+    auto place = [&](TcUse use, const void* data, DType t, std::int64_t rows, std::int64_t rs, std::int64_t ks,
+                     void* scratch, const void*& ptr, std::int64_t& ld, bool& mn) {
+      switch (use) {
+        case TcUse::repack:
+          detail::launch_pack_bf16(data, t, rows, K, rs, ks, scratch, ldk, stream);
+          ptr = scratch;
+          ld = ldk;
+          break;
+        case TcUse::k_major:
+          ptr = data;
+          ld = rows <= 1 ? ldk : rs;
+          break;
+        case TcUse::mn_major:
+          ptr = data;
+          ld = K <= 1 ? detail::packed_ld(rows) : ks;
+          mn = true;
+          break;
       }
-      case TcUse::k_major:
-        ops.bt = b.data;
-        ops.ldb = b.cols <= 1 ? ldk : b.col_stride;
-        break;
-      case TcUse::mn_major:
-        ops.bt = b.data;
-        ops.ldb = K <= 1 ? detail::packed_ld(b.cols) : b.row_stride;
-        ops.b_mn = true;
-        break;
-    }
+    };
+    place(plan.a, a.data, a.dtype, a.rows, a.row_stride, a.col_stride, wsb, ops.a, ops.lda, ops.a_mn);
+    place(plan.b, b.data, b.dtype, b.cols, b.col_stride, b.row_stride, wsb + plan.a_bytes, ops.bt, ops.ldb, ops.b_mn);
     detail::launch_tc_gemm(ops, ba, c, opt.tc_config, stream);
   } catch (...) {
     if (own) cudaFreeAsync(ws, stream);

@@ -19,13 +19,13 @@ tc_ok=1
 for w in $what; do
   case $w in
     smoke)
-      timeout 60 "$BIN/test_det_gemm_cuda" --gtest_filter='CudaGemmTc.RepackedOperandsGiveTheSameBits:CudaGemm.ExactKZeroWritesBiasOnly' 2>&1 | tail -5
+      timeout 60 "$BIN/test_det_gemm_cuda" --gtest_filter='CudaGemmTc.EveryLayoutGivesTheSameBits:CudaGemm.ExactKZeroWritesBiasOnly' 2>&1 | tail -5
       s=$?
       if [ $s -ne 0 ]; then
         echo "SMOKE FAILED (rc $s): tensor-core mode skipped below; compute-sanitizer on it:"
         tc_ok=0
         rc=1
-        timeout 120 compute-sanitizer --tool memcheck "$BIN/test_det_gemm_cuda" --gtest_filter='CudaGemmTc.RepackedOperandsGiveTheSameBits' 2>&1 | tail -40
+        timeout 120 compute-sanitizer --tool memcheck "$BIN/test_det_gemm_cuda" --gtest_filter='CudaGemmTc.EveryLayoutGivesTheSameBits' 2>&1 | tail -40
       fi ;;
     test)
       filter=${GTEST_FILTER:-*}
