@@ -66,6 +66,7 @@ struct CollectiveRequest {
   std::uint64_t sequence = 0;  // the group's collective number: equal on every member for one call
   std::string_view name;       // "all_reduce #3 on group 'world'"
   std::uint64_t region = 0;    // the begin_region token of this collective (0: none)
+  std::uint64_t async = 0;     // the async_begin token of an asynchronous collective (0: none)
 };
 std::string_view collective_kind_name(CollectiveRequest::Kind k);
 
@@ -181,6 +182,14 @@ class Backend {
   // on hardware: begin returns a token (0: not measured), end closes it, and measured_seconds gives
   // its duration once the spawn() that ran it has returned (negative when not measured).
   virtual std::uint64_t begin_region(int rank, std::string_view kind) { return 0; }
+  // An asynchronous collective (async_op) on a backend with streams: async_begin is called by the
+  // launching process where the collective's input is ready in the rank's order of work, and its token
+  // reaches collective() (CollectiveRequest::async), which may then run it beside the rank's later
+  // work (a side stream, as Megatron overlaps the column layer's input-gradient all-reduce with the
+  // weight-gradient GEMM); Work::wait() calls async_end, after which the rank's work waits for it.
+  // Tokens count from 1; 0 and the defaults: the collective is ordered where it runs.
+  virtual std::uint64_t async_begin(int rank) { return 0; }
+  virtual void async_end(std::uint64_t token) {}
   virtual void end_region(std::uint64_t token) {}
   virtual double measured_seconds(std::uint64_t token) { return -1; }
 

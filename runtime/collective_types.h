@@ -2,6 +2,7 @@
 // and the async handle.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@ class Event;
 namespace cubesim::rt {
 
 class Tensor;
+class Backend;
 
 // Told after each reduction step a collective's algorithm runs on the calling rank, in the rank's
 // order of steps: `received` the chunk that arrived, `reduced` the destination after the step.
@@ -49,12 +51,15 @@ struct CollectiveOptions {
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_ptr<sim::Event> done) : done_(std::move(done)) {}
+  explicit Work(std::shared_ptr<sim::Event> done, Backend* be = nullptr, std::uint64_t async = 0)
+      : done_(std::move(done)), be_(be), async_(async) {}
   void wait();                 // blocks the calling process until the collective finished
   bool is_completed() const;
 
  private:
   std::shared_ptr<sim::Event> done_;
+  Backend* be_ = nullptr;      // with async_: told at wait() (Backend::async_end)
+  std::uint64_t async_ = 0;
 };
 
 }  // namespace cubesim::rt

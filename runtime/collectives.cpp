@@ -26,6 +26,7 @@ std::string_view collective_kind_name(CollectiveRequest::Kind k) {
 
 void Work::wait() {
   if (done_) done_->wait();
+  if (be_ && async_) be_->async_end(async_);
 }
 bool Work::is_completed() const { return !done_ || done_->triggered(); }
 
@@ -96,6 +97,9 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
   auto done = std::make_shared<sim::Event>(comm->name());
   Context& ctx = call.ctx;
   const int rank = call.rank;
+  // Where an asynchronous collective's input is ready in the rank's order of work: now, before the
+  // caller goes on (the collective's process runs later).
+  if (async) comm->async = ctx.backend().async_begin(rank);
   auto run = [comm, done, body, &ctx, rank, signature] {
     const sim::Time t0 = ctx.simulator().now();
     comm->region = ctx.backend().begin_region(rank, "collective");
@@ -116,7 +120,7 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
   } else {
     run();
   }
-  return Work(done);
+  return Work(done, &ctx.backend(), comm->async);
 }
 
 // The buffer the algorithm works on: the tensor itself, or an f32 copy when partial sums are to be
@@ -181,6 +185,7 @@ bool backend_runs(Comm& comm, CollectiveRequest::Kind k, const Tensor& buf, Redu
   r.sequence = comm.sequence();
   r.name = comm.name();
   r.region = comm.region;
+  r.async = comm.async;
   return comm.context().backend().collective(r);
 }
 

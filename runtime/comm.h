@@ -126,6 +126,7 @@ class Comm {
   std::uint64_t sequence() const { return seq_; }  // the group's collective number, equal on every member
 
   std::uint64_t region = 0;  // the backend's begin_region token for this collective (0: none)
+  std::uint64_t async = 0;   // the backend's async_begin token when launched asynchronously (0: none)
   std::string plan;          // what the algorithm chose ("nccl ring/Simple x16"), for op records
   const ReduceTap* reduce_tap = nullptr;  // CollectiveOptions::reduce_tap: told after each reduce_local
 

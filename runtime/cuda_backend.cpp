@@ -70,6 +70,7 @@ struct Device {
   int id = 0;
   std::string name;
   cudaStream_t stream = nullptr;
+  cudaStream_t side = nullptr;  // asynchronous NCCL collectives, beside the stream (async_begin)
   cudaEvent_t order = nullptr;
   std::map<std::uint64_t, std::vector<void*>> free;
   CudaAllocatorStats stats;
@@ -80,16 +81,19 @@ struct Device {
     CUBESIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, id));
     name = prop.name;
     CUBESIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUBESIM_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     CUBESIM_CUDA_CHECK(cudaEventCreateWithFlags(&order, cudaEventDisableTiming));
   }
   ~Device() {
     // No throwing here: a failed teardown after a CUDA error must not terminate the process.
     cudaSetDevice(id);
+    cudaStreamSynchronize(side);
     cudaStreamSynchronize(stream);
     for (auto& [cls, blocks] : free) {
       for (void* p : blocks) cudaFree(p);
     }
     cudaEventDestroy(order);
+    cudaStreamDestroy(side);
     cudaStreamDestroy(stream);
     cudaGetLastError();
   }
@@ -164,6 +168,7 @@ class CudaStorage final : public Storage {
     if (n == 0) return;
     check(offset, n, "read");
     dev_->use();
+    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->side));  // an asynchronous collective not waited for
     CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
     CUBESIM_CUDA_CHECK(cudaMemcpy(dst, ptr_ + offset, n, cudaMemcpyDeviceToHost));
   }
@@ -241,8 +246,22 @@ struct CudaBackend::Impl {
     int rank = 0;
     cudaEvent_t start = nullptr, stop = nullptr;
     double seconds = -1;
+    bool side = false;  // an asynchronous NCCL collective's: its stop goes on the side stream
   };
   std::vector<Region> regions;
+  // Asynchronous collectives (async_begin): where the input was ready on the rank's stream, and where
+  // the collective finished on the side stream (recorded only when NCCL ran it there).
+  struct Async {
+    int rank = 0;
+    cudaEvent_t ready = nullptr, done = nullptr;
+    bool ended = false;  // async_end was called
+  };
+  std::vector<Async> asyncs;
+  // Per rank, asynchronous NCCL collectives launched and not yet waited for: the rank's tensor-core
+  // GEMMs meanwhile leave kSideSms SMs to NCCL's kernel, which otherwise finds none free beside the
+  // persistent GEMM and runs after it instead of beside it.
+  std::vector<int> async_open;
+  static constexpr int kSideSms = 16;
 
   Device& dev(int rank) { return *devs.at(static_cast<std::size_t>(rank)); }
 
@@ -311,7 +330,12 @@ CudaBackend::CudaBackend(int ranks, CudaBackendOptions opts) : impl_(std::make_u
 CudaBackend::~CudaBackend() {
   for (auto& d : impl_->devs) {
     cudaSetDevice(d->id);
+    cudaStreamSynchronize(d->side);
     cudaStreamSynchronize(d->stream);
+  }
+  for (auto& a : impl_->asyncs) {
+    cudaEventDestroy(a.ready);
+    cudaEventDestroy(a.done);
   }
   if (impl_->nccl) {
     for (auto& [members, cs] : impl_->comms) {
@@ -396,6 +420,8 @@ bool CudaBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, con
   d.use();
   cuda::GemmOptions go;
   go.mode = impl_->opts.gemm_mode;
+  if (static_cast<std::size_t>(rank) < impl_->async_open.size() && impl_->async_open[static_cast<std::size_t>(rank)] > 0)
+    go.sm_margin = Impl::kSideSms;
   cuda::det_gemm_cuda(view(a), view(b), bias ? &bv : nullptr, cv, go, d.stream);
   return true;
 }
@@ -503,14 +529,28 @@ void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
   const CollectiveRequest& r0 = v.reqs[0];
   const std::string what = fmt::format("{} ({}[{}])", r0.name, dtype_name(v.bufs[0].dtype()), v.bufs[0].numel());
   const auto red = [](ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; };
+  // An asynchronous collective runs on each member's side stream once the input is ready (the
+  // async_begin point on the member's stream); the stream itself goes on with later work.
+  auto stream_of = [&](int i) {
+    const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
+    Device& d = dev(g.rank_at(i));
+    return r.async ? d.side : d.stream;
+  };
+  for (int i = 0; i < p; ++i) {
+    const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
+    if (!r.async) continue;
+    dev(g.rank_at(i)).use();
+    CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(stream_of(i), asyncs.at(r.async - 1).ready, 0));
+  }
   // Members' streams start the collective now: re-record the regions' starts here, so a member
   // that arrived early does not count the wait for the others.
   for (int i = 0; i < p; ++i) {
     const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
     if (r.region) {
-      Device& d = dev(g.rank_at(i));
-      d.use();
-      CUBESIM_CUDA_CHECK(cudaEventRecord(regions[r.region - 1].start, d.stream));
+      dev(g.rank_at(i)).use();
+      Region& reg = regions[r.region - 1];
+      reg.side = r.async != 0;
+      CUBESIM_CUDA_CHECK(cudaEventRecord(reg.start, stream_of(i)));
     }
   }
   lib.check(lib.group_start(), "ncclGroupStart for " + what);
@@ -528,19 +568,19 @@ void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
     switch (r.kind) {
       case CollectiveRequest::Kind::all_reduce:
         call = "ncclAllReduce";
-        res = lib.all_reduce(buf, buf, n, dt, red(r.op), c, d.stream);
+        res = lib.all_reduce(buf, buf, n, dt, red(r.op), c, stream_of(i));
         break;
       case CollectiveRequest::Kind::reduce_scatter:
         call = "ncclReduceScatter";
-        res = lib.reduce_scatter(buf, buf + i * chunk * t.element_size(), chunk, dt, red(r.op), c, d.stream);
+        res = lib.reduce_scatter(buf, buf + i * chunk * t.element_size(), chunk, dt, red(r.op), c, stream_of(i));
         break;
       case CollectiveRequest::Kind::all_gather:
         call = "ncclAllGather";
-        res = lib.all_gather(buf + i * chunk * t.element_size(), buf, chunk, dt, c, d.stream);
+        res = lib.all_gather(buf + i * chunk * t.element_size(), buf, chunk, dt, c, stream_of(i));
         break;
       case CollectiveRequest::Kind::broadcast:
         call = "ncclBroadcast";
-        res = lib.broadcast(buf, buf, n, dt, r.root, c, d.stream);
+        res = lib.broadcast(buf, buf, n, dt, r.root, c, stream_of(i));
         break;
     }
     if (res != ncclSuccess) {
@@ -549,6 +589,12 @@ void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
     }
   }
   lib.check(lib.group_end(), "ncclGroupEnd for " + what);
+  for (int i = 0; i < p; ++i) {
+    const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
+    if (!r.async) continue;
+    dev(g.rank_at(i)).use();
+    CUBESIM_CUDA_CHECK(cudaEventRecord(asyncs.at(r.async - 1).done, stream_of(i)));
+  }
 }
 
 bool CudaBackend::collective(const CollectiveRequest& r) {
@@ -590,8 +636,10 @@ void CudaBackend::abandon_run() {
   // No NCCL call of a half-joined rendezvous was issued (issue() runs once every member has
   // arrived), so no GPU waits on a peer that never comes: dropping them is enough.
   impl_->rendezvous.clear();
+  impl_->async_open.assign(impl_->async_open.size(), 0);  // collectives of the abandoned run are not waited for
   for (auto& d : impl_->devs) {
     cudaSetDevice(d->id);
+    cudaStreamSynchronize(d->side);
     cudaStreamSynchronize(d->stream);
   }
   cudaGetLastError();
@@ -615,7 +663,36 @@ void CudaBackend::end_region(std::uint64_t token) {
   Impl::Region& reg = impl_->regions.at(token - 1);
   Device& d = impl_->dev(reg.rank);
   d.use();
-  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.stop, d.stream));
+  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.stop, reg.side ? d.side : d.stream));
+}
+
+std::uint64_t CudaBackend::async_begin(int rank) {
+  // Only NCCL runs a collective on the side stream; the runtime's own algorithms stay on the stream.
+  if (impl_->opts.collectives != CudaCollectives::nccl || rank < 0 || rank >= impl_->ranks) return 0;
+  Device& d = impl_->dev(rank);
+  d.use();
+  Impl::Async a;
+  a.rank = rank;
+  CUBESIM_CUDA_CHECK(cudaEventCreateWithFlags(&a.ready, cudaEventDisableTiming));
+  CUBESIM_CUDA_CHECK(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming));
+  CUBESIM_CUDA_CHECK(cudaEventRecord(a.ready, d.stream));
+  impl_->asyncs.push_back(a);
+  if (impl_->async_open.empty()) impl_->async_open.assign(static_cast<std::size_t>(impl_->ranks), 0);
+  ++impl_->async_open[static_cast<std::size_t>(rank)];
+  return impl_->asyncs.size();
+}
+
+void CudaBackend::async_end(std::uint64_t token) {
+  if (token == 0 || token > impl_->asyncs.size()) return;
+  Impl::Async& a = impl_->asyncs[token - 1];
+  if (!a.ended) {
+    a.ended = true;
+    --impl_->async_open[static_cast<std::size_t>(a.rank)];
+  }
+  Device& d = impl_->dev(a.rank);
+  d.use();
+  // A done event never recorded (the collective did not reach NCCL) is complete: no wait.
+  CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(d.stream, a.done, 0));
 }
 
 double CudaBackend::measured_seconds(std::uint64_t token) {

@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) override;
   bool elementwise(const ElementwiseRequest& r) override;
+  std::uint64_t async_begin(int rank) override;
+  void async_end(std::uint64_t token) override;
   bool collective(const CollectiveRequest& r) override;
   // Checksums on the GPU (kernels/cuda: a device reduction into device slots, one read per step).
   std::shared_ptr<void> checksum_slots(int rank, std::size_t slots) override;

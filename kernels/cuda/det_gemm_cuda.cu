@@ -259,7 +259,7 @@ void run_gemm(const char* fn, const MatrixView& a, const MatrixView& b, const Ve
     };
     place(plan.a, a.data, a.dtype, a.rows, a.row_stride, a.col_stride, wsb, ops.a, ops.lda, ops.a_mn);
     place(plan.b, b.data, b.dtype, b.cols, b.col_stride, b.row_stride, wsb + plan.a_bytes, ops.bt, ops.ldb, ops.b_mn);
-    detail::launch_tc_gemm(ops, ba, c, opt.tc_config, stream);
+    detail::launch_tc_gemm(ops, ba, c, opt.tc_config, stream, opt.sm_margin);
   } catch (...) {
     if (own) cudaFreeAsync(ws, stream);
     throw;

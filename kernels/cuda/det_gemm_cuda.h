@@ -80,6 +80,9 @@ struct GemmOptions {
   // nullptr: allocated with cudaMallocAsync on the stream and freed after.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // tensor_core: SMs the persistent grid leaves free, for a collective running beside the GEMM
+  // (NCCL's kernel needs SMs of its own to overlap; the bits do not depend on the grid).
+  int sm_margin = 0;
 };
 
 // Bytes of workspace det_gemm_cuda needs for these operands in tensor_core mode (0 in exact mode or

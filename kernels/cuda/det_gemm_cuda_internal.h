@@ -38,7 +38,7 @@ struct TcOperands {
   bool a_mn = false, b_mn = false;
 };
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int sm_margin = 0);
 
 // Repack rows x kdim elements (element (r, k) at src + r*rs + k*ks) into bf16 dst[r*ld + k],
 // rounding to nearest even; ld >= kdim. Columns kdim..ld are left as they are (TMA never reads them:

@@ -588,7 +588,7 @@ int resident_clusters() {
 }
 
 template <class C, bool AMN, bool BMN>
-void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   set_smem_attribute<C, AMN, BMN>();
   const CUtensorMap ma = AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64) : make_map(o.a, o.M, o.K, o.lda, C::BM);
   const CUtensorMap mb =
@@ -631,7 +631,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   lc.attrs = attr;
   lc.numAttrs = 1;
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
-  const int fit = resident_clusters<C>();
+  const int fit = std::max(1, resident_clusters<C>() - (sm_margin + C::CLUSTER - 1) / C::CLUSTER);
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
   CUBESIM_CUDA_CHECK(cudaLaunchKernelEx(&lc, tc_gemm_kernel<C, AMN, BMN>, ma, mb, mc, e));
   CUBESIM_CUDA_CHECK_LAUNCH("tc_gemm_kernel");
@@ -639,11 +639,11 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
 
 // The kernel for the operands' major-ness.
 template <class C>
-void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream) {
-  if (o.a_mn && o.b_mn) return launch<C, true, true>(o, bias, c, stream);
-  if (o.a_mn) return launch<C, true, false>(o, bias, c, stream);
-  if (o.b_mn) return launch<C, false, true>(o, bias, c, stream);
-  launch<C, false, false>(o, bias, c, stream);
+void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
+  if (o.a_mn && o.b_mn) return launch<C, true, true>(o, bias, c, stream, sm_margin);
+  if (o.a_mn) return launch<C, true, false>(o, bias, c, stream, sm_margin);
+  if (o.b_mn) return launch<C, false, true>(o, bias, c, stream, sm_margin);
+  launch<C, false, false>(o, bias, c, stream, sm_margin);
 }
 
 }  // namespace
@@ -675,13 +675,12 @@ TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
 namespace cubesim::cuda::detail {
 
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
-                    cudaStream_t stream) {
-
+                    cudaStream_t stream, int sm_margin) {
   switch (resolve_tc_config(cfg, ops.M, ops.N)) {
-    case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream);
-    case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream);
-    case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream);
-    case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream);
+    case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

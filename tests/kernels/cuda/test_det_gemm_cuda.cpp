@@ -239,11 +239,16 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
     det_gemm_cuda(a.dev(), b.dev(), nullptr, first.dev_mut(), tc(kAllConfigs[0]), nullptr);
     first.download();
     for (TcConfig cfg : kAllConfigs) {
-      Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
-      c.poison();
-      det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), tc(cfg), nullptr);
-      c.download();
-      EXPECT_EQ(count_bit_mismatches(c, 0, first, 0, M), 0) << tc_config_name(cfg) << " vs " << tc_config_name(kAllConfigs[0]);
+      for (int margin : {0, 16, 131}) {  // a smaller persistent grid (SMs left to a collective) too
+        GemmOptions o = tc(cfg);
+        o.sm_margin = margin;
+        Operand c = Operand::output(DType::f32, M, N, Layout::row_major);
+        c.poison();
+        det_gemm_cuda(a.dev(), b.dev(), nullptr, c.dev_mut(), o, nullptr);
+        c.download();
+        EXPECT_EQ(count_bit_mismatches(c, 0, first, 0, M), 0)
+            << tc_config_name(cfg) << " (sm_margin " << margin << ") vs " << tc_config_name(kAllConfigs[0]);
+      }
     }
   }
 }
