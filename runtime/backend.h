@@ -190,6 +190,8 @@ class Backend {
   // Tokens count from 1; 0 and the defaults: the collective is ordered where it runs.
   virtual std::uint64_t async_begin(int rank) { return 0; }
   virtual void async_end(std::uint64_t token) {}
+  // Expires with the backend (a Work that outlives its context must not call it).
+  std::weak_ptr<const void> lifetime() const { return alive_; }
   virtual void end_region(std::uint64_t token) {}
   virtual double measured_seconds(std::uint64_t token) { return -1; }
 
@@ -209,8 +211,12 @@ class Backend {
   // A run failed and its processes were unwound: drop what it left in flight (transfers that will
   // never land), so the next run starts from a usable state.
   virtual void abandon_run() {}
+  // A run ended with every rank returned: what it left running beside the ranks' work (an
+  // asynchronous collective nobody waited for) is ordered before the next run's work.
+  virtual void end_run() {}
 
  private:
+  std::shared_ptr<const void> alive_ = std::make_shared<int>(0);
   FaultReplay replay_;
   kernels::AccumulatorModel gemm_numerics_ = kernels::AccumulatorModel::f32_fma_seq;
 };

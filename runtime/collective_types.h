@@ -51,14 +51,16 @@ struct CollectiveOptions {
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_ptr<sim::Event> done, Backend* be = nullptr, std::uint64_t async = 0)
-      : done_(std::move(done)), be_(be), async_(async) {}
+  explicit Work(std::shared_ptr<sim::Event> done) : done_(std::move(done)) {}
+  // An asynchronous collective a backend runs beside the rank's later work (Backend::async_begin).
+  Work(std::shared_ptr<sim::Event> done, Backend* be, std::uint64_t async);
   void wait();                 // blocks the calling process until the collective finished
   bool is_completed() const;
 
  private:
   std::shared_ptr<sim::Event> done_;
-  Backend* be_ = nullptr;      // with async_: told at wait() (Backend::async_end)
+  Backend* be_ = nullptr;      // with async_: told at wait() (Backend::async_end) while alive_ lasts
+  std::weak_ptr<const void> alive_;
   std::uint64_t async_ = 0;
 };
 

@@ -24,9 +24,12 @@ std::string_view collective_kind_name(CollectiveRequest::Kind k) {
   return "?";
 }
 
+Work::Work(std::shared_ptr<sim::Event> done, Backend* be, std::uint64_t async)
+    : done_(std::move(done)), be_(be), alive_(be ? be->lifetime() : std::weak_ptr<const void>()), async_(async) {}
+
 void Work::wait() {
   if (done_) done_->wait();
-  if (be_ && async_) be_->async_end(async_);
+  if (be_ && async_ && !alive_.expired()) be_->async_end(async_);  // a Work may outlive its context
 }
 bool Work::is_completed() const { return !done_ || done_->triggered(); }
 
@@ -91,7 +94,9 @@ void run_algorithm(const Call& c, Collective k, const algo::Body<Fn>& body, Comm
 // Runs body(comm) now (sync) or in a helper process of the rank (async). The Comm is created here,
 // in program order, so sequence numbers follow each rank's order of calls.
 template <class Body>
-Work launch(const Call& call, const char* coll, std::string signature, bool async, Body body) {
+// `side`: the body's only work on the rank's stream is the collective on its buffer (in place, no
+// staging or working copies), so a backend may run an asynchronous one beside the rank's later work.
+Work launch(const Call& call, const char* coll, std::string signature, bool async, Body body, bool side = false) {
   auto comm = std::make_shared<Comm>(call.ctx, call.group, coll, signature);
   comm->reduce_tap = call.reduce_tap;
   auto done = std::make_shared<sim::Event>(comm->name());
@@ -99,7 +104,7 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
   const int rank = call.rank;
   // Where an asynchronous collective's input is ready in the rank's order of work: now, before the
   // caller goes on (the collective's process runs later).
-  if (async) comm->async = ctx.backend().async_begin(rank);
+  if (async && side) comm->async = ctx.backend().async_begin(rank);
   auto run = [comm, done, body, &ctx, rank, signature] {
     const sim::Time t0 = ctx.simulator().now();
     comm->region = ctx.backend().begin_region(rank, "collective");
@@ -120,7 +125,7 @@ Work launch(const Call& call, const char* coll, std::string signature, bool asyn
   } else {
     run();
   }
-  return Work(done, &ctx.backend(), comm->async);
+  return comm->async ? Work(done, &ctx.backend(), comm->async) : Work(done);
 }
 
 // The buffer the algorithm works on: the tensor itself, or an f32 copy when partial sums are to be
@@ -206,15 +211,19 @@ void output_ready(Comm& comm, const Tensor& out) {
 Work all_reduce(const Tensor& t, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
   const Call c = prologue(Collective::all_reduce, {&t}, group, o);
   const std::string s = sig(t, c, fmt::format("{}, ", reduce_op_name(op)));
-  return launch(c, "all_reduce", s, o.async_op, [t, op, c](Comm& comm) {
-    Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
-    if (!backend_runs(comm, Collective::all_reduce, w.buf, op)) {
-      const auto m = algo::Members::whole(comm);
-      run_algorithm(c, Collective::all_reduce, c.algorithm.all_reduce, comm, m, w.buf, op);
-    }
-    finish_working(comm, w, t);
-    output_ready(comm, t);
-  });
+  const bool in_place = !(c.acc_f32 && op == ReduceOp::sum) || t.dtype() == DType::f32;  // no f32 working copy
+  return launch(
+      c, "all_reduce", s, o.async_op,
+      [t, op, c](Comm& comm) {
+        Working w = working_copy(comm, t, c.acc_f32 && op == ReduceOp::sum);
+        if (!backend_runs(comm, Collective::all_reduce, w.buf, op)) {
+          const auto m = algo::Members::whole(comm);
+          run_algorithm(c, Collective::all_reduce, c.algorithm.all_reduce, comm, m, w.buf, op);
+        }
+        finish_working(comm, w, t);
+        output_ready(comm, t);
+      },
+      in_place);
 }
 
 Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, ProcessGroup* group, CollectiveOptions o) {
@@ -268,16 +277,19 @@ Work broadcast(const Tensor& t, int root, ProcessGroup* group, CollectiveOptions
                                    fmt::join(c.group.ranks(), ", ")));
   }
   const std::string s = sig(t, c, fmt::format("root {}, ", root));
-  return launch(c, "broadcast", s, o.async_op, [t, ri, c](Comm& comm) {
-    algo::Members m;
-    const int p = comm.size();
-    for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
-    m.pos = (comm.me() - ri + p) % p;
-    const Tensor flat = t.flatten();
-    if (!backend_runs(comm, Collective::broadcast, flat, ReduceOp::sum, ri))
-      run_algorithm(c, Collective::broadcast, c.algorithm.broadcast, comm, m, flat);
-    output_ready(comm, t);
-  });
+  return launch(
+      c, "broadcast", s, o.async_op,
+      [t, ri, c](Comm& comm) {
+        algo::Members m;
+        const int p = comm.size();
+        for (int i = 0; i < p; ++i) m.order.push_back((ri + i) % p);
+        m.pos = (comm.me() - ri + p) % p;
+        const Tensor flat = t.flatten();
+        if (!backend_runs(comm, Collective::broadcast, flat, ReduceOp::sum, ri))
+          run_algorithm(c, Collective::broadcast, c.algorithm.broadcast, comm, m, flat);
+        output_ready(comm, t);
+      },
+      true);
 }
 
 void barrier(ProcessGroup* group) {

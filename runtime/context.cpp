@@ -232,6 +232,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   } catch (const sim::DeadlockError& e) {
     rethrow_as_rank_error(e, true);
   }
+  backend_->end_run();
   RunReport rep;
   rep.wall_s = wall_now() - w0;
   // When the last rank finished: not the last event's time, which a flow's superseded end event

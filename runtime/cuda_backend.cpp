@@ -254,7 +254,9 @@ struct CudaBackend::Impl {
   struct Async {
     int rank = 0;
     cudaEvent_t ready = nullptr, done = nullptr;
-    bool ended = false;  // async_end was called
+    bool ended = false;  // async_end was called, or the run ended
+    Tensor keep;         // the buffer NCCL works on, held until the rank's stream waits for it: the
+                         // caching allocator reuses a block in the stream's order, not the side stream's
   };
   std::vector<Async> asyncs;
   // Per rank, asynchronous NCCL collectives launched and not yet waited for: the rank's tensor-core
@@ -334,8 +336,8 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(d->stream);
   }
   for (auto& a : impl_->asyncs) {
-    cudaEventDestroy(a.ready);
-    cudaEventDestroy(a.done);
+    if (a.ready) cudaEventDestroy(a.ready);
+    if (a.done) cudaEventDestroy(a.done);
   }
   if (impl_->nccl) {
     for (auto& [members, cs] : impl_->comms) {
@@ -593,7 +595,9 @@ void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
     const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
     if (!r.async) continue;
     dev(g.rank_at(i)).use();
-    CUBESIM_CUDA_CHECK(cudaEventRecord(asyncs.at(r.async - 1).done, stream_of(i)));
+    Async& a = asyncs.at(r.async - 1);
+    CUBESIM_CUDA_CHECK(cudaEventRecord(a.done, stream_of(i)));
+    a.keep = v.bufs[static_cast<std::size_t>(i)];
   }
 }
 
@@ -637,6 +641,10 @@ void CudaBackend::abandon_run() {
   // arrived), so no GPU waits on a peer that never comes: dropping them is enough.
   impl_->rendezvous.clear();
   impl_->async_open.assign(impl_->async_open.size(), 0);  // collectives of the abandoned run are not waited for
+  for (Impl::Async& a : impl_->asyncs) {
+    a.ended = true;
+    a.keep = Tensor();
+  }
   for (auto& d : impl_->devs) {
     cudaSetDevice(d->id);
     cudaStreamSynchronize(d->side);
@@ -685,14 +693,36 @@ std::uint64_t CudaBackend::async_begin(int rank) {
 void CudaBackend::async_end(std::uint64_t token) {
   if (token == 0 || token > impl_->asyncs.size()) return;
   Impl::Async& a = impl_->asyncs[token - 1];
-  if (!a.ended) {
-    a.ended = true;
-    --impl_->async_open[static_cast<std::size_t>(a.rank)];
-  }
+  if (a.ended) return;  // waited before, or the run ended (its stream waited then)
+  a.ended = true;
+  --impl_->async_open[static_cast<std::size_t>(a.rank)];
   Device& d = impl_->dev(a.rank);
   d.use();
   // A done event never recorded (the collective did not reach NCCL) is complete: no wait.
   CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(d.stream, a.done, 0));
+  a.keep = Tensor();  // later reuse of its block is ordered after the collective now
+}
+
+void CudaBackend::end_run() {
+  // Collectives nobody waited for: each rank's stream waits for its side stream, once, and the
+  // events of the run's asynchronous collectives go.
+  if (impl_->asyncs.empty()) return;
+  for (std::size_t r = 0; r < impl_->async_open.size(); ++r) {
+    if (impl_->async_open[r] == 0) continue;
+    Device& d = impl_->dev(static_cast<int>(r));
+    d.use();
+    CUBESIM_CUDA_CHECK(cudaEventRecord(d.order, d.side));
+    CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(d.stream, d.order, 0));
+    impl_->async_open[r] = 0;
+  }
+  for (Impl::Async& a : impl_->asyncs) {
+    a.ended = true;
+    a.keep = Tensor();
+    // Entries stay (a stale Work's token must not reach a later run's collective); events go.
+    if (a.ready) cudaEventDestroy(a.ready);
+    if (a.done) cudaEventDestroy(a.done);
+    a.ready = a.done = nullptr;
+  }
 }
 
 double CudaBackend::measured_seconds(std::uint64_t token) {

@@ -208,6 +208,9 @@ void run_gemm(const char* fn, const MatrixView& a, const MatrixView& b, const Ve
   const BiasArg ba = check_args(fn, a, b, bias, c);
   if (opt.mode != GemmMode::exact && opt.mode != GemmMode::tensor_core)
     throw_shape_error(std::string(fn) + ": unknown GemmMode; valid: exact, tensor_core");
+  if (opt.sm_margin < 0)
+    throw_shape_error(std::string(fn) + ": GemmOptions::sm_margin is " + std::to_string(opt.sm_margin) +
+                      "; give 0 or more SMs to leave free");
   if (c.rows == 0 || c.cols == 0) return;
   // K == 0: C = 0 (+ bias) in either mode; the exact kernel writes exactly that.
   if (opt.mode == GemmMode::exact || a.cols == 0) {

@@ -75,8 +75,9 @@ struct GemmOptions {
   TcConfig tc_config = TcConfig::automatic;
   // Scratch for tensor_core operands that must be repacked: TMA reads a bf16 operand in place when
   // one of its dimensions is contiguous (k-major, or MN-major as the backward GEMMs' transposed
-  // views are) and the other's stride is a non-negative multiple of 16 bytes with a 16-byte aligned
-  // start; any other operand (f32, f16, other strides) is repacked to k-major bf16 first.
+  // views are) and the other's stride is a multiple of 16 bytes at least that dimension's extent (rows
+  // that do not overlap) with a 16-byte aligned start; any other operand (f32, f16, other strides) is
+  // repacked to k-major bf16 first.
   // nullptr: allocated with cudaMallocAsync on the stream and freed after.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

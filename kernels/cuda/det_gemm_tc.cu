@@ -72,6 +72,7 @@ struct Cfg {
   // swizzle), or 32 for the m64n32 tile (64-byte rows, 64-byte swizzle).
   static constexpr int B_MN_BOX = B_ROWS_PER_CTA >= 64 ? 64 : B_ROWS_PER_CTA;
   static_assert(B_MN_BOX == 64 || B_MN_BOX == 32, "N-major B boxes are 64 or 32 columns");
+  static_assert(B_ROWS_PER_CTA % B_MN_BOX == 0, "whole N-major boxes per CTA (expect_tx counts the whole tile)");
   static_assert(B_ROWS_PER_CTA * BK * 2 % 1024 == 0, "multicast slices must stay swizzle-atom aligned");
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -509,7 +510,7 @@ CUtensorMap make_map(const void* ptr, std::int64_t rows, std::int64_t k, std::in
 
 // MN-major: element (i, k) of an MN extent x k operand at ptr + k*ld + i (i contiguous); boxes of box
 // MN elements x 64 k rows, box*2-byte rows with the swizzle of that width (128 or 64 bytes).
-CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::int64_t ld, int box) {
+CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::int64_t ld, int box, const char* which) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(mn), static_cast<cuuint64_t>(k)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
@@ -520,8 +521,8 @@ CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::i
                                  box == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ") for a " +
-                                               std::to_string(k) + " x " + std::to_string(mn) +
+    throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ") for " +
+                                               which + ", a " + std::to_string(k) + " x " + std::to_string(mn) +
                                                " MN-major bf16 operand with row stride " + std::to_string(ld));
   return map;
 }
@@ -590,9 +591,9 @@ int resident_clusters() {
 template <class C, bool AMN, bool BMN>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   set_smem_attribute<C, AMN, BMN>();
-  const CUtensorMap ma = AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64) : make_map(o.a, o.M, o.K, o.lda, C::BM);
-  const CUtensorMap mb =
-      BMN ? make_map_mn(o.bt, o.N, o.K, o.ldb, C::B_MN_BOX) : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
+  const CUtensorMap ma = AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64, "A") : make_map(o.a, o.M, o.K, o.lda, C::BM);
+  const CUtensorMap mb = BMN ? make_map_mn(o.bt, o.N, o.K, o.ldb, C::B_MN_BOX, "B")
+                             : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
   e.c = c.data;
   e.c_rs = c.row_stride;

@@ -237,6 +237,51 @@ TEST(CudaKernels, GeluOverEveryBf16InputEqualsHostBits) {
   }
 }
 
+// Asynchronous NCCL collectives run beside the rank's later work (a side stream): an all_reduce (in
+// place: the side stream) and a reduce_scatter and all_gather (staging copies: ordered on the
+// stream), each launched async with a GEMM queued before wait() and the input's tensor handle
+// dropped at once, give the bits of the same collectives run synchronously, and a Work nobody
+// waits for is ordered before the next run.
+TEST(CudaNccl, AsyncCollectivesEqualTheSynchronousOnes) {
+  NEED_GPUS(2);
+  auto ctx = cuda_nccl(2);
+  std::mt19937_64 rng(77);
+  const std::int64_t n = 1 << 20, k = 512;
+  std::vector<std::vector<float>> in(2);
+  for (auto& v : in) v = random_values(n, DType::bf16, rng);
+  const auto wa = random_values(k * k, DType::bf16, rng);
+  auto run = [&](bool async) {
+    std::vector<std::vector<std::uint8_t>> out(6);
+    ctx->spawn(2, [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      Tensor a = ctx->from_host_f32(r, {k, k}, DType::bf16, wa), y = ctx->empty(r, {k, k}, DType::bf16);
+      Tensor t = ctx->from_host_f32(r, {n}, DType::bf16, in[i]);
+      Tensor keep = t;  // the result is read through this handle; the one given to the call is dropped
+      CollectiveOptions o;
+      o.async_op = async;
+      Work w = all_reduce(t, ReduceOp::sum, &ctx->world(), o);
+      t = Tensor();
+      matmul(a, a.t(), nullptr, y, "beside");
+      w.wait();
+      out[i] = keep.to_host_bytes();
+      Tensor rs = ctx->empty(r, {n / 2}, DType::bf16), ag = ctx->empty(r, {n}, DType::bf16);
+      Work w2 = reduce_scatter(rs, keep, ReduceOp::sum, &ctx->world(), o);
+      matmul(a, a.t(), nullptr, y, "beside");
+      w2.wait();
+      Work w3 = all_gather(ag, rs, &ctx->world(), o);
+      matmul(a, a.t(), nullptr, y, "beside");
+      w3.wait();
+      out[2 + i] = rs.to_host_bytes();
+      out[4 + i] = ag.to_host_bytes();
+      if (async) (void)all_reduce(keep, ReduceOp::sum, &ctx->world(), o);  // never waited for
+    });
+    return out;
+  };
+  const auto sync = run(false), async = run(true), again = run(false);
+  for (std::size_t i = 0; i < sync.size(); ++i) EXPECT_EQ(async[i], sync[i]) << "output " << i;
+  EXPECT_EQ(again, sync) << "a run after one that left a collective unwaited";
+}
+
 TEST(CudaKernels, ReduceEqualsHostReduceValues) {
   NEED_GPUS(1);
   auto ctx = cuda_ring(1);
