@@ -36,11 +36,13 @@ CUBESIM_HD float det_add(float a, float b) { return __fadd_rn(a, b); }
 CUBESIM_HD float det_mul(float a, float b) { return __fmul_rn(a, b); }
 CUBESIM_HD float det_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 CUBESIM_HD float det_div(float a, float b) { return __fdiv_rn(a, b); }
+CUBESIM_HD float det_sqrt(float a) { return __fsqrt_rn(a); }
 #else
 CUBESIM_HD float det_add(float a, float b) { return a + b; }
 CUBESIM_HD float det_mul(float a, float b) { return a * b; }
 CUBESIM_HD float det_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 CUBESIM_HD float det_div(float a, float b) { return a / b; }
+CUBESIM_HD float det_sqrt(float a) { return __builtin_sqrtf(a); }  // IEEE: correctly rounded
 #endif
 
 // e^x: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact reduction), a degree-7
