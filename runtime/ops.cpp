@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "kernels/det_gemm.h"
+#include "kernels/norm.h"
 #include "runtime/context.h"
 #include "runtime/errors.h"
 
@@ -305,6 +306,242 @@ void copy(const Tensor& src, const Tensor& dst) {
   }
   OpCost cost{OpCost::Kind::copy, "copy", 0, 0, 0, src.dtype(), src.nbytes(), dst.nbytes(), 0, true};
   account(dst, cost);
+}
+
+// ---- attention and norms ------------------------------------------------------------------------
+
+namespace {
+
+// A 2-D operand as kernel rows (columns contiguous): the tensor's memory on the host backend, else a
+// staged copy written back afterwards for outputs.
+struct Rows {
+  Staged st;
+  Tensor view;  // 2-D (a vector as one row)
+  const Tensor* t = nullptr;
+  void* data() const { return st.view.data; }
+  std::int64_t stride() const { return st.view.row_stride; }
+  kernels::AttentionBuffer in() const { return {st.view.data, t->dtype(), stride()}; }
+  kernels::MutableAttentionBuffer out() const { return {st.view.data, t->dtype(), stride()}; }
+  kernels::NormBuffer norm() const { return {st.view.data, t->dtype(), stride()}; }
+  kernels::MutableNormBuffer mnorm() const { return {st.view.data, t->dtype(), stride()}; }
+  void store() const { unstage(view, st); }
+};
+
+Rows rows_of(const Tensor& t, bool load) {
+  Rows r;
+  r.view = t.dim() == 1 ? t.reshape({1, t.numel()}) : t;
+  r.t = &t;
+  r.st = stage(r.view, load);
+  return r;
+}
+
+// A tensor of `rows` x `cols` elements with contiguous columns, on the calling rank.
+void check_operand(const Tensor& t, const char* op, const char* what, std::int64_t rows, std::int64_t cols,
+                   const char* meaning) {
+  Context::current(op).check_owned(t, op);
+  if (t.dim() != 2 || t.shape()[0] != rows || t.shape()[1] != cols) {
+    throw RuntimeError(fmt::format("{}: {} is {}, but must be [{}, {}] ({})", op, what, t.describe(), rows, cols, meaning));
+  }
+  if (cols > 1 && t.strides()[1] != 1) {
+    throw RuntimeError(fmt::format("{}: {} {} must have contiguous columns (rows may be strided)", op, what, t.describe()));
+  }
+  if (t.strides()[0] < 0) throw RuntimeError(fmt::format("{}: {} has negative strides", op, what));
+}
+
+void check_vector(const Tensor& t, const char* op, const char* what, std::int64_t n) {
+  Context::current(op).check_owned(t, op);
+  if (t.numel() != n || !t.is_contiguous()) {
+    throw RuntimeError(fmt::format("{}: {} is {}, but must be contiguous with {} elements", op, what, t.describe(), n));
+  }
+}
+
+void check_stats(const Tensor& t, const char* op, const char* what, std::int64_t n, const char* meaning) {
+  check_vector(t, op, what, n);
+  if (t.dtype() != DType::f32) {
+    throw RuntimeError(fmt::format("{}: {} is {}, but must be f32 ({})", op, what, t.describe(), meaning));
+  }
+}
+
+void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = *ts.begin();
+  for (const Tensor* t : ts) same_rank(*first, *t, op);
+}
+
+std::vector<float> f32_of(const Tensor& t) { return t.to_host_f32(); }
+
+// How the simulator prices attention until it runs it as PE tiles: the products as a GEMM's MACs
+// (m x n x k = rows x mean visible keys x MACs per score) with Q read once and K, V once per
+// 128-query tile, and the softmax's arithmetic on the vector unit.
+void account_attention(const Tensor& out, const char* name, const kernels::AttentionShape& s, double macs_per_score,
+                       double flops_per_score, std::uint64_t bytes_read, std::uint64_t bytes_written) {
+  const double scores = kernels::attention_forward_flops(s) / (4.0 * static_cast<double>(s.head_dim) + 5.0);
+  const std::int64_t m = s.batch * s.heads * s.seq_q;
+  OpCost mm;
+  mm.kind = OpCost::Kind::gemm;
+  mm.name = name;
+  mm.m = m;
+  mm.n = static_cast<std::int64_t>(std::ceil(scores / static_cast<double>(std::max<std::int64_t>(m, 1))));
+  mm.k = static_cast<std::int64_t>(macs_per_score);
+  mm.dtype = out.dtype();
+  mm.bytes_read = bytes_read;
+  mm.bytes_written = bytes_written;
+  mm.kernel = true;
+  account(out, mm);
+  OpCost sm{OpCost::Kind::elementwise, "attention softmax", 0, 0, 0, DType::f32, 0, 0, flops_per_score * scores, false};
+  account(out, sm);
+}
+
+}  // namespace
+
+void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+               const Tensor& stats) {
+  const char* op = "attention";
+  try {
+    s.validate();
+  } catch (const std::invalid_argument& e) {
+    throw RuntimeError(e.what());
+  }
+  const std::int64_t tq = s.batch * s.seq_q, tk = s.batch * s.seq_k, qw = s.heads * s.head_dim,
+                     kw = s.kv_heads * s.head_dim;
+  check_operand(q, op, "q", tq, qw, "batch x seq_q, heads x head_dim");
+  check_operand(k, op, "k", tk, kw, "batch x seq_k, kv_heads x head_dim");
+  check_operand(v, op, "v", tk, kw, "batch x seq_k, kv_heads x head_dim");
+  check_operand(out, op, "out", tq, qw, "batch x seq_q, heads x head_dim");
+  check_stats(stats, op, "stats", tq * 2 * s.heads, "2 per token and head");
+  same_device(op, {&q, &k, &v, &out, &stats});
+  if (values(out)) {
+    const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, false);
+    std::vector<float> st(static_cast<std::size_t>(stats.numel()));
+    kernels::attention_forward(s, rq.in(), rk.in(), rv.in(), ro.out(), st.data());
+    ro.store();
+    stats.copy_from_host_f32(st.data(), stats.numel());
+  }
+  const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_q + 127) / 128);
+  account_attention(out, op, s, 2.0 * static_cast<double>(s.head_dim), 5.0, q.nbytes() + tiles * (k.nbytes() + v.nbytes()),
+                    out.nbytes() + stats.nbytes());
+}
+
+void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& stats, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
+  const char* op = "attention_backward";
+  try {
+    s.validate();
+  } catch (const std::invalid_argument& e) {
+    throw RuntimeError(std::string("attention_backward: ") + e.what());
+  }
+  const std::int64_t tq = s.batch * s.seq_q, tk = s.batch * s.seq_k, qw = s.heads * s.head_dim,
+                     kw = s.kv_heads * s.head_dim;
+  check_operand(q, op, "q", tq, qw, "batch x seq_q, heads x head_dim");
+  check_operand(k, op, "k", tk, kw, "batch x seq_k, kv_heads x head_dim");
+  check_operand(v, op, "v", tk, kw, "batch x seq_k, kv_heads x head_dim");
+  check_operand(out, op, "out", tq, qw, "the forward's output");
+  check_stats(stats, op, "stats", tq * 2 * s.heads, "the forward's statistics");
+  check_operand(dout, op, "dout", tq, qw, "out's gradient");
+  check_operand(dq, op, "dq", tq, qw, "q's gradient");
+  check_operand(dk, op, "dk", tk, kw, "k's gradient");
+  check_operand(dv, op, "dv", tk, kw, "v's gradient");
+  same_device(op, {&q, &k, &v, &out, &stats, &dout, &dq, &dk, &dv});
+  if (values(dq)) {
+    const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, true),
+               rdo = rows_of(dout, true), rdq = rows_of(dq, false), rdk = rows_of(dk, false), rdv = rows_of(dv, false);
+    const std::vector<float> st = f32_of(stats);
+    kernels::attention_backward(s, rq.in(), rk.in(), rv.in(), ro.in(), st.data(), rdo.in(), rdq.out(), rdk.out(),
+                                rdv.out());
+    rdq.store();
+    rdk.store();
+    rdv.store();
+  }
+  const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_k + 127) / 128);
+  account_attention(dq, op, s, 5.0 * static_cast<double>(s.head_dim), 6.0,
+                    k.nbytes() + v.nbytes() + tiles * (q.nbytes() + out.nbytes() + dout.nbytes() + stats.nbytes()),
+                    dq.nbytes() + dk.nbytes() + dv.nbytes());
+}
+
+namespace {
+void check_norm(const char* op, const Tensor& x, std::initializer_list<std::pair<const Tensor*, const char*>> same,
+                std::initializer_list<std::pair<const Tensor*, const char*>> vectors,
+                std::initializer_list<std::pair<const Tensor*, const char*>> stats) {
+  if (x.dim() != 2) throw RuntimeError(fmt::format("{}: x must be 2-D [rows, n], got {}", op, x.describe()));
+  const std::int64_t rows = x.shape()[0], n = x.shape()[1];
+  check_operand(x, op, "x", rows, n, "rows, n");
+  for (auto [t, what] : same) check_operand(*t, op, what, rows, n, "x's shape");
+  for (auto [t, what] : vectors) check_vector(*t, op, what, n);
+  for (auto [t, what] : stats) check_stats(*t, op, what, rows, "one per row of x");
+  for (auto [t, what] : same) same_rank(x, *t, op);
+  for (auto [t, what] : vectors) same_rank(x, *t, op);
+  for (auto [t, what] : stats) same_rank(x, *t, op);
+}
+
+void account_norm(const Tensor& out, const char* name, double flops_per, std::uint64_t rd, std::uint64_t wr) {
+  OpCost c{OpCost::Kind::elementwise, name, 0, 0, 0, out.dtype(), rd, wr, flops_per * static_cast<double>(out.numel()),
+           true};
+  account(out, c);
+}
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps) {
+  const char* op = "rms_norm";
+  check_norm(op, x, {{&y, "y"}}, {{&weight, "weight"}}, {{&rstd, "rstd"}});
+  if (values(y)) {
+    const Rows rx = rows_of(x, true), rw = rows_of(weight, true), ry = rows_of(y, false);
+    std::vector<float> rs(static_cast<std::size_t>(x.shape()[0]));
+    kernels::rms_norm_forward(rx.norm(), rw.norm(), ry.mnorm(), rs.data(), x.shape()[0], x.shape()[1], eps);
+    ry.store();
+    rstd.copy_from_host_f32(rs.data(), rstd.numel());
+  }
+  account_norm(y, op, 4, x.nbytes() + weight.nbytes(), y.nbytes() + rstd.nbytes());
+}
+
+void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                       const Tensor& dweight) {
+  const char* op = "rms_norm_backward";
+  check_norm(op, x, {{&dy, "dy"}, {&dx, "dx"}}, {{&weight, "weight"}, {&dweight, "dweight"}}, {{&rstd, "rstd"}});
+  if (values(dx)) {
+    const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rdy = rows_of(dy, true), rdx = rows_of(dx, false),
+               rdw = rows_of(dweight, false);
+    const std::vector<float> rs = f32_of(rstd);
+    kernels::rms_norm_backward(rx.norm(), rw.norm(), rdy.norm(), rs.data(), rdx.mnorm(), rdw.mnorm(), x.shape()[0],
+                               x.shape()[1]);
+    rdx.store();
+    rdw.store();
+  }
+  account_norm(dx, op, 8, x.nbytes() + dy.nbytes() + weight.nbytes() + rstd.nbytes(), dx.nbytes() + dweight.nbytes());
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
+                const Tensor& rstd, float eps) {
+  const char* op = "layer_norm";
+  check_norm(op, x, {{&y, "y"}}, {{&weight, "weight"}, {&bias, "bias"}}, {{&mean, "mean"}, {&rstd, "rstd"}});
+  if (values(y)) {
+    const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rb = rows_of(bias, true), ry = rows_of(y, false);
+    std::vector<float> mu(static_cast<std::size_t>(x.shape()[0])), rs(mu.size());
+    kernels::layer_norm_forward(rx.norm(), rw.norm(), rb.norm(), ry.mnorm(), mu.data(), rs.data(), x.shape()[0],
+                                x.shape()[1], eps);
+    ry.store();
+    mean.copy_from_host_f32(mu.data(), mean.numel());
+    rstd.copy_from_host_f32(rs.data(), rstd.numel());
+  }
+  account_norm(y, op, 6, x.nbytes() + weight.nbytes() + bias.nbytes(), y.nbytes() + mean.nbytes() + rstd.nbytes());
+}
+
+void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  const char* op = "layer_norm_backward";
+  check_norm(op, x, {{&dy, "dy"}, {&dx, "dx"}}, {{&weight, "weight"}, {&dweight, "dweight"}, {&dbias, "dbias"}},
+             {{&mean, "mean"}, {&rstd, "rstd"}});
+  if (values(dx)) {
+    const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rdy = rows_of(dy, true), rdx = rows_of(dx, false),
+               rdw = rows_of(dweight, false), rdb = rows_of(dbias, false);
+    const std::vector<float> mu = f32_of(mean), rs = f32_of(rstd);
+    kernels::layer_norm_backward(rx.norm(), rw.norm(), rdy.norm(), mu.data(), rs.data(), rdx.mnorm(), rdw.mnorm(),
+                                 rdb.mnorm(), x.shape()[0], x.shape()[1]);
+    rdx.store();
+    rdw.store();
+    rdb.store();
+  }
+  account_norm(dx, op, 10, x.nbytes() + dy.nbytes() + weight.nbytes() + mean.nbytes() + rstd.nbytes(),
+               dx.nbytes() + dweight.nbytes() + dbias.nbytes());
 }
 
 }  // namespace cubesim::rt

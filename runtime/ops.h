@@ -11,6 +11,7 @@
 //   bias_grad(dy, db);                 // db[n] = Σ_m dy[m, n], ascending m
 #pragma once
 
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "runtime/tensor.h"
 
@@ -26,5 +27,24 @@ void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y);            
 void bias_gelu(kernels::GeluKind k, const Tensor& x, const Tensor& bias, const Tensor& pre, const Tensor& y);
 void add(const Tensor& a, const Tensor& b, const Tensor& y);                               // y = a + b
 void copy(const Tensor& src, const Tensor& dst);                                           // same shape and dtype
+
+// Attention (kernels/attention.h) on 2-D tensors of tokens x (heads x head_dim) as its layout says:
+// q, out, dq, dout [batch x seq_q, heads x head_dim]; k, v, dk, dv [batch x seq_k, kv_heads x head_dim];
+// rows may be strided (column slices of a fused QKV output), columns contiguous. stats: f32
+// [batch x seq_q, 2 x heads], written by the forward for the backward.
+void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+               const Tensor& stats);
+void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& stats, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv);
+// RMSNorm and LayerNorm over the last dimension (kernels/norm.h): x, y, dy, dx [rows, n]; weight,
+// bias and their gradients [n]; mean and rstd f32 [rows], written by the forward for the backward.
+void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps);
+void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                       const Tensor& dweight);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, const Tensor& mean,
+                const Tensor& rstd, float eps);
+void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 
 }  // namespace cubesim::rt

@@ -1,0 +1,191 @@
+// The runtime's attention and norm ops (runtime/ops.h) on the host and the simulator: the bits of
+// the kernels' definitions (kernels/attention.h, kernels/norm.h) whatever backend runs them, with Q,
+// K and V as column slices of one fused QKV tensor; a timing-only run takes the simulated time of a
+// functional one; and wrong shapes are refused naming the operand and the valid shape.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/norm.h"
+#include "runtime/backend_registry.h"
+#include "runtime/context.h"
+#include "runtime/errors.h"
+#include "runtime/ops.h"
+#include "sim/hw/topology.h"
+
+namespace cubesim::rt {
+namespace {
+
+std::vector<float> random_values(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<std::uint8_t> bytes_of(const std::vector<float>& v, DType t) {
+  std::vector<std::uint8_t> b(v.size() * dtype_size(t));
+  for (std::size_t i = 0; i < v.size(); ++i) store_f32(b.data(), t, static_cast<std::int64_t>(i), v[i]);
+  return b;
+}
+
+constexpr std::int64_t kBatch = 2, kSeq = 70, kHeads = 4, kKv = 2, kDim = 16;
+constexpr DType kT = DType::bf16;
+const kernels::AttentionShape kShape{.batch = kBatch, .seq_q = kSeq, .seq_k = kSeq, .heads = kHeads, .kv_heads = kKv,
+                                     .head_dim = kDim};
+constexpr std::int64_t kTokens = kBatch * kSeq, kQw = kHeads * kDim, kKw = kKv * kDim, kFused = kQw + 2 * kKw;
+
+struct Outputs {
+  std::vector<std::uint8_t> out, stats, dq, dk, dv;
+  sim::Time time = 0;
+};
+
+// One forward and backward through the runtime on `backend`; q, k, v are slices of a fused tensor.
+Outputs run_attention(std::string_view backend, bool timing_only = false) {
+  const hw::Topology topo = hw::load_topology("ring4");
+  BackendArgs args;
+  if (backend == "sim") {
+    args.topology = &topo;
+    args.options = {{"timing_only", timing_only}};
+  }
+  auto ctx = make_context(backend, {.world_size = 1}, args);
+  const auto qkv = random_values(kTokens * kFused, 1), dout = random_values(kTokens * kQw, 2);
+  Outputs o;
+  ctx->spawn(1, [&](int r) {
+    Tensor fused = ctx->from_host_f32(r, {kTokens, kFused}, kT, qkv);
+    Tensor q = fused.narrow(1, 0, kQw), k = fused.narrow(1, kQw, kKw), v = fused.narrow(1, kQw + kKw, kKw);
+    Tensor out = ctx->empty(r, {kTokens, kQw}, kT), stats = ctx->empty(r, {kTokens, 2 * kHeads}, DType::f32);
+    Tensor dO = ctx->from_host_f32(r, {kTokens, kQw}, kT, dout);
+    Tensor dq = ctx->empty(r, {kTokens, kQw}, kT), dk = ctx->empty(r, {kTokens, kKw}, kT),
+           dv = ctx->empty(r, {kTokens, kKw}, kT);
+    attention(kShape, q, k, v, out, stats);
+    attention_backward(kShape, q, k, v, out, stats, dO, dq, dk, dv);
+    o.time = ctx->simulator().now();
+    if (timing_only) return;
+    o.out = out.to_host_bytes();
+    o.stats = stats.to_host_bytes();
+    o.dq = dq.to_host_bytes();
+    o.dk = dk.to_host_bytes();
+    o.dv = dv.to_host_bytes();
+  });
+  return o;
+}
+
+TEST(AttentionOp, EveryBackendGivesTheKernelsBitsOnSlicesOfAFusedQkv) {
+  // The definition on the same values, straight from the kernel.
+  const auto qkv = bytes_of(random_values(kTokens * kFused, 1), kT), dout = bytes_of(random_values(kTokens * kQw, 2), kT);
+  const std::size_t es = dtype_size(kT);
+  std::vector<std::uint8_t> out(kTokens * kQw * es), dq(out.size()), dk(kTokens * kKw * es), dv(dk.size());
+  std::vector<float> stats(kTokens * 2 * kHeads);
+  const kernels::AttentionBuffer q{qkv.data(), kT, kFused}, k{qkv.data() + kQw * es, kT, kFused},
+      v{qkv.data() + (kQw + kKw) * es, kT, kFused};
+  kernels::attention_forward(kShape, q, k, v, {out.data(), kT, kQw}, stats.data());
+  kernels::attention_backward(kShape, q, k, v, {out.data(), kT, kQw}, stats.data(), {dout.data(), kT, kQw},
+                              {dq.data(), kT, kQw}, {dk.data(), kT, kKw}, {dv.data(), kT, kKw});
+  for (const char* be : {"host", "sim"}) {
+    const Outputs o = run_attention(be);
+    EXPECT_EQ(o.out, out) << be;
+    EXPECT_EQ(0, std::memcmp(o.stats.data(), stats.data(), o.stats.size())) << be;
+    EXPECT_EQ(o.dq, dq) << be;
+    EXPECT_EQ(o.dk, dk) << be;
+    EXPECT_EQ(o.dv, dv) << be;
+  }
+}
+
+TEST(AttentionOp, TimingOnlyTakesTheFunctionalRunsSimulatedTime) {
+  const Outputs f = run_attention("sim", false), t = run_attention("sim", true);
+  EXPECT_GT(f.time, 0u);
+  EXPECT_EQ(f.time, t.time);
+  EXPECT_EQ(run_attention("host").time, 0u);
+}
+
+TEST(NormOp, EveryBackendGivesTheKernelsBits) {
+  constexpr std::int64_t rows = 37, n = 96;
+  const auto xv = random_values(rows * n, 3, 2.0f), wv = random_values(n, 4), bv = random_values(n, 5),
+             dyv = random_values(rows * n, 6);
+  const auto x = bytes_of(xv, kT), w = bytes_of(wv, kT), b = bytes_of(bv, kT), dyb = bytes_of(dyv, kT);
+  const std::size_t es = dtype_size(kT);
+  // The definition.
+  std::vector<std::uint8_t> y(rows * n * es), dx(y.size()), dw(n * es), db(n * es), ly(y.size()), ldx(y.size()),
+      ldw(dw.size());
+  std::vector<float> rs(rows), mu(rows), lrs(rows);
+  kernels::rms_norm_forward({x.data(), kT, n}, {w.data(), kT, 0}, {y.data(), kT, n}, rs.data(), rows, n, 1e-5f);
+  kernels::rms_norm_backward({x.data(), kT, n}, {w.data(), kT, 0}, {dyb.data(), kT, n}, rs.data(), {dx.data(), kT, n},
+                             {dw.data(), kT, 0}, rows, n);
+  kernels::layer_norm_forward({x.data(), kT, n}, {w.data(), kT, 0}, {b.data(), kT, 0}, {ly.data(), kT, n}, mu.data(),
+                              lrs.data(), rows, n, 1e-5f);
+  kernels::layer_norm_backward({x.data(), kT, n}, {w.data(), kT, 0}, {dyb.data(), kT, n}, mu.data(), lrs.data(),
+                               {ldx.data(), kT, n}, {ldw.data(), kT, 0}, {db.data(), kT, 0}, rows, n);
+  const hw::Topology topo = hw::load_topology("ring4");
+  for (const char* be : {"host", "sim"}) {
+    BackendArgs args;
+    if (std::string_view(be) == "sim") args.topology = &topo;
+    auto ctx = make_context(be, {.world_size = 1}, args);
+    ctx->spawn(1, [&](int r) {
+      Tensor X = ctx->from_host_f32(r, {rows, n}, kT, xv), W = ctx->from_host_f32(r, {n}, kT, wv),
+             B = ctx->from_host_f32(r, {n}, kT, bv), DY = ctx->from_host_f32(r, {rows, n}, kT, dyv);
+      Tensor Y = ctx->empty(r, {rows, n}, kT), DX = ctx->empty(r, {rows, n}, kT), DW = ctx->empty(r, {n}, kT),
+             DB = ctx->empty(r, {n}, kT), M = ctx->empty(r, {rows}, DType::f32), R = ctx->empty(r, {rows}, DType::f32);
+      rms_norm(X, W, Y, R, 1e-5f);
+      EXPECT_EQ(Y.to_host_bytes(), y) << be;
+      rms_norm_backward(X, W, DY, R, DX, DW);
+      EXPECT_EQ(DX.to_host_bytes(), dx) << be;
+      EXPECT_EQ(DW.to_host_bytes(), dw) << be;
+      layer_norm(X, W, B, Y, M, R, 1e-5f);
+      EXPECT_EQ(Y.to_host_bytes(), ly) << be;
+      layer_norm_backward(X, W, DY, M, R, DX, DW, DB);
+      EXPECT_EQ(DX.to_host_bytes(), ldx) << be;
+      EXPECT_EQ(DW.to_host_bytes(), ldw) << be;
+      EXPECT_EQ(DB.to_host_bytes(), db) << be;
+    });
+  }
+}
+
+std::string error_of(const std::function<void(Context&, int)>& f) {
+  auto ctx = make_context("host", {.world_size = 1});
+  std::string msg = "no error";
+  try {
+    ctx->spawn(1, [&](int r) { f(*ctx, r); });
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  return msg;
+}
+
+TEST(TransformerOps, RefuseWrongShapesNamingTheOperandAndTheValidShape) {
+  std::string m = error_of([](Context& c, int r) {
+    Tensor q = c.empty(r, {kTokens, kQw}, kT), k = c.empty(r, {kTokens, kKw + 1}, kT), v = c.empty(r, {kTokens, kKw}, kT);
+    Tensor o = c.empty(r, {kTokens, kQw}, kT), st = c.empty(r, {kTokens, 2 * kHeads}, DType::f32);
+    attention(kShape, q, k, v, o, st);
+  });
+  EXPECT_NE(m.find("attention: k is"), std::string::npos) << m;
+  EXPECT_NE(m.find("must be [140, 32] (batch x seq_k, kv_heads x head_dim)"), std::string::npos) << m;
+  m = error_of([](Context& c, int r) {
+    Tensor q = c.empty(r, {kTokens, kQw}, kT), k = c.empty(r, {kTokens, kKw}, kT), v = c.empty(r, {kTokens, kKw}, kT);
+    Tensor o = c.empty(r, {kTokens, kQw}, kT), st = c.empty(r, {kTokens, 2 * kHeads}, DType::bf16);
+    attention(kShape, q, k, v, o, st);
+  });
+  EXPECT_NE(m.find("stats is"), std::string::npos) << m;
+  EXPECT_NE(m.find("must be f32"), std::string::npos) << m;
+  m = error_of([](Context& c, int r) {
+    kernels::AttentionShape s = kShape;
+    s.kv_heads = 3;
+    Tensor q = c.empty(r, {kTokens, kQw}, kT);
+    attention(s, q, q, q, q, q);
+  });
+  EXPECT_NE(m.find("heads 4 must be a positive multiple of kv_heads 3"), std::string::npos) << m;
+  m = error_of([](Context& c, int r) {
+    Tensor x = c.empty(r, {4, 8}, kT), w = c.empty(r, {7}, kT), y = c.empty(r, {4, 8}, kT),
+           rs = c.empty(r, {4}, DType::f32);
+    rms_norm(x, w, y, rs, 1e-5f);
+  });
+  EXPECT_NE(m.find("rms_norm: weight is"), std::string::npos) << m;
+  EXPECT_NE(m.find("must be contiguous with 8 elements"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace cubesim::rt
