@@ -39,22 +39,35 @@ void AttentionShape::validate() const {
 
 namespace {
 
+// Head h's first element in a token's row: heads side by side, or in query groups (group_stride).
+std::int64_t head_offset(AttentionBuffer b, std::int64_t h, std::int64_t per_group, std::int64_t d) {
+  return b.group_stride ? (h / per_group) * b.group_stride + (h % per_group) * d : h * d;
+}
+
 struct Operand {
-  const void* data;
-  DType dtype;
-  std::int64_t stride;
+  AttentionBuffer buf;
   std::int64_t seq;
-  std::int64_t width;  // elements of one token's heads
+  std::int64_t per_group;  // heads of one query group in this operand (q-like: heads / kv_heads; k-like: 1)
+  std::int64_t offset(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) const {
+    return (b * seq + t) * buf.row_stride + head_offset(buf, h, per_group, d);
+  }
   float at(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t e) const {
-    return load_f32(data, dtype, (b * seq + t) * stride + h * d + e);
+    return load_f32(buf.data, buf.dtype, offset(b, t, h, d) + e);
   }
 };
 
-void check_buffer(const char* what, AttentionBuffer b, std::int64_t width) {
+// heads: of this operand; the extent of a row's heads must fit its stride.
+void check_buffer(const char* what, AttentionBuffer b, std::int64_t heads, std::int64_t per_group, std::int64_t d) {
   if (b.data == nullptr) throw std::invalid_argument(fmt::format("attention: {} is null", what));
+  if (b.group_stride < 0 || (b.group_stride > 0 && b.group_stride < per_group * d)) {
+    throw std::invalid_argument(fmt::format("attention: {}'s group_stride {} must be 0 or at least its group's {} x "
+                                            "head_dim = {}",
+                                            what, b.group_stride, per_group, per_group * d));
+  }
+  const std::int64_t width = head_offset(b, heads - 1, per_group, d) + d;
   if (b.row_stride < width) {
-    throw std::invalid_argument(fmt::format("attention: {}'s row_stride {} is less than its heads x head_dim = {}",
-                                            what, b.row_stride, width));
+    throw std::invalid_argument(fmt::format("attention: {}'s row_stride {} is less than its heads' extent {}", what,
+                                            b.row_stride, width));
   }
 }
 
@@ -90,16 +103,15 @@ void gather(const Operand& o, std::int64_t b, std::int64_t h, std::int64_t d, st
 void attention_forward(const AttentionShape& s, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v,
                        MutableAttentionBuffer out, float* stats, const std::int64_t* kv_valid) {
   s.validate();
-  const std::int64_t d = s.head_dim, qw = s.heads * d, kw = s.kv_heads * d;
-  check_buffer("q", q, qw);
-  check_buffer("k", k, kw);
-  check_buffer("v", v, kw);
-  check_buffer("out", out, qw);
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  check_buffer("q", q, s.heads, group, d);
+  check_buffer("k", k, s.kv_heads, 1, d);
+  check_buffer("v", v, s.kv_heads, 1, d);
+  check_buffer("out", out, s.heads, group, d);
   if (stats == nullptr) throw std::invalid_argument("attention: stats is null");
-  const Operand Q{q.data, q.dtype, q.row_stride, s.seq_q, qw}, K{k.data, k.dtype, k.row_stride, s.seq_k, kw},
-      V{v.data, v.dtype, v.row_stride, s.seq_k, kw};
+  const Operand Q{q, s.seq_q, group}, K{k, s.seq_k, 1}, V{v, s.seq_k, 1};
+  const Operand Out{out, s.seq_q, group};
   const float scale = s.softmax_scale();
-  const std::int64_t group = s.heads / s.kv_heads;
   std::vector<float> kf, vf, qrow(static_cast<std::size_t>(d)), acc(static_cast<std::size_t>(d)),
       sc(static_cast<std::size_t>(kAttentionKeyBlock));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -133,7 +145,7 @@ void attention_forward(const AttentionShape& s, AttentionBuffer q, AttentionBuff
             }
             m = mn;
           }
-          const std::int64_t row = (b * s.seq_q + t) * out.row_stride + h * d;
+          const std::int64_t row = Out.offset(b, t, h, d);
           for (std::int64_t e = 0; e < d; ++e) {
             store_f32(out.data, out.dtype, row + e, nk == 0 ? 0.0f : det_div(acc[e], l));
           }
@@ -150,21 +162,19 @@ void attention_backward(const AttentionShape& s, AttentionBuffer q, AttentionBuf
                         AttentionBuffer out, const float* stats, AttentionBuffer dout, MutableAttentionBuffer dq,
                         MutableAttentionBuffer dk, MutableAttentionBuffer dv, const std::int64_t* kv_valid) {
   s.validate();
-  const std::int64_t d = s.head_dim, qw = s.heads * d, kw = s.kv_heads * d;
-  check_buffer("q", q, qw);
-  check_buffer("k", k, kw);
-  check_buffer("v", v, kw);
-  check_buffer("out", out, qw);
-  check_buffer("dout", dout, qw);
-  check_buffer("dq", dq, qw);
-  check_buffer("dk", dk, kw);
-  check_buffer("dv", dv, kw);
+  const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads;
+  check_buffer("q", q, s.heads, group, d);
+  check_buffer("k", k, s.kv_heads, 1, d);
+  check_buffer("v", v, s.kv_heads, 1, d);
+  check_buffer("out", out, s.heads, group, d);
+  check_buffer("dout", dout, s.heads, group, d);
+  check_buffer("dq", dq, s.heads, group, d);
+  check_buffer("dk", dk, s.kv_heads, 1, d);
+  check_buffer("dv", dv, s.kv_heads, 1, d);
   if (stats == nullptr) throw std::invalid_argument("attention: stats is null");
-  const Operand Q{q.data, q.dtype, q.row_stride, s.seq_q, qw}, K{k.data, k.dtype, k.row_stride, s.seq_k, kw},
-      V{v.data, v.dtype, v.row_stride, s.seq_k, kw}, O{out.data, out.dtype, out.row_stride, s.seq_q, qw},
-      dO{dout.data, dout.dtype, dout.row_stride, s.seq_q, qw};
+  const Operand Q{q, s.seq_q, group}, K{k, s.seq_k, 1}, V{v, s.seq_k, 1}, O{out, s.seq_q, group},
+      dO{dout, s.seq_q, group}, dQ{dq, s.seq_q, group}, dK{dk, s.seq_k, 1}, dV{dv, s.seq_k, 1};
   const float scale = s.softmax_scale();
-  const std::int64_t group = s.heads / s.kv_heads;
   const std::int64_t sq = s.seq_q, sk = s.seq_k;
   std::vector<float> kf, vf, qf, dof, dkacc, dvacc, dqacc(static_cast<std::size_t>(d));
   std::vector<float> p(static_cast<std::size_t>(sk)), ds(static_cast<std::size_t>(sk));
@@ -202,13 +212,13 @@ void attention_backward(const AttentionShape& s, AttentionBuffer q, AttentionBuf
               dvj[e] = det_fma(p[j], dot_t[e], dvj[e]);
             }
           }
-          const std::int64_t row = (b * sq + t) * dq.row_stride + h * d;
+          const std::int64_t row = dQ.offset(b, t, h, d);
           for (std::int64_t e = 0; e < d; ++e) store_f32(dq.data, dq.dtype, row + e, det_mul(dqacc[e], scale));
         }
       }
       for (std::int64_t j = 0; j < sk; ++j) {
-        const std::int64_t krow = (b * sk + j) * dk.row_stride + g * d;
-        const std::int64_t vrow = (b * sk + j) * dv.row_stride + g * d;
+        const std::int64_t krow = dK.offset(b, j, g, d);
+        const std::int64_t vrow = dV.offset(b, j, g, d);
         for (std::int64_t e = 0; e < d; ++e) {
           store_f32(dk.data, dk.dtype, krow + e, det_mul(dkacc[j * d + e], scale));
           store_f32(dv.data, dv.dtype, vrow + e, dvacc[j * d + e]);

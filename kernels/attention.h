@@ -67,17 +67,23 @@ struct AttentionShape {
   void validate() const;
 };
 
-// One operand: rows of `row_stride` elements of `dtype` (see the layout above).
+// One operand: rows of `row_stride` elements of `dtype` (see the layout above). With group_stride,
+// a query group's heads start group_stride elements after the previous group's (Megatron's fused
+// QKV row: per group its heads/kv_heads query heads, then its key head, then its value head, so
+// q, k and v point at columns 0, G·head_dim and (G+1)·head_dim of a row with group_stride
+// (G+2)·head_dim, G = heads / kv_heads).
 struct AttentionBuffer {
   const void* data = nullptr;
   DType dtype = DType::f32;
-  std::int64_t row_stride = 0;  // elements between consecutive tokens (>= heads * head_dim)
+  std::int64_t row_stride = 0;    // elements between consecutive tokens (>= heads * head_dim)
+  std::int64_t group_stride = 0;  // 0: heads side by side
 };
 struct MutableAttentionBuffer {
   void* data = nullptr;
   DType dtype = DType::f32;
   std::int64_t row_stride = 0;
-  operator AttentionBuffer() const { return {data, dtype, row_stride}; }
+  std::int64_t group_stride = 0;
+  operator AttentionBuffer() const { return {data, dtype, row_stride, group_stride}; }
 };
 
 // kv_valid: per sequence, how many of its keys are real (the rest padding); null: all seq_k.

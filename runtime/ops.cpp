@@ -459,6 +459,82 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
 }
 
 namespace {
+// The three operands of a fused QKV row, in place (kernels/attention.h, group_stride).
+struct FusedQkv {
+  kernels::AttentionBuffer q, k, v;
+};
+FusedQkv fused_views(const kernels::AttentionShape& s, void* data, DType t, std::int64_t row_stride) {
+  const std::int64_t g = s.heads / s.kv_heads, d = s.head_dim, gs = (g + 2) * d;
+  auto* base = static_cast<std::uint8_t*>(data);
+  const std::size_t es = dtype_size(t);
+  return {{base, t, row_stride, gs},
+          {base + static_cast<std::size_t>(g * d) * es, t, row_stride, gs},
+          {base + static_cast<std::size_t>((g + 1) * d) * es, t, row_stride, gs}};
+}
+
+void validate_self_attention(const kernels::AttentionShape& s, const char* op) {
+  try {
+    s.validate();
+  } catch (const std::invalid_argument& e) {
+    throw RuntimeError(fmt::format("{}: {}", op, e.what()));
+  }
+  if (s.seq_q != s.seq_k) {
+    throw RuntimeError(fmt::format("{}: self-attention on a fused QKV needs seq_q ({}) == seq_k ({})", op, s.seq_q,
+                                   s.seq_k));
+  }
+}
+}  // namespace
+
+void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats) {
+  const char* op = "attention_qkv";
+  validate_self_attention(s, op);
+  const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
+  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
+  check_operand(out, op, "out", tokens, s.heads * s.head_dim, "batch x seq, heads x head_dim");
+  check_stats(stats, op, "stats", tokens * 2 * s.heads, "2 per token and head");
+  same_device(op, {&qkv, &out, &stats});
+  if (values(out)) {
+    const Rows rx = rows_of(qkv, true), ro = rows_of(out, false);
+    const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
+    std::vector<float> st(static_cast<std::size_t>(stats.numel()));
+    kernels::attention_forward(s, f.q, f.k, f.v, ro.out(), st.data());
+    ro.store();
+    stats.copy_from_host_f32(st.data(), stats.numel());
+  }
+  const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_q + 127) / 128);
+  const std::uint64_t kv_bytes = qkv.nbytes() / static_cast<std::uint64_t>(s.heads / s.kv_heads + 2) * 2;
+  account_attention(out, "attention", s, 2.0 * static_cast<double>(s.head_dim), 5.0,
+                    qkv.nbytes() - kv_bytes + tiles * kv_bytes, out.nbytes() + stats.nbytes());
+}
+
+void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
+                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv) {
+  const char* op = "attention_qkv_backward";
+  validate_self_attention(s, op);
+  const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
+  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
+  check_operand(out, op, "out", tokens, s.heads * s.head_dim, "the forward's output");
+  check_stats(stats, op, "stats", tokens * 2 * s.heads, "the forward's statistics");
+  check_operand(dout, op, "dout", tokens, s.heads * s.head_dim, "out's gradient");
+  check_operand(dqkv, op, "dqkv", tokens, width, "qkv's gradient");
+  same_device(op, {&qkv, &out, &stats, &dout, &dqkv});
+  if (values(dqkv)) {
+    const Rows rx = rows_of(qkv, true), ro = rows_of(out, true), rdo = rows_of(dout, true), rd = rows_of(dqkv, false);
+    const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
+    const FusedQkv g = fused_views(s, rd.data(), dqkv.dtype(), rd.stride());
+    const std::vector<float> st = f32_of(stats);
+    auto mut = [](kernels::AttentionBuffer b) {
+      return kernels::MutableAttentionBuffer{const_cast<void*>(b.data), b.dtype, b.row_stride, b.group_stride};
+    };
+    kernels::attention_backward(s, f.q, f.k, f.v, ro.in(), st.data(), rdo.in(), mut(g.q), mut(g.k), mut(g.v));
+    rd.store();
+  }
+  const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_k + 127) / 128);
+  account_attention(dqkv, "attention backward", s, 5.0 * static_cast<double>(s.head_dim), 6.0,
+                    qkv.nbytes() + tiles * (out.nbytes() + dout.nbytes() + stats.nbytes()), dqkv.nbytes());
+}
+
+namespace {
 void check_norm(const char* op, const Tensor& x, std::initializer_list<std::pair<const Tensor*, const char*>> same,
                 std::initializer_list<std::pair<const Tensor*, const char*>> vectors,
                 std::initializer_list<std::pair<const Tensor*, const char*>> stats) {

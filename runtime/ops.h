@@ -37,6 +37,13 @@ void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& 
 void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& stats, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv);
+// Self-attention on Megatron's fused QKV projection output, read in place: qkv [batch x seq,
+// kv_heads x (G + 2) x head_dim], per query group its G = heads / kv_heads query heads, then its key
+// head, then its value head (seq_q = seq_k = seq). The backward writes dqkv in the same layout: the
+// QKV projection's output gradient.
+void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats);
+void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
+                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv);
 // RMSNorm and LayerNorm over the last dimension (kernels/norm.h): x, y, dy, dx [rows, n]; weight,
 // bias and their gradients [n]; mean and rstd f32 [rows], written by the forward for the backward.
 void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps);

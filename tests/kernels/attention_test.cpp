@@ -37,6 +37,47 @@ TEST(Attention, StatsAreTheMaxAndSumOfTheVisibleScores) {
     }
 }
 
+// Megatron's fused QKV row (per query group: its query heads, its key head, its value head) read in
+// place through group_stride, and the gradients written into one such row, give the bits of Q, K, V
+// (and dQ, dK, dV) held apart with their heads side by side.
+TEST(Attention, AFusedQkvRowInQueryGroupsGivesTheBitsOfSeparateOperands) {
+  const std::int64_t heads = 6, kv = 2, G = 3, d = 16, seq = 70, gs = (G + 2) * d, width = kv * gs;
+  const AttentionCase c{.backward = true, .seq = seq, .heads = heads, .kv_heads = kv, .head_dim = d,
+                        .in = DType::bf16, .out = DType::bf16};
+  const AttentionShape s = c.shape(1);
+  const AttnInputs apart = attn_inputs(c, 1, seq, seq, 9);
+  HostMatrix fused(DType::bf16, seq, width, Layout::row_major);
+  for (std::int64_t t = 0; t < seq; ++t)
+    for (std::int64_t g = 0; g < kv; ++g)
+      for (std::int64_t e = 0; e < d; ++e) {
+        for (std::int64_t i = 0; i < G; ++i) fused.set(t, g * gs + i * d + e, apart.q.at(t, (g * G + i) * d + e));
+        fused.set(t, g * gs + G * d + e, apart.k.at(t, g * d + e));
+        fused.set(t, g * gs + (G + 1) * d + e, apart.v.at(t, g * d + e));
+      }
+  const AttnResults want = attn_run(host_attention(), c, s, apart);
+  const std::size_t es = 2;
+  auto* base = static_cast<const std::uint8_t*>(fused.view().data);
+  const AttentionBuffer q{base, DType::bf16, width, gs}, k{base + G * d * es, DType::bf16, width, gs},
+      v{base + (G + 1) * d * es, DType::bf16, width, gs};
+  HostMatrix out = HostMatrix::output(DType::bf16, seq, heads * d, Layout::row_major);
+  std::vector<float> stats(static_cast<std::size_t>(seq * heads * 2));
+  attention_forward(s, q, k, v, mbuf(out), stats.data());
+  EXPECT_TRUE(attn_rows_equal("out", out, 0, want.out, 0, seq));
+  HostMatrix dqkv = HostMatrix::output(DType::bf16, seq, width, Layout::row_major);
+  auto* dbase = static_cast<std::uint8_t*>(dqkv.mview().data);
+  attention_backward(s, q, k, v, abuf(out), stats.data(), abuf(apart.dout), {dbase, DType::bf16, width, gs},
+                     {dbase + G * d * es, DType::bf16, width, gs}, {dbase + (G + 1) * d * es, DType::bf16, width, gs});
+  EXPECT_TRUE(dqkv.fully_written());
+  for (std::int64_t t = 0; t < seq; ++t)
+    for (std::int64_t g = 0; g < kv; ++g)
+      for (std::int64_t e = 0; e < d; ++e) {
+        for (std::int64_t i = 0; i < G; ++i)
+          ASSERT_EQ(dqkv.bits(t, g * gs + i * d + e), want.dq.bits(t, (g * G + i) * d + e)) << t << " " << g << " " << i;
+        ASSERT_EQ(dqkv.bits(t, g * gs + G * d + e), want.dk.bits(t, g * d + e));
+        ASSERT_EQ(dqkv.bits(t, g * gs + (G + 1) * d + e), want.dv.bits(t, g * d + e));
+      }
+}
+
 TEST(Attention, RefusesBadShapesNamingTheValidChoice) {
   AttentionShape s{.seq_q = 4, .seq_k = 4, .heads = 6, .kv_heads = 4, .head_dim = 8};
   auto message = [](const AttentionShape& x) {
@@ -67,7 +108,7 @@ TEST(Attention, RefusesBadShapesNamingTheValidChoice) {
                       {o.data(), DType::f32, 48}, st.data());
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("q's row_stride 40 is less than its heads x head_dim = 48"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("q's row_stride 40 is less than its heads' extent 48"), std::string::npos)
         << e.what();
   }
 }

@@ -96,6 +96,37 @@ TEST(AttentionOp, EveryBackendGivesTheKernelsBitsOnSlicesOfAFusedQkv) {
   }
 }
 
+// attention_qkv reads Megatron's fused row in place and writes the gradient in the same layout.
+TEST(AttentionOp, TheFusedQkvFormGivesTheKernelsBitsOnEveryBackend) {
+  constexpr std::int64_t G = kHeads / kKv, gs = (G + 2) * kDim, width = kKv * gs;
+  const auto qkvv = random_values(kTokens * width, 11), doutv = random_values(kTokens * kQw, 12);
+  const auto qkv = bytes_of(qkvv, kT), dout = bytes_of(doutv, kT);
+  const std::size_t es = dtype_size(kT);
+  std::vector<std::uint8_t> out(kTokens * kQw * es), dqkv(qkv.size());
+  std::vector<float> stats(kTokens * 2 * kHeads);
+  const kernels::AttentionBuffer q{qkv.data(), kT, width, gs}, k{qkv.data() + G * kDim * es, kT, width, gs},
+      v{qkv.data() + (G + 1) * kDim * es, kT, width, gs};
+  kernels::attention_forward(kShape, q, k, v, {out.data(), kT, kQw}, stats.data());
+  kernels::attention_backward(kShape, q, k, v, {out.data(), kT, kQw}, stats.data(), {dout.data(), kT, kQw},
+                              {dqkv.data(), kT, width, gs}, {dqkv.data() + G * kDim * es, kT, width, gs},
+                              {dqkv.data() + (G + 1) * kDim * es, kT, width, gs});
+  const hw::Topology topo = hw::load_topology("ring4");
+  for (const char* be : {"host", "sim"}) {
+    BackendArgs args;
+    if (std::string_view(be) == "sim") args.topology = &topo;
+    auto ctx = make_context(be, {.world_size = 1}, args);
+    ctx->spawn(1, [&](int r) {
+      Tensor X = ctx->from_host_f32(r, {kTokens, width}, kT, qkvv), DO = ctx->from_host_f32(r, {kTokens, kQw}, kT, doutv);
+      Tensor O = ctx->empty(r, {kTokens, kQw}, kT), S = ctx->empty(r, {kTokens, 2 * kHeads}, DType::f32),
+             DX = ctx->empty(r, {kTokens, width}, kT);
+      attention_qkv(kShape, X, O, S);
+      attention_qkv_backward(kShape, X, O, S, DO, DX);
+      EXPECT_EQ(O.to_host_bytes(), out) << be;
+      EXPECT_EQ(DX.to_host_bytes(), dqkv) << be;
+    });
+  }
+}
+
 TEST(AttentionOp, TimingOnlyTakesTheFunctionalRunsSimulatedTime) {
   const Outputs f = run_attention("sim", false), t = run_attention("sim", true);
   EXPECT_GT(f.time, 0u);
