@@ -191,7 +191,7 @@ LinearOptions fc1_opts(const MlpOptions& o) {
   l.sequence_parallel = o.sequence_parallel;
   l.dtype = o.dtype;
   l.seed = o.seed;
-  l.layer_id = 1;
+  l.layer_id = 1 + o.id_offset;
   return l;
 }
 LinearOptions fc2_opts(const MlpOptions& o) {
@@ -201,7 +201,7 @@ LinearOptions fc2_opts(const MlpOptions& o) {
   l.sequence_parallel = o.sequence_parallel;
   l.dtype = o.dtype;
   l.seed = o.seed;
-  l.layer_id = 2;
+  l.layer_id = 2 + o.id_offset;
   return l;
 }
 }  // namespace

@@ -91,6 +91,7 @@ struct MlpOptions {
   bool sequence_parallel = false;
   DType dtype = DType::bf16;
   std::uint64_t seed = 1234;
+  std::uint64_t id_offset = 0;  // fc1 and fc2 draw master weights 1 + id_offset and 2 + id_offset
 };
 
 class ParallelMLP {
