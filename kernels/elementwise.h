@@ -78,6 +78,40 @@ CUBESIM_HD float det_tanh(float y) {
   return y < 0 ? -t : t;
 }
 
+// ln x: x = 2^e m with m in [sqrt(1/2), sqrt 2) (through the exponent bits; subnormals scaled by
+// 2^23 first), ln m = 2 atanh(s) = 2 (s + s^3/3 + ... + s^15/15) with s = (m - 1) / (m + 1), |s| <=
+// 0.1716 (the series' tail below 1e-13), then e ln2 with ln2 split in two. ln 0 = -inf, ln of a
+// negative or NaN = NaN, ln inf = inf.
+CUBESIM_HD float det_log(float x) {
+  if (x != x || x < 0.0f) return __builtin_nanf("");
+  if (x == 0.0f) return -__builtin_inff();
+  if (x == __builtin_inff()) return x;
+  int e = 0;
+  if (x < 1.17549435e-38f) {  // subnormal
+    x = det_mul(x, 8388608.0f);
+    e = -23;
+  }
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  e += static_cast<int>((bits >> 23) & 0xffu) - 127;
+  float m = std::bit_cast<float>((bits & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  if (m > 1.41421356f) {
+    m = det_mul(m, 0.5f);
+    ++e;
+  }
+  const float s = det_div(det_add(m, -1.0f), det_add(m, 1.0f));
+  const float s2 = det_mul(s, s);
+  float p = 1.0f / 15.0f;
+  p = det_fma(p, s2, 1.0f / 13.0f);
+  p = det_fma(p, s2, 1.0f / 11.0f);
+  p = det_fma(p, s2, 1.0f / 9.0f);
+  p = det_fma(p, s2, 1.0f / 7.0f);
+  p = det_fma(p, s2, 1.0f / 5.0f);
+  p = det_fma(p, s2, 1.0f / 3.0f);
+  const float lnm = det_fma(det_mul(2.0f, det_mul(s, s2)), p, det_mul(2.0f, s));
+  const float fe = static_cast<float>(e);
+  return det_fma(fe, 0.693145751953125f, det_fma(fe, 1.428606765330187e-06f, lnm));
+}
+
 // erf(x), Abramowitz-Stegun 7.1.26.
 CUBESIM_HD float det_erf(float x) {
   const float a = x < 0 ? -x : x;

@@ -6,6 +6,7 @@
 
 #include "kernels/det_gemm.h"
 #include "kernels/norm.h"
+#include "kernels/vocab.h"
 #include "runtime/context.h"
 #include "runtime/errors.h"
 
@@ -618,6 +619,132 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy
   }
   account_norm(dx, op, 10, x.nbytes() + dy.nbytes() + weight.nbytes() + mean.nbytes() + rstd.nbytes(),
                dx.nbytes() + dweight.nbytes() + dbias.nbytes());
+}
+
+// ---- the vocabulary ------------------------------------------------------------------------------
+
+namespace {
+void check_ids(const char* op, const char* what, std::span<const std::int64_t> ids, std::int64_t tokens) {
+  if (static_cast<std::int64_t>(ids.size()) != tokens) {
+    throw RuntimeError(fmt::format("{}: {} has {} ids for {} token rows; give one per row", op, what, ids.size(), tokens));
+  }
+}
+void check_rows2d(const Tensor& t, const char* op, const char* what) {
+  if (t.dim() != 2) throw RuntimeError(fmt::format("{}: {} must be 2-D, got {}", op, what, t.describe()));
+  check_operand(t, op, what, t.shape()[0], t.shape()[1], "rows, columns");
+}
+}  // namespace
+
+void embedding(const Tensor& weight, std::int64_t vocab_start, std::span<const std::int64_t> ids, const Tensor& out) {
+  const char* op = "embedding";
+  check_rows2d(weight, op, "weight");
+  const std::int64_t tokens = static_cast<std::int64_t>(ids.size()), hidden = weight.shape()[1];
+  check_operand(out, op, "out", tokens, hidden, "one row per id, hidden");
+  same_device(op, {&weight, &out});
+  if (values(out)) {
+    const Rows rw = rows_of(weight, true), ro = rows_of(out, false);
+    kernels::embedding_forward(rw.norm(), weight.shape()[0], vocab_start, ids.data(), tokens, hidden, ro.mnorm());
+    ro.store();
+  }
+  OpCost c{OpCost::Kind::copy, op, 0, 0, 0, out.dtype(), out.nbytes(), out.nbytes(), 0, true};
+  account(out, c);
+}
+
+void embedding_backward(const Tensor& dy, std::span<const std::int64_t> ids, std::int64_t vocab_start,
+                        const Tensor& dweight) {
+  const char* op = "embedding_backward";
+  check_rows2d(dweight, op, "dweight");
+  const std::int64_t tokens = static_cast<std::int64_t>(ids.size()), hidden = dweight.shape()[1];
+  check_operand(dy, op, "dy", tokens, hidden, "one row per id, hidden");
+  same_device(op, {&dy, &dweight});
+  if (values(dweight)) {
+    const Rows rd = rows_of(dy, true), rw = rows_of(dweight, false);
+    kernels::embedding_backward(rd.norm(), ids.data(), tokens, hidden, dweight.shape()[0], vocab_start, rw.mnorm());
+    rw.store();
+  }
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, dy.dtype(), dy.nbytes(), dweight.nbytes(),
+           static_cast<double>(dy.numel()), true};
+  account(dweight, c);
+}
+
+void cross_entropy_max(const Tensor& logits, const Tensor& max) {
+  const char* op = "cross_entropy_max";
+  check_rows2d(logits, op, "logits");
+  check_stats(max, op, "max", logits.shape()[0], "one per row of the logits");
+  same_device(op, {&logits, &max});
+  if (values(max)) {
+    const Rows rl = rows_of(logits, true);
+    std::vector<float> m(static_cast<std::size_t>(logits.shape()[0]));
+    kernels::cross_entropy_max(rl.norm(), logits.shape()[0], logits.shape()[1], m.data());
+    max.copy_from_host_f32(m.data(), max.numel());
+  }
+  OpCost c{OpCost::Kind::reduce, op, 0, 0, 0, logits.dtype(), logits.nbytes(), max.nbytes(),
+           static_cast<double>(logits.numel()), true};
+  account(max, c);
+}
+
+void cross_entropy_partials(const Tensor& logits, const Tensor& max, std::span<const std::int64_t> targets,
+                            std::int64_t vocab_start, const Tensor& partials) {
+  const char* op = "cross_entropy_partials";
+  check_rows2d(logits, op, "logits");
+  const std::int64_t tokens = logits.shape()[0];
+  check_ids(op, "targets", targets, tokens);
+  check_stats(max, op, "max", tokens, "one per row of the logits");
+  check_stats(partials, op, "partials", 2 * tokens, "two per row of the logits");
+  same_device(op, {&logits, &max, &partials});
+  if (values(partials)) {
+    const Rows rl = rows_of(logits, true);
+    const std::vector<float> m = f32_of(max);
+    std::vector<float> p(static_cast<std::size_t>(2 * tokens));
+    kernels::cross_entropy_partials(rl.norm(), tokens, logits.shape()[1], m.data(), targets.data(), vocab_start,
+                                    p.data());
+    partials.copy_from_host_f32(p.data(), partials.numel());
+  }
+  OpCost c{OpCost::Kind::reduce, op, 0, 0, 0, logits.dtype(), logits.nbytes(), partials.nbytes(),
+           22 * static_cast<double>(logits.numel()), true};
+  account(partials, c);
+}
+
+void cross_entropy_loss(const Tensor& partials, const Tensor& max, const Tensor& loss) {
+  const char* op = "cross_entropy_loss";
+  const std::int64_t tokens = max.numel();
+  check_stats(max, op, "max", tokens, "one per token");
+  check_stats(partials, op, "partials", 2 * tokens, "two per token");
+  check_stats(loss, op, "loss", tokens, "one per token");
+  same_device(op, {&partials, &max, &loss});
+  if (values(loss)) {
+    const std::vector<float> p = f32_of(partials), m = f32_of(max);
+    std::vector<float> l(static_cast<std::size_t>(tokens));
+    for (std::size_t t = 0; t < l.size(); ++t) l[t] = kernels::cross_entropy_loss(p[2 * t], m[t], p[2 * t + 1]);
+    loss.copy_from_host_f32(l.data(), loss.numel());
+  }
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, DType::f32, partials.nbytes() + max.nbytes(), loss.nbytes(),
+           30 * static_cast<double>(tokens), true};
+  account(loss, c);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& max, const Tensor& partials,
+                            std::span<const std::int64_t> targets, std::int64_t vocab_start, const Tensor& dloss,
+                            const Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  check_rows2d(logits, op, "logits");
+  const std::int64_t tokens = logits.shape()[0];
+  check_ids(op, "targets", targets, tokens);
+  check_stats(max, op, "max", tokens, "one per row of the logits");
+  check_stats(partials, op, "partials", 2 * tokens, "two per row of the logits");
+  check_stats(dloss, op, "dloss", tokens, "one per row of the logits");
+  check_operand(dlogits, op, "dlogits", tokens, logits.shape()[1], "the logits' shape");
+  same_device(op, {&logits, &max, &partials, &dloss, &dlogits});
+  if (values(dlogits)) {
+    const Rows rl = rows_of(logits, true), rd = rows_of(dlogits, false);
+    const std::vector<float> m = f32_of(max), p = f32_of(partials), dl = f32_of(dloss);
+    kernels::cross_entropy_backward(rl.norm(), tokens, logits.shape()[1], m.data(), p.data(), targets.data(),
+                                    vocab_start, dl.data(), rd.mnorm());
+    rd.store();
+  }
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, logits.dtype(), logits.nbytes(), dlogits.nbytes(),
+           23 * static_cast<double>(logits.numel()), true};
+  account(dlogits, c);
 }
 
 }  // namespace cubesim::rt

@@ -11,6 +11,8 @@
 //   bias_grad(dy, db);                 // db[n] = Σ_m dy[m, n], ascending m
 #pragma once
 
+#include <span>
+
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "runtime/tensor.h"
@@ -44,6 +46,22 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
 void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats);
 void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
                             const Tensor& stats, const Tensor& dout, const Tensor& dqkv);
+// The vocabulary (kernels/vocab.h) on a rank's slice [vocab_start, vocab_start + rows) of it; ids
+// and targets are host token ids, one per row of the activations. embedding: weight [rows, hidden],
+// out [tokens, hidden] (zero rows for ids outside the slice); embedding_backward writes dweight.
+// Cross-entropy pieces on logits [tokens, slice]: max and loss f32 [tokens], partials f32
+// [tokens, 2] (sum of exponentials, the target's logit), dloss f32 [tokens].
+void embedding(const Tensor& weight, std::int64_t vocab_start, std::span<const std::int64_t> ids, const Tensor& out);
+void embedding_backward(const Tensor& dy, std::span<const std::int64_t> ids, std::int64_t vocab_start,
+                        const Tensor& dweight);
+void cross_entropy_max(const Tensor& logits, const Tensor& max);
+void cross_entropy_partials(const Tensor& logits, const Tensor& max, std::span<const std::int64_t> targets,
+                            std::int64_t vocab_start, const Tensor& partials);
+void cross_entropy_loss(const Tensor& partials, const Tensor& max, const Tensor& loss);
+void cross_entropy_backward(const Tensor& logits, const Tensor& max, const Tensor& partials,
+                            std::span<const std::int64_t> targets, std::int64_t vocab_start, const Tensor& dloss,
+                            const Tensor& dlogits);
+
 // RMSNorm and LayerNorm over the last dimension (kernels/norm.h): x, y, dy, dx [rows, n]; weight,
 // bias and their gradients [n]; mean and rstd f32 [rows], written by the forward for the backward.
 void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps);

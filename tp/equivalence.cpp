@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "runtime/errors.h"
+#include "tp/gpt_step.h"
 #include "tp/mlp_step.h"
 
 namespace cubesim::tp {
@@ -97,6 +98,68 @@ TensorCheck compare(const std::string& name, const std::string& against, const s
   return c;
 }
 
+// A host context that runs the collectives as ctx does (algorithm, f32 accumulation, hierarchy, and
+// the nccl algorithm's figures, runtime/algorithms/nccl.h, which choose ring or tree): they fix the
+// reduction order, hence the bits of a replay.
+std::unique_ptr<rt::Context> replay_context(const rt::Context& ctx, int tp) {
+  const rt::ContextOptions& co = ctx.options();
+  const hw::Topology* topo = const_cast<rt::Context&>(ctx).backend().topology();
+  return std::make_unique<rt::Context>(rt::ContextOptions{
+      .world_size = tp,
+      .algorithm = co.algorithm,
+      .accumulate_f32 = co.accumulate_f32,
+      .hierarchy = co.hierarchy,
+      .nccl = topo && topo->nccl.present ? std::optional(topo->nccl) : co.nccl});
+}
+
+TensorCheck ranks_check(const std::string& name, const std::vector<std::vector<std::uint8_t>>& ranks) {
+  TensorCheck c;
+  c.tensor = name;
+  c.against = "ranks";
+  c.bitwise = true;
+  for (const auto& b : ranks) c.bitwise = c.bitwise && b == ranks[0];
+  c.pass = c.bitwise;
+  return c;
+}
+
+// How a GPT step's tensor is split over the ranks (tp/gpt_step.h names), and the rows of a
+// column-split one.
+enum class Split { whole, rows, cols };
+Split gpt_split(std::string name) {
+  if (name.rfind("layers.", 0) == 0) name = name.substr(name.find('.', 7) + 1);
+  if (name == "embedding.weight_grad" || name == "lm_head.weight_grad" || name == "attention.qkv.weight_grad" ||
+      name == "mlp.fc1.weight_grad" || name == "attention.qkv.bias_grad" || name == "mlp.fc1.bias_grad")
+    return Split::rows;
+  if (name == "attention.proj.weight_grad" || name == "mlp.fc2.weight_grad") return Split::cols;
+  return Split::whole;  // the loss, the row layers' biases, the norms: the same on every rank
+}
+
+Run run_gpt(rt::Context& ctx, const GptCheckOptions& o, int tp) {
+  GptStepOptions so{.model = o.model, .batch = o.batch, .tp = tp, .data_seed = o.data_seed, .collect = Collect::all};
+  const GptStepResult step = run_gpt_step(ctx, so);
+  Run run;
+  run.report = step.report;
+  for (const auto& [name, bytes] : step.tensors[0]) {
+    const DType d = name == "loss" ? DType::f32 : o.model.dtype;
+    std::vector<std::vector<float>> parts;
+    for (const auto& m : step.tensors) {
+      const auto& b = m.at(name);
+      std::vector<float> v(b.size() / dtype_size(d));
+      convert_to_f32(b.data(), d, v.data(), v.size());
+      parts.push_back(std::move(v));
+    }
+    switch (gpt_split(name)) {
+      case Split::whole:
+        run.full[name] = parts[0];
+        for (const auto& m : step.tensors) run.per_rank[name].push_back(m.at(name));
+        break;
+      case Split::rows: run.full[name] = concat_rows(parts); break;
+      case Split::cols: run.full[name] = concat_cols(parts, o.model.hidden); break;
+    }
+  }
+  return run;
+}
+
 }  // namespace
 
 double tp_tolerance(DType d, int tp) {
@@ -125,30 +188,44 @@ EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions&
     rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), !sums_partials, tol));
   }
   if (!ctx.backend().reference()) {
-    // The replay must run the collectives as the context does (algorithm, f32 accumulation,
-    // hierarchy): they fix the reduction order, hence the bits.
-    const rt::ContextOptions& co = ctx.options();
-    // And the nccl algorithm's figures (runtime/algorithms/nccl.h): they choose ring or tree.
-    const hw::Topology* topo = ctx.backend().topology();
-    rt::Context hostp(rt::ContextOptions{.world_size = o.tp,
-                                         .algorithm = co.algorithm,
-                                         .accumulate_f32 = co.accumulate_f32,
-                                         .hierarchy = co.hierarchy,
-                                         .nccl = topo && topo->nccl.present ? std::optional(topo->nccl) : co.nccl});
-    Run replay = run_mlp(hostp, o, o.tp);
+    auto hostp = replay_context(ctx, o.tp);
+    Run replay = run_mlp(*hostp, o, o.tp);
     for (const auto& [name, values] : tpr.full) {
       rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
     }
   }
-  for (const auto& [name, ranks] : tpr.per_rank) {
-    TensorCheck c;
-    c.tensor = name;
-    c.against = "ranks";
-    c.bitwise = true;
-    for (const auto& b : ranks) c.bitwise = c.bitwise && b == ranks[0];
-    c.pass = c.bitwise;
-    rep.checks.push_back(c);
+  for (const auto& [name, ranks] : tpr.per_rank) rep.checks.push_back(ranks_check(name, ranks));
+  rep.pass = true;
+  for (const auto& c : rep.checks) rep.pass = rep.pass && c.pass;
+  return rep;
+}
+
+double gpt_tolerance(DType d, int tp, int layers) { return std::max(1, layers) * tp_tolerance(d, tp); }
+
+EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions& o) {
+  if (ctx.backend().timing_only()) {
+    throw rt::RuntimeError("check_gpt_equivalence: the context is timing-only (it keeps no values to compare); "
+                           "use run_gpt_step (cubesim.tp.run_gpt) for timing, or a context with values");
   }
+  EquivalenceReport rep;
+  Run tpr = run_gpt(ctx, o, o.tp);
+  rep.run = tpr.report;
+  rt::Context host1(rt::ContextOptions{.world_size = 1});
+  GptCheckOptions ro = o;
+  ro.model.sequence_parallel = false;
+  Run ref = run_gpt(host1, ro, 1);
+  const double tol = gpt_tolerance(o.model.dtype, o.tp, o.model.layers);
+  for (const auto& [name, values] : tpr.full) {
+    rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), o.tp == 1, tol));
+  }
+  if (!ctx.backend().reference()) {
+    auto hostp = replay_context(ctx, o.tp);
+    Run replay = run_gpt(*hostp, o, o.tp);
+    for (const auto& [name, values] : tpr.full) {
+      rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
+    }
+  }
+  for (const auto& [name, ranks] : tpr.per_rank) rep.checks.push_back(ranks_check(name, ranks));
   rep.pass = true;
   for (const auto& c : rep.checks) rep.pass = rep.pass && c.pass;
   return rep;

@@ -9,6 +9,26 @@
 
 namespace cubesim::tp {
 
+void collect_layer_grads(const TransformerLayer& l, const std::string& prefix,
+                         std::map<std::string, std::vector<std::uint8_t>>& out) {
+  const std::pair<const char*, const rt::Tensor*> grads[] = {
+      {"attention.qkv.weight_grad", &l.attention.qkv.weight_grad},
+      {"attention.proj.weight_grad", &l.attention.proj.weight_grad},
+      {"mlp.fc1.weight_grad", &l.mlp.fc1.weight_grad},
+      {"mlp.fc2.weight_grad", &l.mlp.fc2.weight_grad},
+      {"input_norm.weight_grad", &l.input_norm.weight_grad},
+      {"post_attention_norm.weight_grad", &l.post_attention_norm.weight_grad},
+      {"attention.qkv.bias_grad", &l.attention.qkv.bias_grad},
+      {"attention.proj.bias_grad", &l.attention.proj.bias_grad},
+      {"mlp.fc1.bias_grad", &l.mlp.fc1.bias_grad},
+      {"mlp.fc2.bias_grad", &l.mlp.fc2.bias_grad},
+      {"input_norm.bias_grad", &l.input_norm.bias_grad},
+      {"post_attention_norm.bias_grad", &l.post_attention_norm.bias_grad}};
+  for (const auto& [name, t] : grads) {
+    if (t->defined()) out[prefix + name] = t->to_host_bytes();
+  }
+}
+
 TransformerStepResult run_transformer_step(rt::Context& ctx, const TransformerStepOptions& o) {
   const char* fn = "run_transformer_step";
   const bool values = !ctx.backend().timing_only();
@@ -64,22 +84,7 @@ TransformerStepResult run_transformer_step(rt::Context& ctx, const TransformerSt
       if (o.collect == Collect::all) {
         m["attention.qkv_output"] = layer.attention.qkv_output.to_host_bytes();
         m["attention.context"] = layer.attention.context.to_host_bytes();
-        const std::pair<const char*, const rt::Tensor*> grads[] = {
-            {"attention.qkv.weight_grad", &layer.attention.qkv.weight_grad},
-            {"attention.proj.weight_grad", &layer.attention.proj.weight_grad},
-            {"mlp.fc1.weight_grad", &layer.mlp.fc1.weight_grad},
-            {"mlp.fc2.weight_grad", &layer.mlp.fc2.weight_grad},
-            {"input_norm.weight_grad", &layer.input_norm.weight_grad},
-            {"post_attention_norm.weight_grad", &layer.post_attention_norm.weight_grad},
-            {"attention.qkv.bias_grad", &layer.attention.qkv.bias_grad},
-            {"attention.proj.bias_grad", &layer.attention.proj.bias_grad},
-            {"mlp.fc1.bias_grad", &layer.mlp.fc1.bias_grad},
-            {"mlp.fc2.bias_grad", &layer.mlp.fc2.bias_grad},
-            {"input_norm.bias_grad", &layer.input_norm.bias_grad},
-            {"post_attention_norm.bias_grad", &layer.post_attention_norm.bias_grad}};
-        for (const auto& [name, t] : grads) {
-          if (t->defined()) m[name] = t->to_host_bytes();
-        }
+        collect_layer_grads(layer, "", m);
       }
     }
     destroy_model_parallel();

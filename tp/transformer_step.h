@@ -46,4 +46,8 @@ struct TransformerStepResult {
 // their own invalid sizes (heads, kv_heads, ffn against tp).
 TransformerStepResult run_transformer_step(rt::Context& ctx, const TransformerStepOptions& o);
 
+// Every gradient a layer holds after its backward, as bytes under prefix + its name (the names above).
+void collect_layer_grads(const TransformerLayer& layer, const std::string& prefix,
+                         std::map<std::string, std::vector<std::uint8_t>>& out);
+
 }  // namespace cubesim::tp

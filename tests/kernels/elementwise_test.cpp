@@ -34,6 +34,24 @@ TEST(Elementwise, ExpWithinTwoUlp) {
   }
 }
 
+TEST(Elementwise, LogWithinTwoUlpOverTheWholeRange) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<std::uint32_t> bits(1, 0x7f7fffffu);  // every positive finite float, subnormals too
+  for (int i = 0; i < 300000; ++i) {
+    const float x = std::bit_cast<float>(bits(rng));
+    const double ref = std::log(static_cast<double>(x));
+    ASSERT_LE(ulp_distance(det_log(x), ref), 2.0) << x;
+  }
+  for (float x : {1.0f, 2.0f, 0.5f, 1.41421356f, 1.41421366f, 0.999999f, 1.000001f}) {
+    EXPECT_LE(ulp_distance(det_log(x), std::log(static_cast<double>(x))), 2.0) << x;
+  }
+  EXPECT_EQ(det_log(1.0f), 0.0f);
+  EXPECT_EQ(det_log(0.0f), -INFINITY);
+  EXPECT_EQ(det_log(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(det_log(-1.0f)));
+  EXPECT_TRUE(std::isnan(det_log(NAN)));
+}
+
 TEST(Elementwise, TanhAndErf) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-9.0f, 9.0f);
