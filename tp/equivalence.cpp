@@ -210,6 +210,9 @@ EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions&
   EquivalenceReport rep;
   Run tpr = run_gpt(ctx, o, o.tp);
   rep.run = tpr.report;
+  double sum = 0;
+  for (float l : tpr.full.at("loss")) sum += l;
+  rep.mean_loss = sum / static_cast<double>(tpr.full.at("loss").size());
   rt::Context host1(rt::ContextOptions{.world_size = 1});
   GptCheckOptions ro = o;
   ro.model.sequence_parallel = false;

@@ -47,6 +47,7 @@ struct EquivalenceReport {
   std::vector<TensorCheck> checks;
   bool pass = false;
   rt::RunReport run;  // of the tp run on the given context
+  double mean_loss = 0;  // check_gpt_equivalence: the tp run's mean per-token loss
 };
 
 // Relative-norm tolerance for results that sum tp partials, each rounded to dtype.

@@ -17,6 +17,7 @@ unknown topology, a tp the topology cannot hold, a backend this build lacks, a m
 """
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -31,6 +32,7 @@ from ._table import format_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JSON_SCHEMA_RUN = "cubesim.run/1"
+MODEL_NAMES = {"mlp": "ParallelMLP", "gpt": "GPTModel"}
 
 BENCHES = {
     "collectives": "bench_collectives",
@@ -339,14 +341,31 @@ def cmd_topo_validate(args):
 # ---- run -----------------------------------------------------------------------------------------
 
 
+def model_needs(args):
+    """What tp must divide for the model of `cubesim run`, as (name, value) pairs."""
+    if getattr(args, "model", "mlp") == "gpt":
+        groups = args.kv_heads or args.heads
+        need = [("ffn", args.ffn), ("kv-heads" if args.kv_heads else "heads", groups), ("vocab", args.vocab)]
+        if args.sequence_parallel:
+            need.append(("batch x seq", args.batch * args.seq))
+        return need
+    return [("ffn", args.ffn)] + ([("tokens", args.tokens)] if args.sequence_parallel else [])
+
+
 def valid_tps(limit, args):
+    if getattr(args, "model", "mlp") == "gpt":
+        return [p for p in range(1, (limit or 1) + 1) if all(v % p == 0 for _, v in model_needs(args))]
     return cs.tp.valid_tp_sizes(limit, args.ffn, args.tokens, args.sequence_parallel)
+
+
+def need_text(args):
+    return " and ".join(f"{n} {v}" for n, v in model_needs(args))
 
 
 def choose_tp(args, limit, holder):
     """The tp to run: --tp, checked against the devices (limit; None: any) and the model, else the
     largest that fits. holder names the devices in messages ("topology 'ring4' has 4 cubes")."""
-    need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
+    need = need_text(args)
     if args.tp is None:
         return valid_tps(limit, args)[-1] if limit else 1
     if args.tp < 1:
@@ -404,9 +423,17 @@ def cmd_run(args):
                          "the check compares; add --timing-only, or leave --timing at chunk")
     if args.dtype not in cs.DTYPES:
         raise UsageError(f"--dtype {args.dtype}: use one of {', '.join(cs.DTYPES)}")
-    for flag in ("hidden", "ffn", "tokens"):
+    gpt = args.model == "gpt"
+    for flag in ("hidden", "ffn", "tokens") + (("vocab", "heads", "seq", "batch", "layers") if gpt else ()):
         if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+            raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    if gpt:
+        if args.kv_heads is not None and args.kv_heads < 1:
+            raise UsageError(f"--kv-heads {args.kv_heads}: must be at least 1")
+        if args.hidden % args.heads:
+            raise UsageError(f"--heads {args.heads}: must divide --hidden {args.hidden} (head size = hidden / heads)")
+        if args.kv_heads and args.heads % args.kv_heads:
+            raise UsageError(f"--kv-heads {args.kv_heads}: must divide --heads {args.heads} (query groups)")
     sets = parse_sets(args.set)
     sim = backend["simulates"]
     topo = None
@@ -424,7 +451,7 @@ def cmd_run(args):
             tp = len(cubes)
             valid = valid_tps(topo.num_cubes, args)
             if tp not in valid:
-                need = f"ffn {args.ffn}" + (f" and tokens {args.tokens}" if args.sequence_parallel else "")
+                need = need_text(args)
                 raise UsageError(f"--cubes {args.cubes} names {plural(tp, 'cube')}, one per rank, but tp {tp} does not "
                                  f"divide {need}; valid tp values here: {', '.join(map(str, valid))} (name that many "
                                  "cubes)")
@@ -465,9 +492,22 @@ def cmd_run(args):
         seed=args.seed,
         data_seed=args.data_seed,
     )
+    loss = None
+    if gpt:
+        model = dict(tp=tp, batch=args.batch, vocab=args.vocab, hidden=args.hidden, heads=args.heads,
+                     kv_heads=args.kv_heads, ffn=args.ffn, seq=args.seq, layers=args.layers, norm=args.norm,
+                     dtype=args.dtype, gelu=args.gelu, bias=not args.no_bias, sequence_parallel=args.sequence_parallel,
+                     tie_embeddings=not args.untie_embeddings, seed=args.seed, data_seed=args.data_seed)
     where = f"{tp} rank{'s' if tp > 1 else ''} on " + (f"'{topo.name}'" if topo else args.backend)
-    with Progress(f"ParallelMLP forward+backward, {where}"):
-        if args.timing_only:
+    with Progress(f"{MODEL_NAMES[args.model]} forward+backward, {where}"):
+        if gpt and args.timing_only:
+            eq = None
+            report = cs.tp.run_gpt(ctx, **model).run
+        elif gpt:
+            eq = cs.tp.check_gpt_equivalence(ctx, **model)
+            report = eq.run
+            loss = eq.mean_loss
+        elif args.timing_only:
             eq = None
             report = cs.tp.run_mlp(ctx, **model)
         else:
@@ -501,7 +541,11 @@ def cmd_run(args):
         "algorithm": args.algorithm,
         "timing_only": args.timing_only,
         "timing": args.timing if sim else None,
-        "mlp": {k: model[k] for k in ("tokens", "hidden", "ffn", "dtype", "gelu", "bias", "sequence_parallel", "seed")},
+        "model": args.model,
+        "mlp": None if gpt else {k: model[k] for k in ("tokens", "hidden", "ffn", "dtype", "gelu", "bias",
+                                                       "sequence_parallel", "seed")},
+        "gpt": {k: v for k, v in model.items() if k not in ("tp", "data_seed")} if gpt else None,
+        "loss": loss,
         "check": None
         if eq is None
         else {
@@ -534,7 +578,7 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
     what = "checked against the host reference" if eq is not None else "timing only (no values, no check)"
     if args.timing == "flow":
         what += ", flow-level transfers"
-    out.say(f"cubesim run: ParallelMLP forward + backward, {what}")
+    out.say(f"cubesim run: {MODEL_NAMES[args.model]} forward + backward, {what}")
     out.say()
     if topo:
         pes = result["topology"]["pes_per_cube"]
@@ -550,11 +594,21 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
         out.say(f"  backend   {args.backend}, tp {tp}: {placement}, collectives {args.algorithm}")
     else:
         out.say(f"  backend   {args.backend} ({ctx.describe()}), tp {tp}, collectives {args.algorithm}")
-    m = result["mlp"]
-    out.say(
-        f"  model     hidden {m['hidden']}, ffn {m['ffn']}, tokens {m['tokens']}, {m['dtype']}, GELU {m['gelu']}"
-        f"{', bias' if m['bias'] else ', no bias'}{', sequence parallel' if m['sequence_parallel'] else ''}"
-    )
+    if result["gpt"]:
+        g = result["gpt"]
+        kv = f", kv heads {g['kv_heads']}" if g["kv_heads"] else ""
+        out.say(
+            f"  model     {g['layers']} layers, hidden {g['hidden']}, heads {g['heads']}{kv}, ffn {g['ffn']}, vocab "
+            f"{g['vocab']}, {g['batch']} x {g['seq']} tokens, {g['norm']}, {g['dtype']}"
+            f"{', bias' if g['bias'] else ', no bias'}{', tied embeddings' if g['tie_embeddings'] else ''}"
+            f"{', sequence parallel' if g['sequence_parallel'] else ''}"
+        )
+    else:
+        m = result["mlp"]
+        out.say(
+            f"  model     hidden {m['hidden']}, ffn {m['ffn']}, tokens {m['tokens']}, {m['dtype']}, GELU {m['gelu']}"
+            f"{', bias' if m['bias'] else ', no bias'}{', sequence parallel' if m['sequence_parallel'] else ''}"
+        )
     for o in result["overrides"]:
         out.say(f"  override  {o['path']} = {json.dumps(o['value'])}")
     out.say()
@@ -577,9 +631,15 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
                              align=["l", "l", "l", "r", "r", "l"]))
         out.say("  unsharded: the tp=1 model on the host; host replay: the same tp program on the host (same")
         out.say("  reduction order); ranks: every rank holds the same bits.")
-        if tp > 1:
+        if tp > 1 and result["gpt"]:
+            out.say("  every tensor of the GPT step is downstream of a sum of tp partials (attention and MLP")
+            out.say("  outputs, the loss's sums): against the unsharded model a tolerance, everywhere else the bit.")
+        elif tp > 1:
             out.say("  output and input_grad sum tp partials, which round differently from the unsharded sum:")
             out.say("  against the unsharded model they are held to a tolerance, everywhere else to the bit.")
+        out.say()
+    if result["loss"] is not None:
+        out.say(f"loss: {result['loss']:.6f} (mean over tokens; log(vocab) = {math.log(result['gpt']['vocab']):.6f})")
         out.say()
     if topo:
         out.say(f"simulated time: {fmt_time(report.sim_time_ps)}  (simulator: {report.wall_s:.3f} s wall, "
@@ -1186,8 +1246,11 @@ def build_parser():
 
     run = sub.add_parser(
         "run",
-        help="the main job: ParallelMLP forward + backward, checked against the host reference",
-        description="Runs a Megatron-style ParallelMLP forward and backward with tp ranks on the topology, checks "
+        help="the main job: ParallelMLP (or --model gpt: GPTModel) forward + backward, checked against the host "
+        "reference",
+        description="Runs a Megatron-style ParallelMLP (or, with --model gpt, a GPTModel: embedding, transformer layers "
+        "with grouped-query attention and MLP, final norm, LM head, vocab-parallel cross-entropy) forward and "
+        "backward with tp ranks on the topology, checks "
         "every tensor against the host reference (the unsharded model, and the same tp program replayed on the "
         "host), and prints the check, the simulated time and its compute/communication split per rank.",
     )
@@ -1202,6 +1265,9 @@ def build_parser():
                      help="where it runs (default: sim; see cubesim.backend_info())")
     run.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON (open in ui.perfetto.dev)")
     json_opt(run)
+    run.add_argument("--model", default="mlp", choices=list(MODEL_NAMES),
+                     help="mlp (default): Megatron's ParallelMLP; gpt: GPTModel (embedding, --layers transformer "
+                     "layers with attention and MLP, final norm, LM head, vocab-parallel cross-entropy)")
     run.add_argument("--hidden", type=SIZE, default=512, metavar="N", help="hidden size (default 512)")
     run.add_argument("--ffn", type=SIZE, default=2048, metavar="N", help="feed-forward size (default 2048)")
     run.add_argument("--tokens", type=SIZE, default=256, metavar="N", help="tokens in the batch (default 256)")
@@ -1209,6 +1275,18 @@ def build_parser():
     run.add_argument("--gelu", default="tanh", choices=["tanh", "erf"], help="GELU form (default tanh)")
     run.add_argument("--no-bias", action="store_true", help="linear layers without bias")
     run.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    g = run.add_argument_group("gpt model (--model gpt)")
+    g.add_argument("--layers", type=SIZE, default=2, metavar="N", help="transformer layers (default 2)")
+    g.add_argument("--heads", type=SIZE, default=8, metavar="N", help="attention heads (default 8)")
+    g.add_argument("--kv-heads", type=SIZE, default=None, metavar="N",
+                   help="key/value heads: query groups of grouped-query attention (default: --heads)")
+    g.add_argument("--seq", type=SIZE, default=128, metavar="N", help="sequence length (default 128)")
+    g.add_argument("--batch", type=SIZE, default=1, metavar="N", help="sequences in the batch (default 1)")
+    g.add_argument("--vocab", type=SIZE, default=1024, metavar="N", help="vocabulary size (default 1024)")
+    g.add_argument("--norm", default="layer_norm", choices=["layer_norm", "rms_norm"],
+                   help="normalization (default layer_norm)")
+    g.add_argument("--untie-embeddings", action="store_true",
+                   help="an LM head of its own (default: tied to the embedding, as Megatron's GPT)")
     run.add_argument("--algorithm", default="ring", choices=[a["name"] for a in cs.algorithms()],
                      help="collective algorithm (default ring; see cubesim algorithms)")
     run.add_argument("--timing-only", action="store_true",

@@ -15,6 +15,7 @@
 #include "kernels/det_gemm.h"
 #include "kernels/elementwise.h"
 #include "tp/equivalence.h"
+#include "tp/gpt_step.h"
 #include "tp/layers.h"
 #include "tp/mlp_step.h"
 #include "tp/parallel_state.h"
@@ -226,6 +227,7 @@ struct PyEquivalence {
   std::vector<tp::TensorCheck> checks;
   bool passed = false;
   rt::RunReport run;
+  double mean_loss = 0;
 };
 
 // The MLP arguments both jobs take, range-checked (a ValueError naming the argument).
@@ -281,6 +283,43 @@ rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::obj
   }
   return rep;
 }
+
+// The GPT model's arguments, range-checked (a ValueError naming the argument).
+tp::GptOptions gpt_opts(const py::object& vocab, const py::object& hidden, const py::object& heads,
+                        const py::object& kv_heads, const py::object& ffn, const py::object& seq, const py::object& layers,
+                        const std::string& norm, const std::string& dtype, const std::string& gelu, bool bias, bool sp,
+                        bool tie, const py::object& seed) {
+  tp::GptOptions o;
+  o.vocab = int_arg(vocab, "vocab", 1, kI64Max);
+  o.hidden = int_arg(hidden, "hidden", 1, kI64Max);
+  o.heads = int_arg(heads, "heads", 1, kI64Max);
+  o.kv_heads = kv_heads.is_none() ? 0 : int_arg(kv_heads, "kv_heads", 1, kI64Max);
+  o.ffn = int_arg(ffn, "ffn", 1, kI64Max);
+  o.seq = int_arg(seq, "seq", 1, kI64Max);
+  o.layers = static_cast<int>(int_arg(layers, "layers", 1, 1 << 16));
+  o.norm = tp::parse_norm_kind(norm);
+  o.dtype = dtype_arg(dtype);
+  o.gelu = kernels::parse_gelu_kind(gelu);
+  o.bias = bias;
+  o.sequence_parallel = sp;
+  o.tie_embeddings = tie;
+  o.seed = u64_arg(seed, "seed");
+  return o;
+}
+
+// The GPT step's collectives on its tp group: all_reduce (the attention and MLP outputs without
+// sequence parallelism, the loss's max and sums, the norms' gradients with it), all_gather and
+// reduce_scatter with sequence parallelism.
+void check_gpt_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char* who) {
+  if (tpsize < 1) return;
+  check_mlp_algorithm(ctx, tpsize, false, who);
+  if (sp) check_mlp_algorithm(ctx, tpsize, true, who);
+}
+
+struct PyGptStep {
+  rt::RunReport run;
+  double mean_loss = 0;
+};
 
 }  // namespace
 
@@ -569,6 +608,7 @@ void bind_kernels_tp(py::module_& m) {
       .def_readonly("checks", &PyEquivalence::checks)
       .def_readonly("passed", &PyEquivalence::passed)
       .def_readonly("run", &PyEquivalence::run)
+      .def_readonly("mean_loss", &PyEquivalence::mean_loss, "check_gpt_equivalence: the mean loss of the tp run.")
       .def_property_readonly("max_abs", [](const PyEquivalence& e) {
         double m = 0;
         for (const auto& c : e.checks) m = std::max(m, c.max_abs);
@@ -592,6 +632,68 @@ void bind_kernels_tp(py::module_& m) {
         py::arg("bias") = true, py::arg("sequence_parallel") = false, py::arg("seed") = 1234, py::arg("data_seed") = 99,
         "One ParallelMLP forward and backward with tp ranks on ctx (tp::run_mlp_step: seeded random inputs, none "
         "on a timing-only context), for its RunReport. The GIL is released while it runs.");
+  t.def(
+      "check_gpt_equivalence",
+      [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
+         const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
+         const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
+         const std::string& gelu, bool bias, bool sp, bool tie, const py::object& seed, const py::object& data_seed) {
+        tp::GptCheckOptions o;
+        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, bias, sp, tie, seed);
+        o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+        o.batch = int_arg(batch, "batch", 1, kI64Max);
+        o.data_seed = u64_arg(data_seed, "data_seed");
+        check_gpt_algorithm(*ctx, o.tp, sp && o.tp > 1, "check_gpt_equivalence");
+        tp::EquivalenceReport rep;
+        {
+          ReleaseGil nogil;
+          rep = tp::check_gpt_equivalence(*ctx, o);
+        }
+        return PyEquivalence{rep.checks, rep.pass, rep.run, rep.mean_loss};
+      },
+      py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
+      py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
+      py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
+      py::arg("gelu") = "tanh", py::arg("bias") = true, py::arg("sequence_parallel") = false,
+      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
+      "Runs a GPTModel step (embedding, layers transformer layers, final norm, LM head, vocab-parallel "
+      "cross-entropy; forward and backward) with tp ranks on ctx, the unsharded model on the host and, when ctx is "
+      "not the host, the same tp program on the host, and compares the per-token loss and every gradient: bitwise at "
+      "tp 1, within gpt_tolerance above (everything is downstream of a sum of tp partials), bitwise against the host "
+      "replay and across ranks. kv_heads: query groups (None: heads). The GIL is released while it runs.");
+  py::class_<PyGptStep>(t, "GptStep", "Result of run_gpt: the RunReport and the mean loss (NaN when timing-only).")
+      .def_readonly("run", &PyGptStep::run)
+      .def_readonly("mean_loss", &PyGptStep::mean_loss);
+  t.def(
+      "run_gpt",
+      [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
+         const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
+         const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
+         const std::string& gelu, bool bias, bool sp, bool tie, const py::object& seed, const py::object& data_seed) {
+        tp::GptStepOptions o;
+        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, bias, sp, tie, seed);
+        o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+        o.batch = int_arg(batch, "batch", 1, kI64Max);
+        o.data_seed = u64_arg(data_seed, "data_seed");
+        check_gpt_algorithm(*ctx, o.tp, sp && o.tp > 1, "run_gpt");
+        PyGptStep r;
+        {
+          ReleaseGil nogil;
+          const tp::GptStepResult res = tp::run_gpt_step(*ctx, o);
+          r.run = res.report;
+          r.mean_loss = res.mean_loss;
+        }
+        return r;
+      },
+      py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
+      py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
+      py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
+      py::arg("gelu") = "tanh", py::arg("bias") = true, py::arg("sequence_parallel") = false,
+      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
+      "One GPTModel forward and backward with tp ranks on ctx (tp::run_gpt_step: seeded random tokens), for its "
+      "RunReport and mean loss. The GIL is released while it runs.");
+  t.def("gpt_tolerance", [](const std::string& d, int p, int layers) { return tp::gpt_tolerance(dtype_arg(d), p, layers); },
+        py::arg("dtype"), py::arg("tp"), py::arg("layers"));
   t.def("valid_tp_sizes",
         [](int devices, std::int64_t ffn, std::int64_t tokens, bool sp) {
           return tp::valid_tp_sizes({.ffn = ffn, .sequence_parallel = sp}, tokens, devices);
