@@ -38,6 +38,7 @@ BENCHES = {
     "collectives": "bench_collectives",
     "gemm": "bench_det_gemm_cpu",
     "tp": "bench_tp_mlp",
+    "gpt": "bench_tp_gpt",
     "transfer": "bench_transfer",
     "sim-core": "bench_sim_core",
 }
