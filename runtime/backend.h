@@ -21,6 +21,7 @@
 
 #include "base/dtype.h"
 #include "kernels/accumulator.h"
+#include "kernels/attention.h"
 #include "kernels/checksum.h"
 #include "kernels/elementwise.h"
 #include "runtime/collective_types.h"
@@ -83,6 +84,23 @@ struct ElementwiseRequest {
   const Tensor* pre = nullptr;  // bias_gelu: x + bias rounded to its dtype (may be x)
 };
 
+// Attention (runtime/ops.h) for backends that compute where the data lives. Each operand is a
+// tensor on the calling rank with contiguous columns, read from column `col` of its rows with the
+// given group_stride (kernels/attention.h: 0 heads side by side; Megatron's fused QKV row otherwise).
+// Values follow kernels/attention.h bit for bit. backward: dout, dq, dk, dv are set (and written);
+// forward: out and stats are written.
+struct AttentionRequest {
+  struct Operand {
+    const Tensor* t = nullptr;
+    std::int64_t col = 0;
+    std::int64_t group_stride = 0;
+  };
+  kernels::AttentionShape shape;
+  bool backward = false;
+  Operand q, k, v, out, dout, dq, dk, dv;
+  const Tensor* stats = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -143,6 +161,7 @@ class Backend {
 
   // Computes the op where the data lives and returns true, or returns false (host values).
   virtual bool elementwise(const ElementwiseRequest& r) { return false; }
+  virtual bool attention(const AttentionRequest& r) { return false; }
 
   // Runs the whole collective (values, on every member once all have called) and returns true; or
   // false, and the runtime runs the selected algorithm over Comm (copy + reduce).

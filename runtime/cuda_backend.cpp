@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise_cuda.h"
 #include "runtime/backend_info.h"
@@ -521,6 +522,37 @@ bool CudaBackend::elementwise(const ElementwiseRequest& r) {
       }
       break;
   }
+  return true;
+}
+
+bool CudaBackend::attention(const AttentionRequest& r) {
+  const int rank = r.stats->device();
+  const AttentionRequest::Operand* ops[] = {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv};
+  for (const AttentionRequest::Operand* o : ops) {
+    const Tensor* t = o->t;
+    if (t && (!as_cuda(t->storage()) || t->device() != rank || t->dim() != 2 || (t->cols() > 1 && t->strides()[1] != 1)))
+      return false;
+  }
+  if (!as_cuda(r.stats->storage()) || !r.stats->is_contiguous()) return false;
+  Device& d = impl_->dev(rank);
+  d.use();
+  auto in = [](const AttentionRequest::Operand& o) {
+    return kernels::AttentionBuffer{dptr(*o.t) + o.col * static_cast<std::int64_t>(o.t->element_size()),
+                                    o.t->dtype(), o.t->strides()[0], o.group_stride};
+  };
+  auto out = [&](const AttentionRequest::Operand& o) {
+    const kernels::AttentionBuffer b = in(o);
+    return kernels::MutableAttentionBuffer{const_cast<void*>(b.data), b.dtype, b.row_stride, b.group_stride};
+  };
+  auto* stats = reinterpret_cast<float*>(dptr(*r.stats));
+  if (!r.backward) {
+    cuda::attention_forward(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, nullptr, d.stream);
+    return true;
+  }
+  // The workspace goes back to the caching allocator at once: it reuses blocks in stream order.
+  const auto ws = allocate(rank, cuda::attention_backward_workspace_bytes(r.shape), "attention workspace");
+  cuda::attention_backward(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq), out(r.dk),
+                           out(r.dv), nullptr, static_cast<CudaStorage&>(*ws).ptr(), d.stream);
   return true;
 }
 

@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
   bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) override;
   bool elementwise(const ElementwiseRequest& r) override;
+  bool attention(const AttentionRequest& r) override;
   std::uint64_t async_begin(int rank) override;
   void async_end(std::uint64_t token) override;
   void end_run() override;

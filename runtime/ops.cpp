@@ -394,6 +394,43 @@ void account_attention(const Tensor& out, const char* name, const kernels::Atten
 
 }  // namespace
 
+namespace {
+// The forward where the backend runs it, or false (host values).
+bool backend_attention_forward(const kernels::AttentionShape& s, AttentionRequest::Operand q,
+                               AttentionRequest::Operand k, AttentionRequest::Operand v, const Tensor& out,
+                               const Tensor& stats) {
+  AttentionRequest req;
+  req.shape = s;
+  req.q = q;
+  req.k = k;
+  req.v = v;
+  req.out = {&out, 0, 0};
+  req.stats = &stats;
+  return Context::current("attention").backend().attention(req);
+}
+
+// The backward where the backend runs it, or false (host values).
+bool backend_attention_backward(const kernels::AttentionShape& s, AttentionRequest::Operand q, AttentionRequest::Operand k,
+                                AttentionRequest::Operand v, AttentionRequest::Operand out, const Tensor& stats,
+                                AttentionRequest::Operand dout, AttentionRequest::Operand dq, AttentionRequest::Operand dk,
+                                AttentionRequest::Operand dv) {
+  Context& ctx = Context::current("attention_backward");
+  AttentionRequest req;
+  req.shape = s;
+  req.backward = true;
+  req.q = q;
+  req.k = k;
+  req.v = v;
+  req.out = out;
+  req.dout = dout;
+  req.dq = dq;
+  req.dk = dk;
+  req.dv = dv;
+  req.stats = &stats;
+  return ctx.backend().attention(req);
+}
+}  // namespace
+
 void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                const Tensor& stats) {
   const char* op = "attention";
@@ -410,7 +447,7 @@ void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& 
   check_operand(out, op, "out", tq, qw, "batch x seq_q, heads x head_dim");
   check_stats(stats, op, "stats", tq * 2 * s.heads, "2 per token and head");
   same_device(op, {&q, &k, &v, &out, &stats});
-  if (values(out)) {
+  if (values(out) && !backend_attention_forward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, out, stats)) {
     const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, false);
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
     kernels::attention_forward(s, rq.in(), rk.in(), rv.in(), ro.out(), st.data());
@@ -443,7 +480,8 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
   check_operand(dk, op, "dk", tk, kw, "k's gradient");
   check_operand(dv, op, "dv", tk, kw, "v's gradient");
   same_device(op, {&q, &k, &v, &out, &stats, &dout, &dq, &dk, &dv});
-  if (values(dq)) {
+  if (values(dq) && !backend_attention_backward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, {&out, 0, 0}, stats, {&dout, 0, 0}, {&dq, 0, 0},
+                                                {&dk, 0, 0}, {&dv, 0, 0})) {
     const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, true),
                rdo = rows_of(dout, true), rdq = rows_of(dq, false), rdk = rows_of(dk, false), rdv = rows_of(dv, false);
     const std::vector<float> st = f32_of(stats);
@@ -494,7 +532,9 @@ void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Te
   check_operand(out, op, "out", tokens, s.heads * s.head_dim, "batch x seq, heads x head_dim");
   check_stats(stats, op, "stats", tokens * 2 * s.heads, "2 per token and head");
   same_device(op, {&qkv, &out, &stats});
-  if (values(out)) {
+  const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
+  if (values(out) && !backend_attention_forward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
+                                                {&qkv, (gq + 1) * s.head_dim, gs}, out, stats)) {
     const Rows rx = rows_of(qkv, true), ro = rows_of(out, false);
     const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
@@ -519,7 +559,11 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
   check_operand(dout, op, "dout", tokens, s.heads * s.head_dim, "out's gradient");
   check_operand(dqkv, op, "dqkv", tokens, width, "qkv's gradient");
   same_device(op, {&qkv, &out, &stats, &dout, &dqkv});
-  if (values(dqkv)) {
+  const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
+  if (values(dqkv) &&
+      !backend_attention_backward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs}, {&qkv, (gq + 1) * s.head_dim, gs},
+                                  {&out, 0, 0}, stats, {&dout, 0, 0}, {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs},
+                                  {&dqkv, (gq + 1) * s.head_dim, gs})) {
     const Rows rx = rows_of(qkv, true), ro = rows_of(out, true), rdo = rows_of(dout, true), rd = rows_of(dqkv, false);
     const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
     const FusedQkv g = fused_views(s, rd.data(), dqkv.dtype(), rd.stride());

@@ -29,6 +29,8 @@ namespace cubesim::kernels::testing {
 
 struct AttentionBackend {
   std::string name;  // letters, digits and '_'
+  // Why the backend cannot run here ("" when it can): every case of it is skipped with the reason.
+  std::function<std::string()> unavailable = [] { return std::string(); };
   std::function<void(const AttentionShape&, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v,
                      MutableAttentionBuffer out, float* stats, const std::int64_t* kv_valid)>
       forward;
@@ -39,7 +41,7 @@ struct AttentionBackend {
 };
 
 inline AttentionBackend host_attention() {
-  return {"host",
+  return {"host", [] { return std::string(); },
           [](const AttentionShape& s, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v, MutableAttentionBuffer o,
              float* st, const std::int64_t* kv) { attention_forward(s, q, k, v, o, st, kv); },
           [](const AttentionShape& s, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v, AttentionBuffer o,
@@ -251,6 +253,7 @@ inline double attn_tolerance(DType out, bool gradient) {
 // ---- the checks ----------------------------------------------------------------------------------
 
 inline void run_attention_case(const AttentionBackend& be, const AttentionCase& c) {
+  if (const std::string why = be.unavailable(); !why.empty()) GTEST_SKIP() << why;
   const std::uint64_t seed = std::hash<std::string>{}(c.name()) % 100000;
   const AttentionShape s = c.shape(c.batch);
   switch (c.check) {

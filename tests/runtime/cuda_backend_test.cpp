@@ -20,6 +20,8 @@
 #include "runtime/ops.h"
 #include "sim/hw/errors.h"
 #include "tp/equivalence.h"
+#include "tp/gpt_step.h"
+#include "tp/transformer_step.h"
 
 namespace cubesim::rt::testing {
 namespace {
@@ -361,6 +363,36 @@ INSTANTIATE_TEST_SUITE_P(Gpus1to4, CudaMlp,
                          [](const auto& info) { return info.param.name(); });
 
 // ---------------------------------------------------------------- allocator, timing
+// The transformer layer and the GPT model with exact GEMMs, the GPU's exact attention kernels
+// (kernels/cuda/attention_cuda.h) and the deterministic ring: every tensor bitwise the host replay's.
+TEST(CudaTransformer, ExactModeLayerAndGptEqualTheHostsBits) {
+  NEED_GPUS(1);
+  const int gpus = std::min(cuda_device_count(), 2);
+  for (int tp = 1; tp <= gpus; ++tp) {
+    const tp::TransformerStepOptions lo{
+        .layer = {.hidden = 128, .heads = 8, .kv_heads = 4, .ffn = 256, .seq = 136, .norm = tp::NormKind::rms_norm,
+                  .sequence_parallel = tp > 1, .dtype = DType::bf16, .seed = 3},
+        .batch = 2, .tp = tp, .data_seed = 5, .collect = tp::Collect::all};
+    auto g = cuda_ring(tp);
+    auto h = host_context(tp);
+    const auto got = tp::run_transformer_step(*g, lo), want = tp::run_transformer_step(*h, lo);
+    for (int k = 0; k < tp; ++k)
+      for (const auto& [name, bytes] : want.tensors[static_cast<std::size_t>(k)])
+        EXPECT_EQ(got.tensors[static_cast<std::size_t>(k)].at(name), bytes) << "layer tp " << tp << " rank " << k << " " << name;
+    const tp::GptStepOptions go{
+        .model = {.vocab = 256, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 128, .seq = 80, .layers = 2,
+                  .dtype = DType::bf16, .seed = 4},
+        .batch = 2, .tp = tp, .data_seed = 6, .collect = tp::Collect::all};
+    auto g2 = cuda_ring(tp);
+    auto h2 = host_context(tp);
+    const auto gg = tp::run_gpt_step(*g2, go), gw = tp::run_gpt_step(*h2, go);
+    for (int k = 0; k < tp; ++k)
+      for (const auto& [name, bytes] : gw.tensors[static_cast<std::size_t>(k)])
+        EXPECT_EQ(gg.tensors[static_cast<std::size_t>(k)].at(name), bytes) << "gpt tp " << tp << " rank " << k << " " << name;
+    EXPECT_EQ(gg.mean_loss, gw.mean_loss);
+  }
+}
+
 TEST(CudaBackendAllocator, ReusesFreedBlocksBySizeClass) {
   NEED_GPUS(1);
   auto ctx = cuda_ring(1);

@@ -1,0 +1,42 @@
+// attention_cuda.h — the attention contract (kernels/attention.h) on a GPU in the exact mode: every
+// score, exponential and sum in the contract's order with the non-contracting det_* operations, so
+// the results are the host definition's bits (tests/kernels/cuda/test_attention_cuda.cpp runs the
+// contract's case table against it).
+//
+//   cuda::attention_forward(s, q, k, v, out, stats, nullptr, stream);     // device pointers
+//   cuda::attention_backward(s, q, k, v, out, stats, dout, dq, dk, dv, nullptr, workspace, stream);
+//
+// Buffers and the layout are attention.h's (group_stride included); stats f32 [tokens, heads, 2];
+// kv_valid, when given, a device array of batch int64. The backward needs
+// attention_backward_workspace_bytes(s) of device memory. Launches are asynchronous on `stream` and
+// throw cubesim::cuda::CudaError naming the kernel when a launch fails; the shape is validated as the
+// host does (std::invalid_argument).
+//
+// How it runs: a block of 16 query rows (forward, dQ) or 16 key rows (dK, dV) walks the other side in
+// blocks of 64: threads compute the block's scores in parallel (each a sequential fma chain over the
+// head dimension, as the contract orders it), one thread per row keeps the running max and sum, and
+// threads over (row, element) carry the accumulators across the block's keys (or queries) in order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention.h"
+
+namespace cubesim::cuda {
+
+void attention_forward(const kernels::AttentionShape& s, kernels::AttentionBuffer q, kernels::AttentionBuffer k,
+                       kernels::AttentionBuffer v, kernels::MutableAttentionBuffer out, float* stats,
+                       const std::int64_t* kv_valid, cudaStream_t stream);
+
+std::size_t attention_backward_workspace_bytes(const kernels::AttentionShape& s);
+
+void attention_backward(const kernels::AttentionShape& s, kernels::AttentionBuffer q, kernels::AttentionBuffer k,
+                        kernels::AttentionBuffer v, kernels::AttentionBuffer out, const float* stats,
+                        kernels::AttentionBuffer dout, kernels::MutableAttentionBuffer dq,
+                        kernels::MutableAttentionBuffer dk, kernels::MutableAttentionBuffer dv,
+                        const std::int64_t* kv_valid, void* workspace, cudaStream_t stream);
+
+}  // namespace cubesim::cuda
