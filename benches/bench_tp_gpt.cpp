@@ -1,12 +1,12 @@
 // bench_tp_gpt — simulated time of a tensor-parallel transformer layer step (forward + backward) on the
 // shipped topologies: a Llama-like layer (hidden 4096, 32 heads, 8 KV heads, ffn 14336, RMSNorm, no
-// bias, sequence 4096, bf16; a GELU MLP: SwiGLU is not modelled yet), tp in {1, 2, 4, 8} where the
+// bias, SwiGLU MLP, sequence 4096, bf16; --gelu for a GELU MLP), tp in {1, 2, 4, 8} where the
 // topology has that many cubes, with the compute/communication split and the simulator's wall time.
 // Timing-only (no values; the simulated times equal a functional run's, which the tests pin);
 // --functional moves real values (use small sizes). Attention is priced by the runtime's cost model
 // (its products on the MACs, the softmax on the vector unit: runtime/ops.h), not yet as PE tiles.
 //
-//   bench_tp_gpt [--json FILE] [--quick] [--topology NAME] [--functional] [--seq N] [--batch N]
+//   bench_tp_gpt [--json FILE] [--quick] [--topology NAME] [--functional] [--gelu] [--seq N] [--batch N]
 //                [--hidden N] [--heads N] [--kv-heads N] [--ffn N]
 // JSON rows: topology, tp, sim_time_us, compute_us, comm_us, wall_s, events (+ the sizes).
 #include <string>
@@ -23,7 +23,7 @@ using namespace cubesim::bench;
 int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_tp_gpt");
   std::vector<std::string> topologies;
-  bool functional = false;
+  bool functional = false, swiglu = true;
   std::int64_t seq = 4096, batch = 1, hidden = 4096, heads = 32, kv_heads = 8, ffn = 14336;
   try {
     for (std::size_t i = 0; i < args.rest.size(); ++i) {
@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
       };
       if (a == "--topology") topologies.push_back(next());
       else if (a == "--functional") functional = true;
+      else if (a == "--gelu") swiglu = false;
       else if (a == "--seq") seq = std::stoll(next());
       else if (a == "--batch") batch = std::stoll(next());
       else if (a == "--hidden") hidden = std::stoll(next());
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
       else throw std::invalid_argument("unknown argument '" + a + "'");
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_tp_gpt: {} (valid: --json FILE, --quick, --topology NAME, --functional, --seq N, "
+    fmt::print(stderr, "bench_tp_gpt: {} (valid: --json FILE, --quick, --topology NAME, --functional, --gelu, --seq N, "
                        "--batch N, --hidden N, --heads N, --kv-heads N, --ffn N)\n", e.what());
     return 2;
   }
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
       }
       const tp::TransformerStepOptions so{
           .layer = {.hidden = hidden, .heads = heads, .kv_heads = kv_heads, .ffn = ffn, .seq = seq,
-                    .norm = tp::NormKind::rms_norm, .bias = false, .dtype = DType::bf16, .seed = 7},
+                    .norm = tp::NormKind::rms_norm, .swiglu = swiglu, .bias = false, .dtype = DType::bf16, .seed = 7},
           .batch = batch,
           .tp = tp};
       const rt::RunReport rep = tp::run_transformer_step(*ctx, so).report;
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
       out["rows"].push_back({{"topology", topo}, {"tp", tp}, {"sim_time_us", sim_us}, {"compute_us", comp},
                              {"comm_us", comm}, {"wall_s", rep.wall_s}, {"events", rep.events}, {"seq", seq},
                              {"batch", batch}, {"hidden", hidden}, {"heads", heads}, {"kv_heads", kv_heads},
-                             {"ffn", ffn}});
+                             {"ffn", ffn}, {"mlp", swiglu ? "swiglu" : "gelu"}});
     }
   }
   t.print();

@@ -166,6 +166,20 @@ CUBESIM_HD float gelu_backward(GeluKind k, float x, float dy) {
   return k == GeluKind::tanh ? gelu_tanh_backward(x, dy) : gelu_erf_backward(x, dy);
 }
 
+// SwiGLU (Shazeer 2020, the Llama MLP's activation): silu(g)·u with silu(g) = g·sigmoid(g), sigmoid(g)
+// = 1 / (1 + e^{-g}); one rounding at the end (silu(g) is not rounded on its own).
+CUBESIM_HD float det_sigmoid(float g) { return det_div(1.0f, det_add(1.0f, det_exp(-g))); }
+CUBESIM_HD float swiglu(float g, float u) { return det_mul(det_mul(g, det_sigmoid(g)), u); }
+// d/dg = dy·u·s·(1 + g·(1 − s)), d/du = dy·silu(g), s = sigmoid(g).
+struct SwigluGrad {
+  float dg, du;
+};
+CUBESIM_HD SwigluGrad swiglu_backward(float g, float u, float dy) {
+  const float s = det_sigmoid(g);
+  const float dsilu = det_mul(s, det_fma(g, det_add(1.0f, -s), 1.0f));
+  return {det_mul(det_mul(dy, u), dsilu), det_mul(dy, det_mul(g, s))};
+}
+
 // Buffers of f32 values, on the host. out may alias in.
 void gelu_forward(GeluKind k, const float* in, float* out, std::int64_t n);
 void gelu_backward(GeluKind k, const float* x, const float* dy, float* dx, std::int64_t n);

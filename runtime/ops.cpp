@@ -791,4 +791,59 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& max, const Tenso
   account(dlogits, c);
 }
 
+// ---- SwiGLU ---------------------------------------------------------------------------------------
+
+namespace {
+void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* what) {
+  if (x.dim() != 2 || x.shape()[1] % 2 != 0) {
+    throw RuntimeError(fmt::format("{}: x {} must be 2-D [rows, 2 x f] (gate and up interleaved)", op, x.describe()));
+  }
+  check_operand(x, op, "x", x.shape()[0], x.shape()[1], "rows, 2 x f");
+  check_operand(y, op, what, x.shape()[0], x.shape()[1] / 2, "rows, f: half of x's columns");
+  same_rank(x, y, op);
+}
+}  // namespace
+
+void swiglu(const Tensor& x, const Tensor& y) {
+  const char* op = "swiglu";
+  check_swiglu(op, x, y, "y");
+  if (values(y)) {
+    const Rows rx = rows_of(x, true), ry = rows_of(y, false);
+    const std::int64_t rows = x.shape()[0], f = y.shape()[1];
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t i = 0; i < f; ++i) {
+        const float g = load_f32(rx.data(), x.dtype(), r * rx.stride() + 2 * i);
+        const float u = load_f32(rx.data(), x.dtype(), r * rx.stride() + 2 * i + 1);
+        store_f32(ry.data(), y.dtype(), r * ry.stride() + i, kernels::swiglu(g, u));
+      }
+    ry.store();
+  }
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, y.dtype(), x.nbytes(), y.nbytes(), 25 * static_cast<double>(y.numel()),
+           true};
+  account(y, c);
+}
+
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const char* op = "swiglu_backward";
+  check_swiglu(op, x, dy, "dy");
+  check_operand(dx, op, "dx", x.shape()[0], x.shape()[1], "x's shape");
+  same_rank(x, dx, op);
+  if (values(dx)) {
+    const Rows rx = rows_of(x, true), rd = rows_of(dy, true), ro = rows_of(dx, false);
+    const std::int64_t rows = x.shape()[0], f = dy.shape()[1];
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t i = 0; i < f; ++i) {
+        const float g = load_f32(rx.data(), x.dtype(), r * rx.stride() + 2 * i);
+        const float u = load_f32(rx.data(), x.dtype(), r * rx.stride() + 2 * i + 1);
+        const kernels::SwigluGrad d = kernels::swiglu_backward(g, u, load_f32(rd.data(), dy.dtype(), r * rd.stride() + i));
+        store_f32(ro.data(), dx.dtype(), r * ro.stride() + 2 * i, d.dg);
+        store_f32(ro.data(), dx.dtype(), r * ro.stride() + 2 * i + 1, d.du);
+      }
+    ro.store();
+  }
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, dx.dtype(), x.nbytes() + dy.nbytes(), dx.nbytes(),
+           35 * static_cast<double>(dy.numel()), true};
+  account(dx, c);
+}
+
 }  // namespace cubesim::rt

@@ -29,6 +29,10 @@ void add_bias(const Tensor& x, const Tensor& bias, const Tensor& y);            
 void bias_gelu(kernels::GeluKind k, const Tensor& x, const Tensor& bias, const Tensor& pre, const Tensor& y);
 void add(const Tensor& a, const Tensor& b, const Tensor& y);                               // y = a + b
 void copy(const Tensor& src, const Tensor& dst);                                           // same shape and dtype
+// SwiGLU on interleaved pairs (kernels/elementwise.h): x [rows, 2f] holds (gate, up) in columns
+// (2i, 2i + 1); y [rows, f] = silu(gate)·up; the backward writes dx [rows, 2f] in the same layout.
+void swiglu(const Tensor& x, const Tensor& y);
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 
 // Attention (kernels/attention.h) on 2-D tensors of tokens x (heads x head_dim) as its layout says:
 // q, out, dq, dout [batch x seq_q, heads x head_dim]; k, v, dk, dv [batch x seq_k, kv_heads x head_dim];

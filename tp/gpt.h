@@ -83,6 +83,7 @@ struct GptOptions {
   NormKind norm = NormKind::layer_norm;
   float norm_eps = 1e-5f;
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
+  bool swiglu = false;
   bool bias = true;
   bool sequence_parallel = false;
   bool tie_embeddings = true;  // the LM head is the embedding's weight (Megatron's default)

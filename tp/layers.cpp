@@ -207,12 +207,18 @@ LinearOptions fc2_opts(const MlpOptions& o) {
 }  // namespace
 
 ParallelMLP::ParallelMLP(rt::Context& ctx, MlpOptions o)
-    : opts(o), fc1(ctx, o.hidden, o.ffn, fc1_opts(o)), fc2(ctx, o.ffn, o.hidden, fc2_opts(o)), ctx_(ctx),
+    : opts(o), fc1(ctx, o.hidden, o.swiglu ? 2 * o.ffn : o.ffn, fc1_opts(o)), fc2(ctx, o.ffn, o.hidden, fc2_opts(o)), ctx_(ctx),
       rank_(rt::Context::current_rank("ParallelMLP")) {}
 
 rt::Tensor ParallelMLP::forward(const rt::Tensor& x) {
   LinearOutput h = fc1.forward(x);
   pre_activation = h.output;
+  if (opts.swiglu) {
+    if (h.bias.defined()) rt::add_bias(pre_activation, h.bias, pre_activation);
+    activation = ctx_.empty(rank_, {pre_activation.size(0), pre_activation.size(1) / 2}, opts.dtype, "activation");
+    rt::swiglu(pre_activation, activation);
+    return fc2.forward(activation).output;
+  }
   activation = ctx_.empty(rank_, pre_activation.shape(), opts.dtype, "activation");
   if (h.bias.defined()) {
     rt::bias_gelu(opts.gelu, pre_activation, h.bias, pre_activation, activation);  // fused, as Megatron's bias-GELU
@@ -224,8 +230,12 @@ rt::Tensor ParallelMLP::forward(const rt::Tensor& x) {
 
 rt::Tensor ParallelMLP::backward(const rt::Tensor& dy) {
   rt::Tensor da = fc2.backward(dy);
-  rt::Tensor dpre = ctx_.empty(rank_, da.shape(), opts.dtype, "gelu grad");
-  rt::gelu_backward(opts.gelu, pre_activation, da, dpre);
+  rt::Tensor dpre = ctx_.empty(rank_, pre_activation.shape(), opts.dtype, "activation grad");
+  if (opts.swiglu) {
+    rt::swiglu_backward(pre_activation, da, dpre);
+  } else {
+    rt::gelu_backward(opts.gelu, pre_activation, da, dpre);
+  }
   return fc1.backward(dpre);
 }
 

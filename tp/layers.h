@@ -11,7 +11,7 @@
 //     the whole b. Forward: X's slice (split here unless input_is_parallel) times the shard gives a
 //     partial Y, all-reduced (reduce-scattered along tokens when sequence_parallel); b is added
 //     after the reduction.
-//   ParallelMLP: column (skip_bias_add) -> bias + GELU -> row (input_is_parallel).
+//   ParallelMLP: column (skip_bias_add) -> bias + GELU (or bias, SwiGLU) -> row (input_is_parallel).
 // Weights are shards of one master weight drawn from a counter-based generator (seed, layer id,
 // element index), so the full weight is the same for every tp size; biases too (non-zero, so bias
 // paths are tested; Megatron starts them at zero).
@@ -92,6 +92,10 @@ struct MlpOptions {
   DType dtype = DType::bf16;
   std::uint64_t seed = 1234;
   std::uint64_t id_offset = 0;  // fc1 and fc2 draw master weights 1 + id_offset and 2 + id_offset
+  // SwiGLU instead of GELU (Megatron's gated_linear_unit with silu, the Llama MLP): fc1 is 2 x ffn wide,
+  // its master rows in (gate, up) pairs (rows 2i and 2i + 1 feed feature i), so a rank's shard holds
+  // whole pairs for any tp dividing ffn; activation = silu(gate)·up (rt::swiglu).
+  bool swiglu = false;
 };
 
 class ParallelMLP {
@@ -103,8 +107,8 @@ class ParallelMLP {
   MlpOptions opts;
   ColumnParallelLinear fc1;
   RowParallelLinear fc2;
-  rt::Tensor pre_activation;  // fc1's output plus its bias (this rank's features)
-  rt::Tensor activation;      // GELU of it
+  rt::Tensor pre_activation;  // fc1's output plus its bias (this rank's features; SwiGLU: (gate, up) pairs)
+  rt::Tensor activation;      // GELU (or SwiGLU) of it
 
  private:
   rt::Context& ctx_;

@@ -171,7 +171,7 @@ AttentionOptions attention_opts(const TransformerLayerOptions& o) {
 }
 MlpOptions mlp_opts(const TransformerLayerOptions& o) {
   return {.hidden = o.hidden, .ffn = o.ffn, .gelu = o.gelu, .bias = o.bias, .sequence_parallel = o.sequence_parallel,
-          .dtype = o.dtype, .seed = o.seed, .id_offset = base_id(o) + 2};
+          .dtype = o.dtype, .seed = o.seed, .id_offset = base_id(o) + 2, .swiglu = o.swiglu};
 }
 }  // namespace
 

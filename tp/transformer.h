@@ -106,6 +106,7 @@ struct TransformerLayerOptions {
   NormKind norm = NormKind::layer_norm;
   float norm_eps = 1e-5f;
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
+  bool swiglu = false;  // the MLP's activation: SwiGLU instead of GELU (MlpOptions::swiglu)
   bool causal = true;
   bool bias = true;
   bool sequence_parallel = false;

@@ -52,6 +52,21 @@ TEST(Elementwise, LogWithinTwoUlpOverTheWholeRange) {
   EXPECT_TRUE(std::isnan(det_log(NAN)));
 }
 
+TEST(Elementwise, SwigluAndItsGradientAgainstF64) {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-12.0f, 12.0f);
+  for (int i = 0; i < 100000; ++i) {
+    const float g = u(rng), up = u(rng), dy = u(rng);
+    const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(g)));
+    const double y = g * s * up;
+    ASSERT_NEAR(swiglu(g, up), y, 4e-7 * std::fabs(y) + 1e-30) << g << " " << up;
+    const SwigluGrad d = swiglu_backward(g, up, dy);
+    const double dg = dy * static_cast<double>(up) * s * (1 + g * (1 - s)), du = dy * g * s;
+    ASSERT_NEAR(d.dg, dg, 1e-6 * (std::fabs(dy * up) + std::fabs(dg)) + 1e-30) << g;
+    ASSERT_NEAR(d.du, du, 4e-7 * std::fabs(du) + 1e-30) << g;
+  }
+}
+
 TEST(Elementwise, TanhAndErf) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-9.0f, 9.0f);

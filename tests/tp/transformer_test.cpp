@@ -24,9 +24,10 @@ struct Case {
   std::int64_t kv_heads;
   NormKind norm;
   bool sim;
+  bool swiglu = false;
   std::string name() const {
-    return fmt::format("tp{}_{}_{}_kv{}_{}_{}", tp, dtype_name(dtype), sp ? "sp" : "nosp", kv_heads,
-                       norm_kind_name(norm), sim ? "sim" : "host");
+    return fmt::format("tp{}_{}_{}_kv{}_{}_{}_{}", tp, dtype_name(dtype), sp ? "sp" : "nosp", kv_heads,
+                       norm_kind_name(norm), swiglu ? "swiglu" : "gelu", sim ? "sim" : "host");
   }
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
@@ -44,7 +45,7 @@ constexpr std::int64_t kHidden = 64, kHeads = 8, kFfn = 128, kSeq = 80, kBatch =
 TransformerStepOptions options(const Case& c, int tp) {
   TransformerStepOptions o;
   o.layer = {.hidden = kHidden, .heads = kHeads, .kv_heads = c.kv_heads, .ffn = kFfn, .seq = kSeq, .norm = c.norm,
-             .sequence_parallel = c.sp, .dtype = c.dtype, .seed = 21};
+             .swiglu = c.swiglu, .sequence_parallel = c.sp, .dtype = c.dtype, .seed = 21};
   o.batch = kBatch;
   o.tp = tp;
   o.data_seed = 8;
@@ -150,7 +151,7 @@ std::vector<Case> cases() {
         if (tp == 1 && sp) continue;
         const std::int64_t kv = (tp + (sp ? 1 : 0)) % 2 ? 8 : 4;
         const NormKind norm = d == DType::bf16 ? NormKind::rms_norm : NormKind::layer_norm;
-        v.push_back({tp, d, sp, kv, norm, tp != 1 || d == DType::bf16});
+        v.push_back({tp, d, sp, kv, norm, tp != 1 || d == DType::bf16, (tp + (sp ? 1 : 0) + (d == DType::f32)) % 2 == 1});
         if (tp == 2 && d == DType::bf16) v.push_back({tp, d, sp, kv, norm, false});
       }
   return v;
