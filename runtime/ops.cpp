@@ -395,6 +395,20 @@ void account_attention(const Tensor& out, const char* name, const kernels::Atten
 }  // namespace
 
 namespace {
+// Runs `run` (a backend's own attention: values and time) and books its time as the rank's compute,
+// or returns false when the backend does not run it.
+template <class Fn>
+bool backend_ran(const Tensor& any, const char* name, Fn run) {
+  Context& ctx = Context::current(name);
+  const int rank = Context::current_rank(name);
+  const sim::Time t0 = ctx.simulator().now();
+  if (!run()) return false;
+  const sim::Time t1 = ctx.simulator().now();
+  ctx.add_compute(rank, t1 - t0);
+  if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), name, t0, t1);
+  return true;
+}
+
 // The forward where the backend runs it, or false (host values).
 bool backend_attention_forward(const kernels::AttentionShape& s, AttentionRequest::Operand q,
                                AttentionRequest::Operand k, AttentionRequest::Operand v, const Tensor& out,
@@ -447,7 +461,10 @@ void attention(const kernels::AttentionShape& s, const Tensor& q, const Tensor& 
   check_operand(out, op, "out", tq, qw, "batch x seq_q, heads x head_dim");
   check_stats(stats, op, "stats", tq * 2 * s.heads, "2 per token and head");
   same_device(op, {&q, &k, &v, &out, &stats});
-  if (values(out) && !backend_attention_forward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, out, stats)) {
+  if (backend_ran(out, op, [&] { return backend_attention_forward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, out, stats); })) {
+    return;
+  }
+  if (values(out)) {
     const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, false);
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
     kernels::attention_forward(s, rq.in(), rk.in(), rv.in(), ro.out(), st.data());
@@ -480,8 +497,13 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
   check_operand(dk, op, "dk", tk, kw, "k's gradient");
   check_operand(dv, op, "dv", tk, kw, "v's gradient");
   same_device(op, {&q, &k, &v, &out, &stats, &dout, &dq, &dk, &dv});
-  if (values(dq) && !backend_attention_backward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, {&out, 0, 0}, stats, {&dout, 0, 0}, {&dq, 0, 0},
-                                                {&dk, 0, 0}, {&dv, 0, 0})) {
+  if (backend_ran(dq, op, [&] {
+        return backend_attention_backward(s, {&q, 0, 0}, {&k, 0, 0}, {&v, 0, 0}, {&out, 0, 0}, stats, {&dout, 0, 0},
+                                          {&dq, 0, 0}, {&dk, 0, 0}, {&dv, 0, 0});
+      })) {
+    return;
+  }
+  if (values(dq)) {
     const Rows rq = rows_of(q, true), rk = rows_of(k, true), rv = rows_of(v, true), ro = rows_of(out, true),
                rdo = rows_of(dout, true), rdq = rows_of(dq, false), rdk = rows_of(dk, false), rdv = rows_of(dv, false);
     const std::vector<float> st = f32_of(stats);
@@ -533,8 +555,13 @@ void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Te
   check_stats(stats, op, "stats", tokens * 2 * s.heads, "2 per token and head");
   same_device(op, {&qkv, &out, &stats});
   const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
-  if (values(out) && !backend_attention_forward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
-                                                {&qkv, (gq + 1) * s.head_dim, gs}, out, stats)) {
+  if (backend_ran(out, "attention", [&] {
+        return backend_attention_forward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
+                                         {&qkv, (gq + 1) * s.head_dim, gs}, out, stats);
+      })) {
+    return;
+  }
+  if (values(out)) {
     const Rows rx = rows_of(qkv, true), ro = rows_of(out, false);
     const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
@@ -560,10 +587,14 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
   check_operand(dqkv, op, "dqkv", tokens, width, "qkv's gradient");
   same_device(op, {&qkv, &out, &stats, &dout, &dqkv});
   const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
-  if (values(dqkv) &&
-      !backend_attention_backward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs}, {&qkv, (gq + 1) * s.head_dim, gs},
-                                  {&out, 0, 0}, stats, {&dout, 0, 0}, {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs},
-                                  {&dqkv, (gq + 1) * s.head_dim, gs})) {
+  if (backend_ran(dqkv, "attention backward", [&] {
+        return backend_attention_backward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
+                                          {&qkv, (gq + 1) * s.head_dim, gs}, {&out, 0, 0}, stats, {&dout, 0, 0},
+                                          {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs}, {&dqkv, (gq + 1) * s.head_dim, gs});
+      })) {
+    return;
+  }
+  if (values(dqkv)) {
     const Rows rx = rows_of(qkv, true), ro = rows_of(out, true), rdo = rows_of(dout, true), rd = rows_of(dqkv, false);
     const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
     const FusedQkv g = fused_views(s, rd.data(), dqkv.dtype(), rd.stride());

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 
+#include <map>
+
 #include <fmt/format.h>
 
+#include "kernels/sim_pe_attention.h"
 #include "kernels/sim_pe_gemm.h"
 #include "runtime/backend_info.h"
 #include "runtime/errors.h"
@@ -193,6 +196,76 @@ bool SimBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, cons
   }
   kernels::sim_pe_gemm(*system_, ha, hb, bias ? &hv : nullptr, hc,
                        {.cubes = {device_of(c.device())}, .label = name, .numerics = gemm_numerics()});
+  return true;
+}
+
+bool SimBackend::attention(const AttentionRequest& r) {
+  const AttentionRequest::Operand* ops[] = {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv};
+  for (const AttentionRequest::Operand* o : ops) {
+    if (o->t && (o->t->dim() != 2 || (o->t->cols() > 1 && o->t->strides()[1] != 1) || o->t->strides()[0] < 0)) return false;
+  }
+  auto hbm = [](const AttentionRequest::Operand& o) {
+    const auto& st = static_cast<const SimStorage&>(o.t->storage());
+    return kernels::HbmAttention{&st.memory(),
+                                 st.addr() + o.t->byte_offset() + static_cast<std::uint64_t>(o.col) * o.t->element_size(),
+                                 o.t->dtype(), o.t->strides()[0], o.group_stride};
+  };
+  const Tensor& stats = *r.stats;
+  const auto& sst = static_cast<const SimStorage&>(stats.storage());
+  const kernels::HbmAttention hs{&sst.memory(), sst.addr() + stats.byte_offset(), DType::f32, 2 * r.shape.heads, 0};
+  const kernels::SimAttentionOptions opts{.cubes = {device_of(stats.device())},
+                                          .label = r.backward ? "attention backward" : "attention"};
+  if (timing_only()) {
+    if (r.backward) {
+      kernels::sim_pe_attention_backward(*system_, r.shape, hbm(r.q), hbm(r.k), hbm(r.v), hbm(r.dout), hbm(r.dq),
+                                         hbm(r.dk), hbm(r.dv), {}, opts);
+    } else {
+      kernels::sim_pe_attention_forward(*system_, r.shape, hbm(r.q), hbm(r.k), hbm(r.v), hbm(r.out), hs, {}, opts);
+    }
+    return true;
+  }
+  // The values: the host definition on copies of the operands' spans (one read per tensor), written
+  // by the PEs' output tiles at their simulated times.
+  std::map<const Storage*, std::pair<std::uint64_t, std::vector<std::uint8_t>>> spans;  // first byte, bytes
+  // An output's storage is not read (it may hold bytes never written); an input's is.
+  auto span_of = [&](const Tensor& t, bool load) -> std::pair<std::uint64_t, std::vector<std::uint8_t>>& {
+    auto it = spans.find(&t.storage());
+    if (it != spans.end()) return it->second;
+    auto& e = spans[&t.storage()];
+    e.first = 0;
+    e.second.resize(t.storage().bytes());
+    if (load) t.storage().read(0, e.second.data(), e.second.size());
+    return e;
+  };
+  auto host = [&](const AttentionRequest::Operand& o, bool load = true) {
+    auto& sp = span_of(*o.t, load);
+    return kernels::MutableAttentionBuffer{
+        sp.second.data() + o.t->byte_offset() + static_cast<std::uint64_t>(o.col) * o.t->element_size(), o.t->dtype(),
+        o.t->strides()[0], o.group_stride};
+  };
+  auto bytes_of = [&](const AttentionRequest::Operand& o) {
+    const auto& st = static_cast<const SimStorage&>(o.t->storage());
+    return kernels::HostBytes{span_of(*o.t, false).second.data(), st.addr()};
+  };
+  if (!r.backward) {
+    std::vector<float> st(static_cast<std::size_t>(stats.numel()));
+    kernels::attention_forward(r.shape, host(r.q), host(r.k), host(r.v), host(r.out, false), st.data());
+    kernels::AttentionValues vals;
+    vals.out = bytes_of(r.out);
+    vals.stats = {reinterpret_cast<const std::uint8_t*>(st.data()), hs.addr};
+    kernels::sim_pe_attention_forward(*system_, r.shape, hbm(r.q), hbm(r.k), hbm(r.v), hbm(r.out), hs, vals, opts);
+    return true;
+  }
+  std::vector<float> st(static_cast<std::size_t>(stats.numel()));
+  stats.storage().read(stats.byte_offset(), st.data(), st.size() * sizeof(float));
+  kernels::attention_backward(r.shape, host(r.q), host(r.k), host(r.v), host(r.out), st.data(), host(r.dout),
+                              host(r.dq, false), host(r.dk, false), host(r.dv, false));
+  kernels::AttentionValues vals;
+  vals.dq = bytes_of(r.dq);
+  vals.dk = bytes_of(r.dk);
+  vals.dv = bytes_of(r.dv);
+  kernels::sim_pe_attention_backward(*system_, r.shape, hbm(r.q), hbm(r.k), hbm(r.v), hbm(r.dout), hbm(r.dq), hbm(r.dk),
+                                     hbm(r.dv), vals, opts);
   return true;
 }
 

@@ -88,6 +88,8 @@ class SimBackend final : public Backend {
   void charge(int rank, const OpCost& cost, sim::Duration overlapped_with) override;
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;
+  // On the PEs of the rank's cube (kernels/sim_pe_attention.h); values from the host definition.
+  bool attention(const AttentionRequest& r) override;
   bool timing_only() const override { return opts_.timing_only; }
   hw::TimingModel timing() const { return opts_.timing; }
   std::shared_ptr<const std::vector<hw::UnitInfo>> units() const override { return system_->units(); }

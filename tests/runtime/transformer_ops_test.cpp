@@ -134,6 +134,54 @@ TEST(AttentionOp, TimingOnlyTakesTheFunctionalRunsSimulatedTime) {
   EXPECT_EQ(run_attention("host").time, 0u);
 }
 
+// Simulated time of one attention forward + backward (bf16, 1 sequence, 4 heads of 64 in 2 groups) on
+// cube 0 of `topo`.
+sim::Duration attention_time(std::int64_t seq, bool causal, hw::Topology topo, bool timing_only,
+                             std::vector<std::uint8_t>* out = nullptr) {
+  const kernels::AttentionShape s{.seq_q = seq, .seq_k = seq, .heads = 4, .kv_heads = 2, .head_dim = 64, .causal = causal};
+  auto ctx = make_context("sim", {.world_size = 1}, {.topology = &topo, .options = {{"timing_only", timing_only}}});
+  sim::Duration t = 0;
+  ctx->spawn(1, [&](int r) {
+    const std::int64_t w = 2 * (2 + 2) * 64;
+    Tensor qkv = timing_only ? ctx->empty(r, {seq, w}, kT) : ctx->from_host_f32(r, {seq, w}, kT, random_values(seq * w, 3));
+    Tensor o = ctx->empty(r, {seq, 256}, kT), st = ctx->empty(r, {seq, 8}, DType::f32);
+    Tensor dout = timing_only ? ctx->empty(r, {seq, 256}, kT) : ctx->from_host_f32(r, {seq, 256}, kT, random_values(seq * 256, 4));
+    Tensor dqkv = ctx->empty(r, {seq, w}, kT);
+    const sim::Time t0 = ctx->simulator().now();
+    attention_qkv(s, qkv, o, st);
+    attention_qkv_backward(s, qkv, o, st, dout, dqkv);
+    t = ctx->simulator().now() - t0;
+    if (out) {
+      *out = o.to_host_bytes();
+      const auto d = dqkv.to_host_bytes();
+      out->insert(out->end(), d.begin(), d.end());
+    }
+  });
+  return t;
+}
+
+// The simulator runs attention as tiles on the PEs (kernels/sim_pe_attention.h): causal costs about
+// half of full attention at length, the work grows as seq^2, and a TCM too small for the PE's tile
+// makes the tiles smaller (slower), not wrong.
+TEST(AttentionOp, TheSimulatorRunsItAsTilesOnThePes) {
+  const hw::Topology topo = hw::load_topology("ring4");
+  const sim::Duration full = attention_time(1024, false, topo, true), causal = attention_time(1024, true, topo, true);
+  // 8 tiles of 128: causal runs 36 of the 64 blocks (the diagonal ones whole), plus per-tile loads and stores.
+  EXPECT_GT(causal, full * 50 / 100);
+  EXPECT_LT(causal, full * 80 / 100);
+  const sim::Duration full2 = attention_time(2048, false, topo, true);
+  EXPECT_GT(full2, full * 3);
+  EXPECT_LT(full2, full * 9 / 2);
+  std::vector<std::uint8_t> big, small;
+  const sim::Duration roomy = attention_time(200, true, topo, false, &big);
+  // 128 KiB (the least the GEMM tiles take) holds the forward's 128-row tiles but not the backward's
+  // (K, V, dK, dV tiles and two Q and dO blocks: 128 KiB and a bit): its key tile halves.
+  const hw::Topology tight = hw::load_topology("ring4", {{"cube.pe.tcm.capacity_KiB", 128}});
+  const sim::Duration cramped = attention_time(200, true, tight, false, &small);
+  EXPECT_EQ(big, small);
+  EXPECT_GT(cramped, roomy);
+}
+
 TEST(NormOp, EveryBackendGivesTheKernelsBits) {
   constexpr std::int64_t rows = 37, n = 96;
   const auto xv = random_values(rows * n, 3, 2.0f), wv = random_values(n, 4), bv = random_values(n, 5),
