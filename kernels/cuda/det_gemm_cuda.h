@@ -62,6 +62,10 @@ enum class TcConfig : std::uint8_t {
   m128n256_c2,  // the same in clusters of 2 CTAs along M, each multicasting half of the B tile
   m128n128,  // 2 consumer warpgroups of m64n128, 6 stages
   m64n32,    // 1 consumer warpgroup of m64n32, 16 stages: small M, many CTAs along N
+  // Ping-pong: 2 consumer warpgroups each owning whole m64n256 tiles, taking turns on the tensor
+  // cores (one's epilogue runs under the other's MMAs), 1 TMA producer warpgroup, 4 stages.
+  m64n256_pp,
+  m64n256_pp_c2,  // the same in clusters of 2 CTAs along M, each multicasting half of the B tile
 };
 const char* tc_config_name(TcConfig c);
 // The configuration a tensor_core call of this shape runs on the current device (`requested`

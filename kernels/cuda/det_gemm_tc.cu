@@ -10,6 +10,10 @@
 // four wgmma m64nBNk16 in ascending k, then frees the stage on its "empty" mbarrier; the epilogue adds
 // the bias, rounds, and hands 64 x 128-byte chunks to TMA stores that overlap the next tile.
 // m128n256_c2 runs the same in clusters of 2 CTAs along M that multicast halves of the B tile.
+// Ping-pong configurations (m64n256_pp, _c2) give each of the two consumers whole m64n256 tiles in
+// turn (tile p of a CTA's sequence to consumer p % 2, stage ring unchanged): a named-barrier handshake
+// lets one consumer's MMAs start once the other has issued all of its tile's, so one's epilogue runs
+// under the other's mainloop. The arithmetic of an element is the same as in every other tile.
 //
 // Why a row of C does not depend on M, the tile configuration, or the other rows:
 //  - every element's accumulator starts at 0.0f in a register and receives the same sequence of
@@ -58,10 +62,16 @@ namespace {
 
 constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every configuration
 
-template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1>
+// Cooperative (PINGPONG false): NC consumer warpgroups share one tile of BM = 64*NC rows, 64 rows
+// each. Ping-pong: two consumer warpgroups take turns, each owning whole tiles of BM = 64 rows: tile p
+// of a CTA's sequence goes to consumer p % 2, and while one runs its epilogue the other runs its MMAs
+// (an ordering barrier hands the tensor cores over).
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false>
 struct Cfg {
-  static constexpr int NC = NC_;  // consumer warpgroups, 64 rows each
-  static constexpr int BM = 64 * NC_;
+  static constexpr int NC = NC_;  // consumer warpgroups
+  static constexpr bool PINGPONG = PINGPONG_;
+  static_assert(!PINGPONG || NC_ == 2, "ping-pong alternates two consumers");
+  static constexpr int BM = PINGPONG ? 64 : 64 * NC_;  // rows of a CTA's tile (one stage's A)
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
   // CTAs of a cluster along M: they work on vertically adjacent tiles with the same B panel, each
@@ -78,6 +88,8 @@ struct Cfg {
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int THREADS = 128 * (NC_ + 1);
+  // Consumer warpgroups that read (and free) each stage: all of them, or one in ping-pong.
+  static constexpr int STAGE_READERS = PINGPONG ? 1 : NC_;
   // Output staging for the TMA-store epilogue, per consumer warpgroup: two buffers of 64 rows x 128
   // bytes (one column chunk, 128-byte swizzled like the TMA box). Configurations with BN >= 64 only.
   static constexpr bool TMA_EPILOGUE = BN_ >= 64;
@@ -93,6 +105,10 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
+
+// Ping-pong: each consumer owns whole m64n256 tiles (4 stages of 40 KB).
+using CfgPW = Cfg<2, 256, 4, 1, true>;   // m64n256_pp
+using CfgPW2 = Cfg<2, 256, 4, 2, true>;  // m64n256_pp_c2: clusters of 2 along M sharing B
 
 struct Epi {
   void* c;
@@ -342,7 +358,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(full(s), 1);                // the producer's arrive.expect_tx; TMA completes the bytes
-      mbar_init(empty(s), CM * C::NC * 4);  // one arrival per consumer warp of every CTA of the cluster
+      mbar_init(empty(s), CM * C::STAGE_READERS * 4);  // one arrival per reading consumer warp of every CTA of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -405,7 +421,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     __syncwarp();
   } else {
     if constexpr (C::NC >= 2) setmaxnreg_inc<232>();
-    const int cw = wg - 1;  // this consumer's 64 rows of the tile
+    const int cw = wg - 1;  // consumer index: its 64 rows of the tile, or (ping-pong) its tiles
     const int lane = threadIdx.x % 32;
     auto release = [&](int s) {
       if (lane != 0) return;
@@ -415,18 +431,30 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         for (int r = 1; r < CM; ++r) mbar_arrive_cluster(empty(s), (rank + r) % CM);
       }
     };
-    int it = 0, chunk = 0;
-    for (int unit = cluster_id; unit < units; unit += clusters) {
+    // Cooperative: every consumer walks every unit of this cluster. Ping-pong: consumer cw takes the
+    // units p = cw, cw + 2, ... of the cluster's sequence, whose stages start at p * ktiles.
+    constexpr int PSTEP = C::PINGPONG ? 2 : 1;
+    int chunk = 0;
+    for (int p = C::PINGPONG ? cw : 0;; p += PSTEP) {
+      const long long unit_ll = cluster_id + static_cast<long long>(p) * clusters;
+      if (unit_ll >= units) break;
+      const int unit = static_cast<int>(unit_ll);
       int m_tile, n_tile;
       unit_coords(unit, m_tile, n_tile);
+      int it = p * ktiles;
       float acc[C::BN / 2];
 #pragma unroll
       for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.0f;
 
+      // Ping-pong: the MMAs of tile p start after consumer (p - 1) % 2 has issued all of tile p - 1's
+      // (named barrier 3 + cw: the other consumer arrives, this one waits; 256 threads).
+      if constexpr (C::PINGPONG) {
+        if (p > 0) asm volatile("bar.sync %0, 256;" ::"r"(3 + cw) : "memory");
+      }
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
         const int s = it % C::STAGES;
         mbar_wait(full(s), (it / C::STAGES) & 1);
-        const std::uint32_t a_tile = sa + s * C::A_BYTES + cw * 64 * 128;
+        const std::uint32_t a_tile = sa + s * C::A_BYTES + (C::PINGPONG ? 0 : cw * 64 * 128);
         const std::uint32_t b_tile = sb + s * C::B_BYTES;
         wgmma_fence();
 #pragma unroll
@@ -444,10 +472,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         wgmma_wait<1>();
         if (kt > 0) release((it - 1) % C::STAGES);
       }
+      if constexpr (C::PINGPONG) {
+        // All of this tile's MMAs are issued: the other consumer's next tile may start its own.
+        if (cluster_id + static_cast<long long>(p + 1) * clusters < units)
+          asm volatile("bar.arrive %0, 256;" ::"r"(3 + (1 - cw)) : "memory");
+      }
       wgmma_wait<0>();
       release((it - 1) % C::STAGES);
 
-      const int row0 = m_tile * C::BM + cw * 64, col0 = n_tile * C::BN;
+      // Cooperative: this consumer's 64 rows of the tile; ping-pong: the whole (64-row) tile.
+      const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
@@ -605,7 +639,8 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
-  e.group_m = 16 / C::CLUSTER;  // in units of CLUSTER m-tiles: 16 m-tiles a group
+  // in units of CLUSTER m-tiles: 16 m-tiles a group (ping-pong: 2048 rows a group, as m128 tiles)
+  e.group_m = (C::PINGPONG ? 2048 / C::BM : 16) / C::CLUSTER;
   CUtensorMap mc;
   std::memset(&mc, 0, sizeof mc);
   {
@@ -659,6 +694,8 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m128n256_c2: return detail::resident_clusters<detail::CfgL2>() * detail::CfgL2::CLUSTER;
     case TcConfig::m128n128: return detail::resident_clusters<detail::CfgM>() * detail::CfgM::CLUSTER;
     case TcConfig::m64n32: return detail::resident_clusters<detail::CfgS>() * detail::CfgS::CLUSTER;
+    case TcConfig::m64n256_pp: return detail::resident_clusters<detail::CfgPW>() * detail::CfgPW::CLUSTER;
+    case TcConfig::m64n256_pp_c2: return detail::resident_clusters<detail::CfgPW2>() * detail::CfgPW2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
@@ -667,8 +704,21 @@ int tc_config_resident_ctas(TcConfig c) {
 TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   if (requested != TcConfig::automatic) return requested;
   if (M <= 64) return TcConfig::m64n32;
+  const std::int64_t sms = detail::num_sms();
   const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
-  return big >= detail::num_sms() ? TcConfig::m128n256 : TcConfig::m128n128;
+  if (big < sms) return TcConfig::m128n128;
+  // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
+  // (measured on H200: more shared-memory traffic per FLOP), but are half the size: where the last
+  // wave of m128n256 tiles leaves many SMs idle (e.g. 448 tiles on 132 SMs: 4 waves for 3.4 waves of
+  // work), the finer tiles (7 a CTA, half the work each: 3.5) finish sooner.
+  const std::int64_t coop_waves = (big + sms - 1) / sms;  // m128n256 tiles a CTA, at most
+  const std::int64_t clusters = sms / 2;  // a cluster's unit: 2 m64n256 tiles, as many units as `big`
+  const std::int64_t pp_tiles = (big + clusters - 1) / clusters;  // m64n256 tiles a CTA, at most
+  // pp time ~ pp_tiles / 2 / 0.93 against coop_waves: ping-pong if pp_tiles * 100 < coop_waves * 186.
+  if (pp_tiles * 100 < coop_waves * 186) return TcConfig::m64n256_pp_c2;
+  // Clusters of 2 sharing B measured 1-8% faster than single CTAs on the layer shapes (H200); with an
+  // odd m-tile count the last unit's second CTA would compute zero rows, so single CTAs then.
+  return ((M + 127) / 128) % 2 == 0 ? TcConfig::m128n256_c2 : TcConfig::m128n256;
 }
 
 }  // namespace cubesim::cuda
@@ -682,6 +732,8 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

@@ -182,7 +182,9 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
   return o;
 }
 
-const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32};
+const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128,
+                                TcConfig::m64n32,   TcConfig::m64n256_pp,  TcConfig::m64n256_pp_c2};
+const TcConfig kPingPongConfigs[] = {TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2};
 
 }  // namespace
 
@@ -206,7 +208,8 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
       {2048, 512, 4096, DType::bf16, DType::bf16, Layout::row_major, Layout::col_major, false, 8e-3},
   };
   for (const Case& cs : cases) {
-    for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32}) {
+    for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
@@ -248,6 +251,46 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
         c.download();
         EXPECT_EQ(count_bit_mismatches(c, 0, first, 0, M), 0)
             << tc_config_name(cfg) << " (sm_margin " << margin << ") vs " << tc_config_name(kAllConfigs[0]);
+      }
+    }
+  }
+}
+
+TEST_F(CudaGemmTc, PingPongOddTileCountsGiveTheSameBits) {
+  // Ping-pong consumers take alternate tiles of a CTA's sequence: with an odd count one consumer has
+  // one tile more, with a single tile (or fewer tiles than CTAs) the second consumer has none, and a
+  // cluster of 2 over an odd number of m-tiles has a CTA with nothing to store. Every such schedule
+  // (whole grid, 7 CTAs, one CTA) must give the cooperative m128n256's bits, with and without bias,
+  // for f32 and bf16 outputs (TMA-store epilogue) and a strided output (element stores).
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 300, 200}, {100, 100, 1000},
+                         {129, 257, 65}, {448, 640, 130}}) {
+    for (DType out : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " " + dn(out) +
+                   " seed=" + std::to_string(seed_));
+      Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+      Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+      Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
+      const VectorView bv = bias.dev_vec();
+      for (bool with_bias : {false, true}) {
+        for (Layout lc : {Layout::row_major, Layout::padded_rows}) {
+          Operand ref = Operand::output(out, M, N, lc);
+          ref.poison();
+          det_gemm_cuda(a.dev(), b.dev(), with_bias ? &bv : nullptr, ref.dev_mut(), tc(TcConfig::m128n256), nullptr);
+          ref.download();
+          for (TcConfig cfg : kPingPongConfigs) {
+            for (int margin : {0, 125, 131}) {
+              GemmOptions o = tc(cfg);
+              o.sm_margin = margin;
+              Operand c = Operand::output(out, M, N, lc);
+              c.poison();
+              det_gemm_cuda(a.dev(), b.dev(), with_bias ? &bv : nullptr, c.dev_mut(), o, nullptr);
+              c.download();
+              EXPECT_EQ(count_bit_mismatches(c, 0, ref, 0, M), 0)
+                  << tc_config_name(cfg) << " (sm_margin " << margin << ", bias " << with_bias << ", layout "
+                  << static_cast<int>(lc) << ") vs m128n256";
+            }
+          }
+        }
       }
     }
   }
