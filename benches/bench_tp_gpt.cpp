@@ -3,8 +3,8 @@
 // bias, SwiGLU MLP, sequence 4096, bf16; --gelu for a GELU MLP), tp in {1, 2, 4, 8} where the
 // topology has that many cubes, with the compute/communication split and the simulator's wall time.
 // Timing-only (no values; the simulated times equal a functional run's, which the tests pin);
-// --functional moves real values (use small sizes). Attention is priced by the runtime's cost model
-// (its products on the MACs, the softmax on the vector unit: runtime/ops.h), not yet as PE tiles.
+// --functional moves real values (use small sizes). Attention runs as tiles on the PEs
+// (kernels/sim_pe_attention.h), as the GEMMs do.
 //
 //   bench_tp_gpt [--json FILE] [--quick] [--topology NAME] [--functional] [--gelu] [--seq N] [--batch N]
 //                [--hidden N] [--heads N] [--kv-heads N] [--ffn N]
