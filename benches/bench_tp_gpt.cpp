@@ -1,6 +1,6 @@
 // bench_tp_gpt — simulated time of a tensor-parallel transformer layer step (forward + backward) on the
 // shipped topologies: a Llama-like layer (hidden 4096, 32 heads, 8 KV heads, ffn 14336, RMSNorm, no
-// bias, SwiGLU MLP, sequence 4096, bf16; --gelu for a GELU MLP), tp in {1, 2, 4, 8} where the
+// bias, rotary embeddings, SwiGLU MLP, sequence 4096, bf16; --gelu for a GELU MLP), tp in {1, 2, 4, 8} where the
 // topology has that many cubes, with the compute/communication split and the simulator's wall time.
 // Timing-only (no values; the simulated times equal a functional run's, which the tests pin);
 // --functional moves real values (use small sizes). Attention runs as tiles on the PEs
@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
       }
       const tp::TransformerStepOptions so{
           .layer = {.hidden = hidden, .heads = heads, .kv_heads = kv_heads, .ffn = ffn, .seq = seq,
-                    .norm = tp::NormKind::rms_norm, .swiglu = swiglu, .bias = false, .dtype = DType::bf16, .seed = 7},
+                    .norm = tp::NormKind::rms_norm, .swiglu = swiglu, .rotary = true, .bias = false,
+                    .dtype = DType::bf16, .seed = 7},
           .batch = batch,
           .tp = tp};
       const rt::RunReport rep = tp::run_transformer_step(*ctx, so).report;

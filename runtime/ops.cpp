@@ -6,6 +6,7 @@
 
 #include "kernels/det_gemm.h"
 #include "kernels/norm.h"
+#include "kernels/rotary.h"
 #include "kernels/vocab.h"
 #include "runtime/context.h"
 #include "runtime/errors.h"
@@ -608,6 +609,34 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
   const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_k + 127) / 128);
   account_attention(dqkv, "attention backward", s, 5.0 * static_cast<double>(s.head_dim), 6.0,
                     qkv.nbytes() + tiles * (out.nbytes() + dout.nbytes() + stats.nbytes()), dqkv.nbytes());
+}
+
+void rotary_qkv(const kernels::AttentionShape& s, const Tensor& qkv, double base, bool inverse) {
+  const char* op = inverse ? "rotary_qkv backward" : "rotary_qkv";
+  validate_self_attention(s, op);
+  const std::int64_t tokens = s.batch * s.seq_q, g = s.heads / s.kv_heads, d = s.head_dim,
+                     width = s.kv_heads * (g + 2) * d;
+  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
+  kernels::RotaryTable table;
+  try {
+    table = kernels::rotary_table(s.seq_q, d, base);
+  } catch (const std::invalid_argument& e) {
+    throw RuntimeError(fmt::format("{}: {}", op, e.what()));
+  }
+  if (values(qkv)) {
+    const Rows r = rows_of(qkv, true);
+    auto* base_ptr = static_cast<std::uint8_t*>(r.data());
+    const std::size_t es = dtype_size(qkv.dtype());
+    const kernels::MutableAttentionBuffer q{base_ptr, qkv.dtype(), r.stride(), (g + 2) * d},
+        k{base_ptr + static_cast<std::size_t>(g * d) * es, qkv.dtype(), r.stride(), (g + 2) * d};
+    kernels::rotary_apply(s, q, s.heads, g, table, inverse);
+    kernels::rotary_apply(s, k, s.kv_heads, 1, table, inverse);
+    r.store();
+  }
+  const double elems = static_cast<double>(tokens * (s.heads + s.kv_heads) * d);
+  const std::uint64_t bytes = static_cast<std::uint64_t>(elems) * dtype_size(qkv.dtype());
+  OpCost c{OpCost::Kind::elementwise, op, 0, 0, 0, qkv.dtype(), bytes, bytes, 3 * elems, true};
+  account(qkv, c);
 }
 
 namespace {

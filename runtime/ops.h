@@ -66,6 +66,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& max, const Tenso
                             std::span<const std::int64_t> targets, std::int64_t vocab_start, const Tensor& dloss,
                             const Tensor& dlogits);
 
+// Rotary position embeddings (kernels/rotary.h) in place on the query and key heads of a fused QKV
+// (attention_qkv's layout); inverse: the backward, on its gradient.
+void rotary_qkv(const kernels::AttentionShape& s, const Tensor& qkv, double base, bool inverse);
 // RMSNorm and LayerNorm over the last dimension (kernels/norm.h): x, y, dy, dx [rows, n]; weight,
 // bias and their gradients [n]; mean and rstd f32 [rows], written by the forward for the backward.
 void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps);

@@ -84,6 +84,7 @@ struct GptOptions {
   float norm_eps = 1e-5f;
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
   bool swiglu = false;
+  bool rotary = false;  // rotary position embeddings in every layer's attention
   bool bias = true;
   bool sequence_parallel = false;
   bool tie_embeddings = true;  // the LM head is the embedding's weight (Megatron's default)

@@ -142,6 +142,7 @@ rt::Tensor ParallelAttention::forward(const rt::Tensor& x) {
   qkv_output = qkv.forward(x).output;
   const std::int64_t rows = qkv_output.size(0);
   const kernels::AttentionShape s = shape(rows);
+  if (opts.rotary) rt::rotary_qkv(s, qkv_output, opts.rotary_base, false);
   context = ctx_.empty(rank_, {rows, heads_per_rank * opts.head_dim()}, opts.dtype, "attention context");
   stats_ = ctx_.empty(rank_, {rows, 2 * heads_per_rank}, DType::f32, "attention stats");
   rt::attention_qkv(s, qkv_output, context, stats_);
@@ -152,7 +153,9 @@ rt::Tensor ParallelAttention::backward(const rt::Tensor& dy) {
   if (!context.defined()) throw rt::RuntimeError("ParallelAttention.backward called before forward");
   const rt::Tensor dctx = proj.backward(dy);
   rt::Tensor dqkv = like(ctx_, rank_, qkv_output, "attention dqkv");
-  rt::attention_qkv_backward(shape(qkv_output.size(0)), qkv_output, context, stats_, dctx, dqkv);
+  const kernels::AttentionShape s = shape(qkv_output.size(0));
+  rt::attention_qkv_backward(s, qkv_output, context, stats_, dctx, dqkv);
+  if (opts.rotary) rt::rotary_qkv(s, dqkv, opts.rotary_base, true);
   return qkv.backward(dqkv);
 }
 
@@ -167,7 +170,7 @@ NormOptions norm_opts(const TransformerLayerOptions& o, std::uint64_t which) {
 AttentionOptions attention_opts(const TransformerLayerOptions& o) {
   return {.hidden = o.hidden, .heads = o.heads, .kv_heads = o.kv_heads, .seq = o.seq, .causal = o.causal,
           .bias = o.bias, .sequence_parallel = o.sequence_parallel, .dtype = o.dtype, .seed = o.seed,
-          .id_offset = base_id(o)};
+          .id_offset = base_id(o), .rotary = o.rotary, .rotary_base = o.rotary_base};
 }
 MlpOptions mlp_opts(const TransformerLayerOptions& o) {
   return {.hidden = o.hidden, .ffn = o.ffn, .gelu = o.gelu, .bias = o.bias, .sequence_parallel = o.sequence_parallel,

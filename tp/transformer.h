@@ -72,6 +72,8 @@ struct AttentionOptions {
   DType dtype = DType::bf16;
   std::uint64_t seed = 1234;
   std::uint64_t id_offset = 0;  // the QKV and output projections draw master weights 1 + and 2 + id_offset
+  bool rotary = false;          // rotary position embeddings on the query and key heads (kernels/rotary.h)
+  double rotary_base = 10000.0;
 
   std::int64_t query_groups() const { return kv_heads ? kv_heads : heads; }
   std::int64_t head_dim() const { return hidden / heads; }
@@ -107,6 +109,8 @@ struct TransformerLayerOptions {
   float norm_eps = 1e-5f;
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
   bool swiglu = false;  // the MLP's activation: SwiGLU instead of GELU (MlpOptions::swiglu)
+  bool rotary = false;  // rotary position embeddings (AttentionOptions::rotary)
+  double rotary_base = 10000.0;
   bool causal = true;
   bool bias = true;
   bool sequence_parallel = false;

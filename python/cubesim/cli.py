@@ -497,7 +497,7 @@ def cmd_run(args):
     if gpt:
         model = dict(tp=tp, batch=args.batch, vocab=args.vocab, hidden=args.hidden, heads=args.heads,
                      kv_heads=args.kv_heads, ffn=args.ffn, seq=args.seq, layers=args.layers, norm=args.norm,
-                     dtype=args.dtype, gelu=args.gelu, swiglu=args.swiglu, bias=not args.no_bias,
+                     dtype=args.dtype, gelu=args.gelu, swiglu=args.swiglu, rotary=args.rotary, bias=not args.no_bias,
                      sequence_parallel=args.sequence_parallel,
                      tie_embeddings=not args.untie_embeddings, seed=args.seed, data_seed=args.data_seed)
     where = f"{tp} rank{'s' if tp > 1 else ''} on " + (f"'{topo.name}'" if topo else args.backend)
@@ -602,6 +602,7 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
         out.say(
             f"  model     {g['layers']} layers, hidden {g['hidden']}, heads {g['heads']}{kv}, ffn {g['ffn']}, vocab "
             f"{g['vocab']}, {g['batch']} x {g['seq']} tokens, {g['norm']}, {'SwiGLU' if g['swiglu'] else 'GELU ' + g['gelu']}, "
+            f"{'RoPE, ' if g['rotary'] else ''}"
             f"{g['dtype']}"
             f"{', bias' if g['bias'] else ', no bias'}{', tied embeddings' if g['tie_embeddings'] else ''}"
             f"{', sequence parallel' if g['sequence_parallel'] else ''}"
@@ -1290,6 +1291,8 @@ def build_parser():
                    help="normalization (default layer_norm)")
     g.add_argument("--swiglu", action="store_true",
                    help="SwiGLU MLP (silu(gate)·up, the Llama MLP; fc1 twice as wide) instead of GELU")
+    g.add_argument("--rotary", action="store_true",
+                   help="rotary position embeddings on the query and key heads (RoPE, as GPT-NeoX and Llama)")
     g.add_argument("--untie-embeddings", action="store_true",
                    help="an LM head of its own (default: tied to the embedding, as Megatron's GPT)")
     run.add_argument("--algorithm", default="ring", choices=[a["name"] for a in cs.algorithms()],

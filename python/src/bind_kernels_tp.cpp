@@ -287,8 +287,8 @@ rt::RunReport run_mlp(const CtxPtr& ctx, const py::object& tp_arg, const py::obj
 // The GPT model's arguments, range-checked (a ValueError naming the argument).
 tp::GptOptions gpt_opts(const py::object& vocab, const py::object& hidden, const py::object& heads,
                         const py::object& kv_heads, const py::object& ffn, const py::object& seq, const py::object& layers,
-                        const std::string& norm, const std::string& dtype, const std::string& gelu, bool swiglu, bool bias,
-                        bool sp, bool tie, const py::object& seed) {
+                        const std::string& norm, const std::string& dtype, const std::string& gelu, bool swiglu,
+                        bool rotary, bool bias, bool sp, bool tie, const py::object& seed) {
   tp::GptOptions o;
   o.vocab = int_arg(vocab, "vocab", 1, kI64Max);
   o.hidden = int_arg(hidden, "hidden", 1, kI64Max);
@@ -301,6 +301,7 @@ tp::GptOptions gpt_opts(const py::object& vocab, const py::object& hidden, const
   o.dtype = dtype_arg(dtype);
   o.gelu = kernels::parse_gelu_kind(gelu);
   o.swiglu = swiglu;
+  o.rotary = rotary;
   o.bias = bias;
   o.sequence_parallel = sp;
   o.tie_embeddings = tie;
@@ -638,10 +639,10 @@ void bind_kernels_tp(py::module_& m) {
       [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
          const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
          const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
-         const std::string& gelu, bool swiglu, bool bias, bool sp, bool tie, const py::object& seed,
+         const std::string& gelu, bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object& seed,
          const py::object& data_seed) {
         tp::GptCheckOptions o;
-        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, bias, sp, tie, seed);
+        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, seed);
         o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
         o.batch = int_arg(batch, "batch", 1, kI64Max);
         o.data_seed = u64_arg(data_seed, "data_seed");
@@ -656,7 +657,8 @@ void bind_kernels_tp(py::module_& m) {
       py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
       py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
       py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
-      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("bias") = true, py::arg("sequence_parallel") = false,
+      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("rotary") = false, py::arg("bias") = true,
+      py::arg("sequence_parallel") = false,
       py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
       "Runs a GPTModel step (embedding, layers transformer layers, final norm, LM head, vocab-parallel "
       "cross-entropy; forward and backward) with tp ranks on ctx, the unsharded model on the host and, when ctx is "
@@ -671,10 +673,10 @@ void bind_kernels_tp(py::module_& m) {
       [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
          const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
          const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
-         const std::string& gelu, bool swiglu, bool bias, bool sp, bool tie, const py::object& seed,
+         const std::string& gelu, bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object& seed,
          const py::object& data_seed) {
         tp::GptStepOptions o;
-        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, bias, sp, tie, seed);
+        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, seed);
         o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
         o.batch = int_arg(batch, "batch", 1, kI64Max);
         o.data_seed = u64_arg(data_seed, "data_seed");
@@ -691,7 +693,8 @@ void bind_kernels_tp(py::module_& m) {
       py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
       py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
       py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
-      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("bias") = true, py::arg("sequence_parallel") = false,
+      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("rotary") = false, py::arg("bias") = true,
+      py::arg("sequence_parallel") = false,
       py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
       "One GPTModel forward and backward with tp ranks on ctx (tp::run_gpt_step: seeded random tokens), for its "
       "RunReport and mean loss. The GIL is released while it runs.");

@@ -22,10 +22,10 @@ def run_cli(capsys, *argv):
 def test_run_gpt_checks_against_the_host_reference(capsys, tmp_path):
     path = tmp_path / "gpt.json"
     rc, out, err = run_cli(capsys, "run", "--model", "gpt", "--topology", "ring4", "--kv-heads", "4", "--batch", "2",
-                           "--sequence-parallel", "--swiglu", "--norm", "rms_norm", *SMALL, "--json", str(path))
+                           "--sequence-parallel", "--swiglu", "--rotary", "--norm", "rms_norm", *SMALL, "--json", str(path))
     assert rc == 0, err
     assert "GPTModel forward + backward, checked against the host reference" in out
-    assert "check: PASS" in out and "kv heads 4" in out and "sequence parallel" in out and "SwiGLU" in out
+    assert "check: PASS" in out and "kv heads 4" in out and "sequence parallel" in out and "SwiGLU" in out and "RoPE" in out
     d = json.loads(path.read_text())
     assert d["model"] == "gpt" and d["mlp"] is None and d["pass"] is True and d["tp"] == 4
     assert d["gpt"]["kv_heads"] == 4 and d["gpt"]["layers"] == 2 and d["gpt"]["swiglu"] is True

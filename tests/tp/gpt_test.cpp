@@ -36,7 +36,8 @@ std::unique_ptr<rt::Context> make(bool sim, int world) {
 
 GptOptions small(const Case& c) {
   return {.vocab = 96, .hidden = 32, .heads = 4, .kv_heads = c.tp == 4 ? 4 : 2, .ffn = 64, .seq = 72, .layers = 2,
-          .norm = NormKind::rms_norm, .swiglu = c.sp, .sequence_parallel = c.sp, .tie_embeddings = c.tied,
+          .norm = NormKind::rms_norm, .swiglu = c.sp, .rotary = !c.tied, .sequence_parallel = c.sp,
+          .tie_embeddings = c.tied,
           .dtype = c.dtype, .seed = 5};
 }
 

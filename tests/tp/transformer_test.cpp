@@ -27,7 +27,7 @@ struct Case {
   bool swiglu = false;
   std::string name() const {
     return fmt::format("tp{}_{}_{}_kv{}_{}_{}_{}", tp, dtype_name(dtype), sp ? "sp" : "nosp", kv_heads,
-                       norm_kind_name(norm), swiglu ? "swiglu" : "gelu", sim ? "sim" : "host");
+                       norm_kind_name(norm), swiglu ? "swiglu_rope" : "gelu", sim ? "sim" : "host");
   }
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
@@ -45,7 +45,7 @@ constexpr std::int64_t kHidden = 64, kHeads = 8, kFfn = 128, kSeq = 80, kBatch =
 TransformerStepOptions options(const Case& c, int tp) {
   TransformerStepOptions o;
   o.layer = {.hidden = kHidden, .heads = kHeads, .kv_heads = c.kv_heads, .ffn = kFfn, .seq = kSeq, .norm = c.norm,
-             .swiglu = c.swiglu, .sequence_parallel = c.sp, .dtype = c.dtype, .seed = 21};
+             .swiglu = c.swiglu, .rotary = c.swiglu, .sequence_parallel = c.sp, .dtype = c.dtype, .seed = 21};
   o.batch = kBatch;
   o.tp = tp;
   o.data_seed = 8;
