@@ -1,0 +1,95 @@
+"""The PyTorch reference for bench_tp_gpt's layer: a Llama-like transformer layer, forward and backward,
+on one GPU (tp 1), as Megatron builds it: RMSNorm, a fused QKV linear (no bias), rotary embeddings
+(non-interleaved), causal grouped-query attention (scaled_dot_product_attention, PyTorch's fused kernels),
+the output projection, a residual; RMSNorm, a SwiGLU MLP (fc1 2 x ffn wide, silu(gate)·up, fc2), a
+residual. bf16, one sequence. Times the step with CUDA events (median of --iters after --warmup) and
+prints one JSON line (and writes it to --json).
+
+    python3 benches/torch_transformer_layer.py --seq 4096 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, w, eps=1e-5):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def rope(x, cos, sin):  # x [b, h, s, d], non-interleaved halves
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--ffn", type=int, default=14336)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    dt, dev = torch.bfloat16, "cuda"
+    H, nh, ng, S, B = a.hidden, a.heads, a.kv_heads, a.seq, a.batch
+    d = H // nh
+
+    def param(*shape, std=0.02):
+        return (torch.randn(*shape, device=dev, dtype=dt) * std).requires_grad_()
+
+    w_n1, w_n2 = param(H, std=1.0), param(H, std=1.0)
+    w_qkv, w_o = param((nh + 2 * ng) * d, H), param(H, nh * d)
+    w_1, w_2 = param(2 * a.ffn, H), param(H, a.ffn)
+    x = torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True)
+    dy = torch.randn(B, S, H, device=dev, dtype=dt) * 0.1
+    inv = 10000.0 ** (-torch.arange(0, d // 2, device=dev, dtype=torch.float64) * 2 / d)
+    ang = torch.arange(S, device=dev, dtype=torch.float64)[:, None] * inv[None]
+    cos, sin = ang.cos().float(), ang.sin().float()
+
+    def layer(x):
+        h = rms_norm(x, w_n1)
+        qkv = F.linear(h, w_qkv)
+        q, k, v = qkv.split([nh * d, ng * d, ng * d], -1)
+        q = rope(q.view(B, S, nh, d).transpose(1, 2), cos, sin)
+        k = rope(k.view(B, S, ng, d).transpose(1, 2), cos, sin)
+        v = v.view(B, S, ng, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + F.linear(o.transpose(1, 2).reshape(B, S, nh * d), w_o)
+        g, u = F.linear(rms_norm(x, w_n2), w_1).chunk(2, -1)
+        return x + F.linear(F.silu(g) * u, w_2)
+
+    def step():
+        y = layer(x)
+        y.backward(dy)
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(a.iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        step()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    r = {"bench": "torch_transformer_layer", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+         "seq": S, "batch": B, "hidden": H, "heads": nh, "kv_heads": ng, "ffn": a.ffn,
+         "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times)}
+    print(json.dumps(r))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f)
+
+
+if __name__ == "__main__":
+    main()
