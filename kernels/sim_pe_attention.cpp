@@ -78,6 +78,43 @@ std::int64_t keys_seen(const AttentionShape& s, std::int64_t t0, std::int64_t nt
   return s.causal ? std::min(s.seq_k, s.query_offset() + t0 + nt) : s.seq_k;
 }
 
+// The K and V blocks of one (sequence, query group) that query rows see (keys [0, nk)), streamed
+// through two TCM slots: each block's loads are issued before the previous block computes.
+struct KeyBlocks {
+  Run& R;
+  hw::Pe& pe;
+  const HbmAttention &k, &v;
+  std::uint64_t kb[2], vb[2];
+  hw::TransferHandle kl[2] = {}, vl[2] = {};
+
+  KeyBlocks(Run& r, hw::Pe& p, Buffers& buf, const HbmAttention& kk, const HbmAttention& vv)
+      : R(r), pe(p), k(kk), v(vv) {
+    for (int i = 0; i < 2; ++i) {
+      kb[i] = buf.get(R.tk * R.d * es(k), "K block");
+      vb[i] = buf.get(R.tk * R.d * es(v), "V block");
+    }
+  }
+  // Calls work(keys in the block) for every block of keys [0, nk) of sequence bi, group g, in order,
+  // once its K and V have landed; `ready` waits for the item's own loads after the first block's issue.
+  template <class Ready, class Work>
+  void walk(std::int64_t bi, std::int64_t g, std::int64_t nk, Ready ready, Work work) {
+    const std::int64_t blocks = (nk + R.tk - 1) / R.tk;
+    auto issue = [&](std::int64_t blk) {
+      const std::int64_t j0 = blk * R.tk, kt = std::min(R.tk, nk - j0);
+      kl[blk % 2] = load(R, pe, k, rows_of(k, R.s.seq_k, bi, j0, kt, g, 1, R.d), kb[blk % 2]);
+      vl[blk % 2] = load(R, pe, v, rows_of(v, R.s.seq_k, bi, j0, kt, g, 1, R.d), vb[blk % 2]);
+    };
+    if (blocks > 0) issue(0);
+    ready();
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      if (blk + 1 < blocks) issue(blk + 1);
+      kl[blk % 2].wait();
+      vl[blk % 2].wait();
+      work(std::min(R.tk, nk - blk * R.tk));
+    }
+  }
+};
+
 void forward_items(Run& R, hw::Pe& pe, const std::vector<std::array<std::int64_t, 3>>& items, const HbmAttention& q,
                    const HbmAttention& k, const HbmAttention& v, const HbmAttention& out, const HbmAttention& st,
                    const AttentionValues& val) {
@@ -86,31 +123,18 @@ void forward_items(Run& R, hw::Pe& pe, const std::vector<std::array<std::int64_t
   Buffers buf{pe.tcm(), {}};
   const std::uint64_t qb = buf.get(R.tq * d * es(q), "Q tile"), ob = buf.get(R.tq * d * es(out), "O tile"),
                       sb = buf.get(R.tq * 8, "softmax stats");
-  const std::uint64_t kb[2] = {buf.get(R.tk * d * es(k), "K block"), buf.get(R.tk * d * es(k), "K block")};
-  const std::uint64_t vb[2] = {buf.get(R.tk * d * es(v), "V block"), buf.get(R.tk * d * es(v), "V block")};
+  KeyBlocks keys(R, pe, buf, k, v);
   hw::TransferHandle ow, sw;
   for (const auto& [bi, h, t0] : items) {
     const std::int64_t nt = std::min(R.tq, s.seq_q - t0), g = h / R.group, nk = keys_seen(s, t0, nt);
     hw::TransferHandle ql = load(R, pe, q, rows_of(q, s.seq_q, bi, t0, nt, h, R.group, d), qb);
-    hw::TransferHandle kl[2], vl[2];
-    auto issue = [&](std::int64_t blk) {
-      const std::int64_t j0 = blk * R.tk, kt = std::min(R.tk, nk - j0);
-      kl[blk % 2] = load(R, pe, k, rows_of(k, s.seq_k, bi, j0, kt, g, 1, d), kb[blk % 2]);
-      vl[blk % 2] = load(R, pe, v, rows_of(v, s.seq_k, bi, j0, kt, g, 1, d), vb[blk % 2]);
-    };
-    const std::int64_t blocks = (nk + R.tk - 1) / R.tk;
-    if (blocks > 0) issue(0);
-    ql.wait();
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      if (blk + 1 < blocks) issue(blk + 1);
-      kl[blk % 2].wait();
-      vl[blk % 2].wait();
-      const auto m = static_cast<std::uint64_t>(nt * std::min(R.tk, nk - blk * R.tk) * d);
+    keys.walk(bi, g, nk, [&] { ql.wait(); }, [&](std::int64_t kt) {
+      const auto m = static_cast<std::uint64_t>(nt * kt * d);
       pe.compute(m, q.dtype, "attention QK");
       pe.vector_op(5 * m / static_cast<std::uint64_t>(d), DType::f32, "softmax");
       pe.compute(m, v.dtype, "attention PV");
       R.macs += 2 * m;
-    }
+    });
     pe.vector_op(static_cast<std::uint64_t>(nt * d), out.dtype, "normalize");
     ow.wait();
     sw.wait();
@@ -130,33 +154,23 @@ void dq_items(Run& R, hw::Pe& pe, const std::vector<std::array<std::int64_t, 3>>
   Buffers buf{pe.tcm(), {}};
   const std::uint64_t qb = buf.get(R.tq * d * es(q), "Q tile"), db = buf.get(R.tq * d * es(dout), "dO tile"),
                       gb = buf.get(R.tq * d * es(dq), "dQ tile");
-  const std::uint64_t kb[2] = {buf.get(R.tk * d * es(k), "K block"), buf.get(R.tk * d * es(k), "K block")};
-  const std::uint64_t vb[2] = {buf.get(R.tk * d * es(v), "V block"), buf.get(R.tk * d * es(v), "V block")};
+  KeyBlocks keys(R, pe, buf, k, v);
   hw::TransferHandle gw;
   for (const auto& [bi, h, t0] : items) {
     const std::int64_t nt = std::min(R.tq, s.seq_q - t0), g = h / R.group, nk = keys_seen(s, t0, nt);
     hw::TransferHandle ql = load(R, pe, q, rows_of(q, s.seq_q, bi, t0, nt, h, R.group, d), qb);
     hw::TransferHandle dl = load(R, pe, dout, rows_of(dout, s.seq_q, bi, t0, nt, h, R.group, d), db);
-    hw::TransferHandle kl[2], vl[2];
-    auto issue = [&](std::int64_t blk) {
-      const std::int64_t j0 = blk * R.tk, kt = std::min(R.tk, nk - j0);
-      kl[blk % 2] = load(R, pe, k, rows_of(k, s.seq_k, bi, j0, kt, g, 1, d), kb[blk % 2]);
-      vl[blk % 2] = load(R, pe, v, rows_of(v, s.seq_k, bi, j0, kt, g, 1, d), vb[blk % 2]);
+    auto ready = [&] {
+      ql.wait();
+      dl.wait();
+      pe.vector_op(static_cast<std::uint64_t>(nt * d), DType::f32, "attention D");
     };
-    const std::int64_t blocks = (nk + R.tk - 1) / R.tk;
-    if (blocks > 0) issue(0);
-    ql.wait();
-    dl.wait();
-    pe.vector_op(static_cast<std::uint64_t>(nt * d), DType::f32, "attention D");
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      if (blk + 1 < blocks) issue(blk + 1);
-      kl[blk % 2].wait();
-      vl[blk % 2].wait();
-      const auto m = static_cast<std::uint64_t>(nt * std::min(R.tk, nk - blk * R.tk) * d);
+    keys.walk(bi, g, nk, ready, [&](std::int64_t kt) {
+      const auto m = static_cast<std::uint64_t>(nt * kt * d);
       pe.compute(3 * m, q.dtype, "attention dQ");
       pe.vector_op(6 * m / static_cast<std::uint64_t>(d), DType::f32, "softmax backward");
       R.macs += 3 * m;
-    }
+    });
     gw.wait();
     gw = store(R, pe, gb, dq, rows_of(dq, s.seq_q, bi, t0, nt, h, R.group, d), val.dq);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -160,6 +161,22 @@ Run run_gpt(rt::Context& ctx, const GptCheckOptions& o, int tp) {
   return run;
 }
 
+// The checks every equivalence report ends with: against the host replay of the same tp program
+// (bitwise, unless ctx is the host), every rank's copy of a replicated tensor (bitwise), the verdict.
+void finish(EquivalenceReport& rep, rt::Context& ctx, const Run& tpr, int tp,
+            const std::function<Run(rt::Context&)>& run_on) {
+  if (!ctx.backend().reference()) {
+    auto hostp = replay_context(ctx, tp);
+    const Run replay = run_on(*hostp);
+    for (const auto& [name, values] : tpr.full) {
+      rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
+    }
+  }
+  for (const auto& [name, ranks] : tpr.per_rank) rep.checks.push_back(ranks_check(name, ranks));
+  rep.pass = true;
+  for (const auto& c : rep.checks) rep.pass = rep.pass && c.pass;
+}
+
 }  // namespace
 
 double tp_tolerance(DType d, int tp) {
@@ -187,16 +204,7 @@ EquivalenceReport check_mlp_equivalence(rt::Context& ctx, const MlpCheckOptions&
     const bool sums_partials = (name == "output" || name == "input_grad") && o.tp > 1;
     rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), !sums_partials, tol));
   }
-  if (!ctx.backend().reference()) {
-    auto hostp = replay_context(ctx, o.tp);
-    Run replay = run_mlp(*hostp, o, o.tp);
-    for (const auto& [name, values] : tpr.full) {
-      rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
-    }
-  }
-  for (const auto& [name, ranks] : tpr.per_rank) rep.checks.push_back(ranks_check(name, ranks));
-  rep.pass = true;
-  for (const auto& c : rep.checks) rep.pass = rep.pass && c.pass;
+  finish(rep, ctx, tpr, o.tp, [&](rt::Context& host) { return run_mlp(host, o, o.tp); });
   return rep;
 }
 
@@ -221,16 +229,7 @@ EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions&
   for (const auto& [name, values] : tpr.full) {
     rep.checks.push_back(compare(name, "unsharded", values, ref.full.at(name), o.tp == 1, tol));
   }
-  if (!ctx.backend().reference()) {
-    auto hostp = replay_context(ctx, o.tp);
-    Run replay = run_gpt(*hostp, o, o.tp);
-    for (const auto& [name, values] : tpr.full) {
-      rep.checks.push_back(compare(name, "host replay", values, replay.full.at(name), true, 0));
-    }
-  }
-  for (const auto& [name, ranks] : tpr.per_rank) rep.checks.push_back(ranks_check(name, ranks));
-  rep.pass = true;
-  for (const auto& c : rep.checks) rep.pass = rep.pass && c.pass;
+  finish(rep, ctx, tpr, o.tp, [&](rt::Context& host) { return run_gpt(host, o, o.tp); });
   return rep;
 }
 

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <limits>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -316,6 +317,27 @@ void check_gpt_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char
   if (tpsize < 1) return;
   check_mlp_algorithm(ctx, tpsize, false, who);
   if (sp) check_mlp_algorithm(ctx, tpsize, true, who);
+}
+
+// The GPT jobs' arguments, in the order of their keyword list (bind_kernels_tp's gpt_kwargs).
+#define GPT_ARGS                                                                                                 \
+  const py::object &tp_arg, const py::object &batch, const py::object &vocab, const py::object &hidden,          \
+      const py::object &heads, const py::object &kv_heads, const py::object &ffn, const py::object &seq,         \
+      const py::object &layers, const std::string &norm, const std::string &dtype, const std::string &gelu,      \
+      bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object &seed, const py::object &data_seed
+#define GPT_ARG_NAMES                                                                                           \
+  tp_arg, batch, vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, \
+      seed, data_seed
+
+tp::GptStepOptions gpt_step_args(const rt::Context& ctx, const char* who, GPT_ARGS) {
+  tp::GptStepOptions o;
+  o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie,
+                     seed);
+  o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
+  o.batch = int_arg(batch, "batch", 1, kI64Max);
+  o.data_seed = u64_arg(data_seed, "data_seed");
+  check_gpt_algorithm(ctx, o.tp, sp && o.tp > 1, who);
+  return o;
 }
 
 struct PyGptStep {
@@ -634,70 +656,55 @@ void bind_kernels_tp(py::module_& m) {
         py::arg("bias") = true, py::arg("sequence_parallel") = false, py::arg("seed") = 1234, py::arg("data_seed") = 99,
         "One ParallelMLP forward and backward with tp ranks on ctx (tp::run_mlp_step: seeded random inputs, none "
         "on a timing-only context), for its RunReport. The GIL is released while it runs.");
-  t.def(
-      "check_gpt_equivalence",
-      [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
-         const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
-         const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
-         const std::string& gelu, bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object& seed,
-         const py::object& data_seed) {
-        tp::GptCheckOptions o;
-        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, seed);
-        o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
-        o.batch = int_arg(batch, "batch", 1, kI64Max);
-        o.data_seed = u64_arg(data_seed, "data_seed");
-        check_gpt_algorithm(*ctx, o.tp, sp && o.tp > 1, "check_gpt_equivalence");
-        tp::EquivalenceReport rep;
-        {
-          ReleaseGil nogil;
-          rep = tp::check_gpt_equivalence(*ctx, o);
-        }
-        return PyEquivalence{rep.checks, rep.pass, rep.run, rep.mean_loss};
-      },
-      py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
-      py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
-      py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
-      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("rotary") = false, py::arg("bias") = true,
-      py::arg("sequence_parallel") = false,
-      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
-      "Runs a GPTModel step (embedding, layers transformer layers, final norm, LM head, vocab-parallel "
-      "cross-entropy; forward and backward) with tp ranks on ctx, the unsharded model on the host and, when ctx is "
-      "not the host, the same tp program on the host, and compares the per-token loss and every gradient: bitwise at "
-      "tp 1, within gpt_tolerance above (everything is downstream of a sum of tp partials), bitwise against the host "
-      "replay and across ranks. kv_heads: query groups (None: heads). The GIL is released while it runs.");
   py::class_<PyGptStep>(t, "GptStep", "Result of run_gpt: the RunReport and the mean loss (NaN when timing-only).")
       .def_readonly("run", &PyGptStep::run)
       .def_readonly("mean_loss", &PyGptStep::mean_loss);
-  t.def(
-      "run_gpt",
-      [](const CtxPtr& ctx, const py::object& tp_arg, const py::object& batch, const py::object& vocab,
-         const py::object& hidden, const py::object& heads, const py::object& kv_heads, const py::object& ffn,
-         const py::object& seq, const py::object& layers, const std::string& norm, const std::string& dtype,
-         const std::string& gelu, bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object& seed,
-         const py::object& data_seed) {
-        tp::GptStepOptions o;
-        o.model = gpt_opts(vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, seed);
-        o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
-        o.batch = int_arg(batch, "batch", 1, kI64Max);
-        o.data_seed = u64_arg(data_seed, "data_seed");
-        check_gpt_algorithm(*ctx, o.tp, sp && o.tp > 1, "run_gpt");
-        PyGptStep r;
-        {
-          ReleaseGil nogil;
-          const tp::GptStepResult res = tp::run_gpt_step(*ctx, o);
-          r.run = res.report;
-          r.mean_loss = res.mean_loss;
-        }
-        return r;
+  // Both GPT jobs take the same keyword arguments (gpt_step_args parses them).
+  const auto gpt_kwargs = std::make_tuple(
+      py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024, py::arg("hidden") = 256, py::arg("heads") = 8,
+      py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024, py::arg("seq") = 128, py::arg("layers") = 2,
+      py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16", py::arg("gelu") = "tanh", py::arg("swiglu") = false,
+      py::arg("rotary") = false, py::arg("bias") = true, py::arg("sequence_parallel") = false,
+      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99);
+  std::apply(
+      [&](auto... kw) {
+        t.def(
+            "check_gpt_equivalence",
+            [](const CtxPtr& ctx, GPT_ARGS) {
+              const tp::GptStepOptions so = gpt_step_args(*ctx, "check_gpt_equivalence", GPT_ARG_NAMES);
+              const tp::GptCheckOptions o{.model = so.model, .batch = so.batch, .tp = so.tp, .data_seed = so.data_seed};
+              tp::EquivalenceReport rep;
+              {
+                ReleaseGil nogil;
+                rep = tp::check_gpt_equivalence(*ctx, o);
+              }
+              return PyEquivalence{rep.checks, rep.pass, rep.run, rep.mean_loss};
+            },
+            py::arg("ctx"), py::kw_only(), kw...,
+            "Runs a GPTModel step (embedding, layers transformer layers, final norm, LM head, vocab-parallel "
+            "cross-entropy; forward and backward) with tp ranks on ctx, the unsharded model on the host and, when ctx "
+            "is not the host, the same tp program on the host, and compares the per-token loss and every gradient: "
+            "bitwise at tp 1, within gpt_tolerance above (everything is downstream of a sum of tp partials), bitwise "
+            "against the host replay and across ranks. kv_heads: query groups (None: heads). The GIL is released "
+            "while it runs.");
+        t.def(
+            "run_gpt",
+            [](const CtxPtr& ctx, GPT_ARGS) {
+              const tp::GptStepOptions o = gpt_step_args(*ctx, "run_gpt", GPT_ARG_NAMES);
+              PyGptStep r;
+              {
+                ReleaseGil nogil;
+                const tp::GptStepResult res = tp::run_gpt_step(*ctx, o);
+                r.run = res.report;
+                r.mean_loss = res.mean_loss;
+              }
+              return r;
+            },
+            py::arg("ctx"), py::kw_only(), kw...,
+            "One GPTModel forward and backward with tp ranks on ctx (tp::run_gpt_step: seeded random tokens), for "
+            "its RunReport and mean loss. The GIL is released while it runs.");
       },
-      py::arg("ctx"), py::kw_only(), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("vocab") = 1024,
-      py::arg("hidden") = 256, py::arg("heads") = 8, py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024,
-      py::arg("seq") = 128, py::arg("layers") = 2, py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16",
-      py::arg("gelu") = "tanh", py::arg("swiglu") = false, py::arg("rotary") = false, py::arg("bias") = true,
-      py::arg("sequence_parallel") = false,
-      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
-      "One GPTModel forward and backward with tp ranks on ctx (tp::run_gpt_step: seeded random tokens), for its "
-      "RunReport and mean loss. The GIL is released while it runs.");
+      gpt_kwargs);
   t.def("gpt_tolerance", [](const std::string& d, int p, int layers) { return tp::gpt_tolerance(dtype_arg(d), p, layers); },
         py::arg("dtype"), py::arg("tp"), py::arg("layers"));
   t.def("valid_tp_sizes",

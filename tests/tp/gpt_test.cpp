@@ -11,6 +11,7 @@
 #include "tp/equivalence.h"
 #include "tp/gpt_step.h"
 #include "tp/parallel_state.h"
+#include "tests/tp/tp_test_util.h"
 
 namespace cubesim::tp {
 namespace {
@@ -26,13 +27,7 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
-std::unique_ptr<rt::Context> make(bool sim, int world) {
-  rt::ContextOptions o;
-  o.world_size = world;
-  o.stack_size = 128 * 1024;
-  if (!sim) return std::make_unique<rt::Context>(o);
-  return rt::make_sim_context(o, hw::load_topology("mesh4x4"), {.check_uninitialized = true});
-}
+using tptest::make;
 
 GptOptions small(const Case& c) {
   return {.vocab = 96, .hidden = 32, .heads = 4, .kv_heads = c.tp == 4 ? 4 : 2, .ffn = 64, .seq = 72, .layers = 2,

@@ -14,6 +14,7 @@
 #include "tp/equivalence.h"
 #include "tp/mlp_step.h"
 #include "tp/parallel_state.h"
+#include "tests/tp/tp_test_util.h"
 
 namespace cubesim::tp {
 namespace {
@@ -31,13 +32,7 @@ struct Case {
   }
 };
 
-std::unique_ptr<rt::Context> make(bool sim, int world) {
-  rt::ContextOptions o;
-  o.world_size = world;
-  o.stack_size = 128 * 1024;
-  if (!sim) return std::make_unique<rt::Context>(o);
-  return rt::make_sim_context(o, hw::load_topology("mesh4x4"), {.check_uninitialized = true});
-}
+using tptest::make;
 
 class TpMlp : public ::testing::TestWithParam<Case> {};
 

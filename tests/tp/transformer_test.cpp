@@ -12,6 +12,7 @@
 #include "sim/hw/topology.h"
 #include "tp/equivalence.h"
 #include "tp/parallel_state.h"
+#include "tests/tp/tp_test_util.h"
 #include "tp/transformer_step.h"
 
 namespace cubesim::tp {
@@ -32,13 +33,7 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
-std::unique_ptr<rt::Context> make(bool sim, int world) {
-  rt::ContextOptions o;
-  o.world_size = world;
-  o.stack_size = 128 * 1024;
-  if (!sim) return std::make_unique<rt::Context>(o);
-  return rt::make_sim_context(o, hw::load_topology("mesh4x4"), {.check_uninitialized = true});
-}
+using tptest::make;
 
 constexpr std::int64_t kHidden = 64, kHeads = 8, kFfn = 128, kSeq = 80, kBatch = 2, kRows = kBatch * kSeq;
 
