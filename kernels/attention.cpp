@@ -39,49 +39,39 @@ void AttentionShape::validate() const {
 
 namespace {
 
-// Head h's first element in a token's row: heads side by side, or in query groups (group_stride).
-std::int64_t head_offset(AttentionBuffer b, std::int64_t h, std::int64_t per_group, std::int64_t d) {
-  return b.group_stride ? (h / per_group) * b.group_stride + (h % per_group) * d : h * d;
-}
-
 struct Operand {
   AttentionBuffer buf;
   std::int64_t seq;
   std::int64_t per_group;  // heads of one query group in this operand (q-like: heads / kv_heads; k-like: 1)
   std::int64_t offset(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) const {
-    return (b * seq + t) * buf.row_stride + head_offset(buf, h, per_group, d);
+    return (b * seq + t) * buf.row_stride + attention_head_offset(buf.group_stride, h, per_group, d);
   }
   float at(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t e) const {
     return load_f32(buf.data, buf.dtype, offset(b, t, h, d) + e);
   }
 };
 
-// heads: of this operand; the extent of a row's heads must fit its stride.
-void check_buffer(const char* what, AttentionBuffer b, std::int64_t heads, std::int64_t per_group, std::int64_t d) {
+}  // namespace
+
+void check_attention_buffer(const char* what, AttentionBuffer b, std::int64_t heads, std::int64_t per_group,
+                            std::int64_t d) {
   if (b.data == nullptr) throw std::invalid_argument(fmt::format("attention: {} is null", what));
   if (b.group_stride < 0 || (b.group_stride > 0 && b.group_stride < per_group * d)) {
     throw std::invalid_argument(fmt::format("attention: {}'s group_stride {} must be 0 or at least its group's {} x "
                                             "head_dim = {}",
                                             what, b.group_stride, per_group, per_group * d));
   }
-  const std::int64_t width = head_offset(b, heads - 1, per_group, d) + d;
+  const std::int64_t width = attention_head_offset(b.group_stride, heads - 1, per_group, d) + d;
   if (b.row_stride < width) {
     throw std::invalid_argument(fmt::format("attention: {}'s row_stride {} is less than its heads' extent {}", what,
                                             b.row_stride, width));
   }
 }
 
-// Visible keys of query row t of sequence b: [0, n).
-// A padding query (at or past kv_valid[b]) sees none.
+namespace {
+
 std::int64_t visible_keys(const AttentionShape& s, std::int64_t b, std::int64_t t, const std::int64_t* kv_valid) {
-  const std::int64_t pos = s.query_offset() + t;
-  std::int64_t n = s.seq_k;
-  if (kv_valid) {
-    n = std::clamp<std::int64_t>(kv_valid[b], 0, s.seq_k);
-    if (pos >= n) return 0;
-  }
-  if (s.causal) n = std::min(n, pos + 1);
-  return std::max<std::int64_t>(n, 0);
+  return attention_visible_keys(s.seq_k, s.query_offset(), s.causal, b, t, kv_valid);
 }
 
 float dot(const float* a, const float* b, std::int64_t n) {
@@ -104,10 +94,10 @@ void attention_forward(const AttentionShape& s, AttentionBuffer q, AttentionBuff
                        MutableAttentionBuffer out, float* stats, const std::int64_t* kv_valid) {
   s.validate();
   const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads;
-  check_buffer("q", q, s.heads, group, d);
-  check_buffer("k", k, s.kv_heads, 1, d);
-  check_buffer("v", v, s.kv_heads, 1, d);
-  check_buffer("out", out, s.heads, group, d);
+  check_attention_buffer("q", q, s.heads, group, d);
+  check_attention_buffer("k", k, s.kv_heads, 1, d);
+  check_attention_buffer("v", v, s.kv_heads, 1, d);
+  check_attention_buffer("out", out, s.heads, group, d);
   if (stats == nullptr) throw std::invalid_argument("attention: stats is null");
   const Operand Q{q, s.seq_q, group}, K{k, s.seq_k, 1}, V{v, s.seq_k, 1};
   const Operand Out{out, s.seq_q, group};
@@ -163,14 +153,14 @@ void attention_backward(const AttentionShape& s, AttentionBuffer q, AttentionBuf
                         MutableAttentionBuffer dk, MutableAttentionBuffer dv, const std::int64_t* kv_valid) {
   s.validate();
   const std::int64_t d = s.head_dim, group = s.heads / s.kv_heads;
-  check_buffer("q", q, s.heads, group, d);
-  check_buffer("k", k, s.kv_heads, 1, d);
-  check_buffer("v", v, s.kv_heads, 1, d);
-  check_buffer("out", out, s.heads, group, d);
-  check_buffer("dout", dout, s.heads, group, d);
-  check_buffer("dq", dq, s.heads, group, d);
-  check_buffer("dk", dk, s.kv_heads, 1, d);
-  check_buffer("dv", dv, s.kv_heads, 1, d);
+  check_attention_buffer("q", q, s.heads, group, d);
+  check_attention_buffer("k", k, s.kv_heads, 1, d);
+  check_attention_buffer("v", v, s.kv_heads, 1, d);
+  check_attention_buffer("out", out, s.heads, group, d);
+  check_attention_buffer("dout", dout, s.heads, group, d);
+  check_attention_buffer("dq", dq, s.heads, group, d);
+  check_attention_buffer("dk", dk, s.kv_heads, 1, d);
+  check_attention_buffer("dv", dv, s.kv_heads, 1, d);
   if (stats == nullptr) throw std::invalid_argument("attention: stats is null");
   const Operand Q{q, s.seq_q, group}, K{k, s.seq_k, 1}, V{v, s.seq_k, 1}, O{out, s.seq_q, group},
       dO{dout, s.seq_q, group}, dQ{dq, s.seq_q, group}, dK{dk, s.seq_k, 1}, dV{dv, s.seq_k, 1};

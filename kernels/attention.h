@@ -45,6 +45,7 @@
 #include <string>
 
 #include "base/dtype.h"
+#include "kernels/elementwise.h"  // CUBESIM_HD
 
 namespace cubesim::kernels {
 
@@ -85,6 +86,33 @@ struct MutableAttentionBuffer {
   std::int64_t group_stride = 0;
   operator AttentionBuffer() const { return {data, dtype, row_stride, group_stride}; }
 };
+
+// Head h's first element in a token's row (per_group heads to a query group in this operand: q-like
+// heads / kv_heads, k-like 1): side by side without group_stride, in query groups with it. Host and
+// device code (CUDA, the simulator, rotary) all address heads through this.
+CUBESIM_HD std::int64_t attention_head_offset(std::int64_t group_stride, std::int64_t h, std::int64_t per_group,
+                                              std::int64_t d) {
+  return group_stride ? (h / per_group) * group_stride + (h % per_group) * d : h * d;
+}
+
+// The keys [0, n) query row t of sequence b sees (position q_offset + t); a padding query (at or past
+// kv_valid[b]) sees none. The contract's visibility rule, host and device.
+CUBESIM_HD std::int64_t attention_visible_keys(std::int64_t seq_k, std::int64_t q_offset, bool causal, std::int64_t b,
+                                               std::int64_t t, const std::int64_t* kv_valid) {
+  const std::int64_t pos = q_offset + t;
+  std::int64_t n = seq_k;
+  if (kv_valid) {
+    n = kv_valid[b] < 0 ? 0 : (kv_valid[b] > seq_k ? seq_k : kv_valid[b]);
+    if (pos >= n) return 0;
+  }
+  if (causal && pos + 1 < n) n = pos + 1;
+  return n < 0 ? 0 : n;
+}
+
+// Throws std::invalid_argument naming `what` for a null buffer, a negative or too small group_stride,
+// or a row_stride shorter than its heads' extent (every backend checks its buffers with it).
+void check_attention_buffer(const char* what, AttentionBuffer b, std::int64_t heads, std::int64_t per_group,
+                            std::int64_t d);
 
 // kv_valid: per sequence, how many of its keys are real (the rest padding); null: all seq_k.
 // stats: f32, 2 per (token, head): stats[((b * seq_q + t) * heads + h) * 2 + {0: m, 1: l}].

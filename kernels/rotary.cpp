@@ -49,7 +49,7 @@ void rotary_apply(const AttentionShape& s, MutableAttentionBuffer b, std::int64_
       const float* c = &t.cos[static_cast<std::size_t>(p * half)];
       const float* sn = &t.sin[static_cast<std::size_t>(p * half)];
       for (std::int64_t h = 0; h < heads; ++h) {
-        const std::int64_t ho = b.group_stride ? (h / per_group) * b.group_stride + (h % per_group) * d : h * d;
+        const std::int64_t ho = attention_head_offset(b.group_stride, h, per_group, d);
         const std::int64_t row = (bi * s.seq_q + p) * b.row_stride + ho;
         for (std::int64_t e = 0; e < half; ++e) {
           const float x1 = load_f32(b.data, b.dtype, row + e), x2 = load_f32(b.data, b.dtype, row + e + half);

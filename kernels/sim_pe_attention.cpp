@@ -18,8 +18,8 @@ namespace {
 struct Run {
   hw::System& sys;
   const AttentionShape& s;
-  std::int64_t d, group, tq, tk;
-  bool functional;
+  std::int64_t d, group;
+  std::int64_t tq = 0, tk = 0;  // fit_tiles sets them
   std::uint64_t dma_bytes = 0, macs = 0;
 };
 
@@ -28,7 +28,7 @@ std::uint64_t es(const HbmAttention& b) { return dtype_size(b.dtype); }
 // Rows [t0, t0 + n) of head h (per_group heads to a query group) of sequence b, seq rows per sequence.
 hw::Region rows_of(const HbmAttention& b, std::int64_t seq, std::int64_t bi, std::int64_t t0, std::int64_t n,
                    std::int64_t h, std::int64_t per_group, std::int64_t d) {
-  const std::int64_t ho = b.group_stride ? (h / per_group) * b.group_stride + (h % per_group) * d : h * d;
+  const std::int64_t ho = attention_head_offset(b.group_stride, h, per_group, d);
   const std::uint64_t first = b.addr + static_cast<std::uint64_t>((bi * seq + t0) * b.row_stride + ho) * es(b);
   return hw::Region{first, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(d) * es(b),
                     static_cast<std::uint64_t>(b.row_stride) * es(b)};
@@ -290,7 +290,7 @@ SimAttentionReport sim_pe_attention_forward(hw::System& sys, const AttentionShap
                                             const SimAttentionOptions& opts) {
   s.validate();
   const std::vector<hw::Pe*> pes = pes_of(sys, opts.cubes, out);
-  Run R{sys, s, s.head_dim, s.heads / s.kv_heads, 0, 0, sys.options().functional};
+  Run R{.sys = sys, .s = s, .d = s.head_dim, .group = s.heads / s.kv_heads};
   const std::uint64_t d = static_cast<std::uint64_t>(s.head_dim);
   fit_tiles(R, *pes[0], [&](std::int64_t tq, std::int64_t tk) {
     return static_cast<std::uint64_t>(tq) * d * (es(q) + es(out)) + 2 * static_cast<std::uint64_t>(tk) * d * (es(k) + es(v)) +
@@ -304,8 +304,8 @@ SimAttentionReport sim_pe_attention_forward(hw::System& sys, const AttentionShap
   deal(sys, pes, items, opts.label, [&](hw::Pe& pe, const std::vector<std::array<std::int64_t, 3>>& mine) {
     forward_items(R, pe, mine, q, k, v, out, stats, values);
   });
-  return {sys.simulator().now() - t0, static_cast<std::int64_t>(items.size()), static_cast<int>(pes.size()), R.tq, R.tk,
-          R.macs, R.dma_bytes};
+  return {.time = sys.simulator().now() - t0, .items = static_cast<std::int64_t>(items.size()),
+          .pes = static_cast<int>(pes.size()), .tile_q = R.tq, .tile_k = R.tk, .macs = R.macs, .dma_bytes = R.dma_bytes};
 }
 
 SimAttentionReport sim_pe_attention_backward(hw::System& sys, const AttentionShape& s, const HbmAttention& q,
@@ -314,7 +314,7 @@ SimAttentionReport sim_pe_attention_backward(hw::System& sys, const AttentionSha
                                              const AttentionValues& values, const SimAttentionOptions& opts) {
   s.validate();
   const std::vector<hw::Pe*> pes = pes_of(sys, opts.cubes, dq);
-  Run R{sys, s, s.head_dim, s.heads / s.kv_heads, 0, 0, sys.options().functional};
+  Run R{.sys = sys, .s = s, .d = s.head_dim, .group = s.heads / s.kv_heads};
   const std::uint64_t d = static_cast<std::uint64_t>(s.head_dim);
   fit_tiles(R, *pes[0], [&](std::int64_t tq, std::int64_t tk) {
     const std::uint64_t a = static_cast<std::uint64_t>(tq) * d * (es(q) + es(dout) + es(dq)) +
@@ -337,8 +337,8 @@ SimAttentionReport sim_pe_attention_backward(hw::System& sys, const AttentionSha
   deal(sys, pes, kitems, opts.label + " dK dV", [&](hw::Pe& pe, const std::vector<std::array<std::int64_t, 3>>& mine) {
     dkv_items(R, pe, mine, q, k, v, dout, dk, dv, values);
   });
-  return {sys.simulator().now() - t0, static_cast<std::int64_t>(qitems.size() + kitems.size()),
-          static_cast<int>(pes.size()), R.tq, R.tk, R.macs, R.dma_bytes};
+  return {.time = sys.simulator().now() - t0, .items = static_cast<std::int64_t>(qitems.size() + kitems.size()),
+          .pes = static_cast<int>(pes.size()), .tile_q = R.tq, .tile_k = R.tk, .macs = R.macs, .dma_bytes = R.dma_bytes};
 }
 
 }  // namespace cubesim::kernels

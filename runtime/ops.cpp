@@ -484,7 +484,7 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
   try {
     s.validate();
   } catch (const std::invalid_argument& e) {
-    throw RuntimeError(std::string("attention_backward: ") + e.what());
+    throw RuntimeError(fmt::format("{} (backward)", e.what()));
   }
   const std::int64_t tq = s.batch * s.seq_q, tk = s.batch * s.seq_k, qw = s.heads * s.head_dim,
                      kw = s.kv_heads * s.head_dim;

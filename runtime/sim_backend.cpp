@@ -226,30 +226,33 @@ bool SimBackend::attention(const AttentionRequest& r) {
   }
   // The values: the host definition on copies of the operands' spans (one read per tensor), written
   // by the PEs' output tiles at their simulated times.
-  std::map<const Storage*, std::pair<std::uint64_t, std::vector<std::uint8_t>>> spans;  // first byte, bytes
+  std::map<const Storage*, std::vector<std::uint8_t>> spans;  // each storage's bytes, read once
   // An output's storage is not read (it may hold bytes never written); an input's is.
-  auto span_of = [&](const Tensor& t, bool load) -> std::pair<std::uint64_t, std::vector<std::uint8_t>>& {
+  // (Inputs are read before any output's copy is made, so an output sharing an input's storage
+  // still sees the input's bytes.)
+  auto span_of = [&](const Tensor& t, bool load) -> std::vector<std::uint8_t>& {
     auto it = spans.find(&t.storage());
     if (it != spans.end()) return it->second;
     auto& e = spans[&t.storage()];
-    e.first = 0;
-    e.second.resize(t.storage().bytes());
-    if (load) t.storage().read(0, e.second.data(), e.second.size());
+    e.resize(t.storage().bytes());
+    if (load) t.storage().read(0, e.data(), e.size());
     return e;
   };
-  auto host = [&](const AttentionRequest::Operand& o, bool load = true) {
-    auto& sp = span_of(*o.t, load);
+  auto host = [&](const AttentionRequest::Operand& o, bool load) {
+    std::vector<std::uint8_t>& sp = span_of(*o.t, load);
     return kernels::MutableAttentionBuffer{
-        sp.second.data() + o.t->byte_offset() + static_cast<std::uint64_t>(o.col) * o.t->element_size(), o.t->dtype(),
+        sp.data() + o.t->byte_offset() + static_cast<std::uint64_t>(o.col) * o.t->element_size(), o.t->dtype(),
         o.t->strides()[0], o.group_stride};
   };
   auto bytes_of = [&](const AttentionRequest::Operand& o) {
     const auto& st = static_cast<const SimStorage&>(o.t->storage());
-    return kernels::HostBytes{span_of(*o.t, false).second.data(), st.addr()};
+    return kernels::HostBytes{span_of(*o.t, false).data(), st.addr()};
   };
+  const auto q = host(r.q, true), k = host(r.k, true), v = host(r.v, true);
   if (!r.backward) {
+    const auto out = host(r.out, false);
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
-    kernels::attention_forward(r.shape, host(r.q), host(r.k), host(r.v), host(r.out, false), st.data());
+    kernels::attention_forward(r.shape, q, k, v, out, st.data());
     kernels::AttentionValues vals;
     vals.out = bytes_of(r.out);
     vals.stats = {reinterpret_cast<const std::uint8_t*>(st.data()), hs.addr};
@@ -258,8 +261,9 @@ bool SimBackend::attention(const AttentionRequest& r) {
   }
   std::vector<float> st(static_cast<std::size_t>(stats.numel()));
   stats.storage().read(stats.byte_offset(), st.data(), st.size() * sizeof(float));
-  kernels::attention_backward(r.shape, host(r.q), host(r.k), host(r.v), host(r.out), st.data(), host(r.dout),
-                              host(r.dq, false), host(r.dk, false), host(r.dv, false));
+  const auto out = host(r.out, true), dout = host(r.dout, true);
+  const auto dq = host(r.dq, false), dk = host(r.dk, false), dv = host(r.dv, false);
+  kernels::attention_backward(r.shape, q, k, v, out, st.data(), dout, dq, dk, dv);
   kernels::AttentionValues vals;
   vals.dq = bytes_of(r.dq);
   vals.dk = bytes_of(r.dk);

@@ -111,7 +111,8 @@ rt::Tensor VocabParallelCrossEntropy::backward(const rt::Tensor& dloss) {
 // ---------------------------------------------------------------- GPT
 TransformerLayerOptions GptOptions::layer(int number) const {
   return {.hidden = hidden, .heads = heads, .kv_heads = kv_heads, .ffn = ffn, .seq = seq, .norm = norm,
-          .norm_eps = norm_eps, .gelu = gelu, .swiglu = swiglu, .rotary = rotary, .causal = true, .bias = bias, .sequence_parallel = sequence_parallel,
+          .norm_eps = norm_eps, .gelu = gelu, .swiglu = swiglu, .rotary = rotary,
+          .rotary_base = rotary_base, .causal = true, .bias = bias, .sequence_parallel = sequence_parallel,
           .dtype = dtype, .seed = seed, .layer_number = number};
 }
 

@@ -85,6 +85,7 @@ struct GptOptions {
   kernels::GeluKind gelu = kernels::GeluKind::tanh;
   bool swiglu = false;
   bool rotary = false;  // rotary position embeddings in every layer's attention
+  double rotary_base = 10000.0;
   bool bias = true;
   bool sequence_parallel = false;
   bool tie_embeddings = true;  // the LM head is the embedding's weight (Megatron's default)

@@ -206,8 +206,17 @@ LinearOptions fc2_opts(const MlpOptions& o) {
 }
 }  // namespace
 
+namespace {
+// fc1's width, after checking that tp divides ffn (with SwiGLU fc1 is 2 x ffn wide, and fc1's own
+// check would name 2 x ffn).
+std::int64_t fc1_width(const MlpOptions& o) {
+  check_divides(o.ffn, get_tensor_model_parallel_world_size(), "ParallelMLP", o.swiglu ? "ffn (SwiGLU)" : "ffn");
+  return o.swiglu ? 2 * o.ffn : o.ffn;
+}
+}  // namespace
+
 ParallelMLP::ParallelMLP(rt::Context& ctx, MlpOptions o)
-    : opts(o), fc1(ctx, o.hidden, o.swiglu ? 2 * o.ffn : o.ffn, fc1_opts(o)), fc2(ctx, o.ffn, o.hidden, fc2_opts(o)), ctx_(ctx),
+    : opts(o), fc1(ctx, o.hidden, fc1_width(o), fc1_opts(o)), fc2(ctx, o.ffn, o.hidden, fc2_opts(o)), ctx_(ctx),
       rank_(rt::Context::current_rank("ParallelMLP")) {}
 
 rt::Tensor ParallelMLP::forward(const rt::Tensor& x) {

@@ -94,7 +94,9 @@ struct MlpOptions {
   std::uint64_t id_offset = 0;  // fc1 and fc2 draw master weights 1 + id_offset and 2 + id_offset
   // SwiGLU instead of GELU (Megatron's gated_linear_unit with silu, the Llama MLP): fc1 is 2 x ffn wide,
   // its master rows in (gate, up) pairs (rows 2i and 2i + 1 feed feature i), so a rank's shard holds
-  // whole pairs for any tp dividing ffn; activation = silu(gate)·up (rt::swiglu).
+  // whole pairs for any tp dividing ffn; activation = silu(gate)·up (rt::swiglu). Megatron stores each
+  // rank's shard as [gates; ups] instead: the same model up to a permutation of fc1's rows, so its
+  // checkpoints need that permutation to load here.
   bool swiglu = false;
 };
 

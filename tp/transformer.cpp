@@ -102,6 +102,11 @@ std::int64_t qkv_width(const AttentionOptions& o) {
                                        groups, tp, valid));
   }
   if (o.seq < 1) throw rt::RuntimeError(fmt::format("ParallelAttention: seq {} must be at least 1", o.seq));
+  if (o.rotary && (o.head_dim() % 2 != 0 || !(o.rotary_base > 1.0))) {
+    throw rt::RuntimeError(fmt::format("ParallelAttention: rotary embeddings need an even head_dim (hidden {} / heads "
+                                       "{} = {}) and a base above 1 (got {})",
+                                       o.hidden, o.heads, o.head_dim(), o.rotary_base));
+  }
   return groups * (o.heads / groups + 2) * o.head_dim();
 }
 

@@ -14,7 +14,11 @@
 //     the tensor-parallel group (Megatron does it before the optimizer step).
 //   TransformerLayer: h = x + attention(norm1(x)); y = h + mlp(norm2(h)).
 // Tokens are rows, batch-major: row b·seq + t is token t of sequence b (with sequence parallelism
-// rank r holds rows [r·rows/tp, (r+1)·rows/tp) of them, and the column layers gather them first).
+// rank r holds rows [r·rows/tp, (r+1)·rows/tp) of them, and the column layers gather them first). So
+// sequence parallelism needs batch x seq divisible by tp, where Megatron's [s, b, h] layout splits
+// along s and needs seq divisible by tp; the layers compute the same either way. Megatron reduces
+// the sequence-parallel norms' gradients in f32 main-gradient buffers; here each rank's gradient is
+// rounded to the model's dtype before the all-reduce.
 //
 //   tp::initialize_model_parallel(2);
 //   tp::TransformerLayer layer(ctx, {.hidden = 1024, .heads = 16, .kv_heads = 4, .ffn = 4096, .seq = 256});

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dtype_cuda.cuh"
@@ -35,8 +36,7 @@ struct Buf {
   DType dtype;
   std::int64_t row_stride, group_stride, seq, per_group;
   __device__ std::int64_t at(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) const {
-    const std::int64_t ho = group_stride ? (h / per_group) * group_stride + (h % per_group) * d : h * d;
-    return (b * seq + t) * row_stride + ho;
+    return (b * seq + t) * row_stride + kernels::attention_head_offset(group_stride, h, per_group, d);
   }
   __device__ float load(std::int64_t i) const { return load_elem_rt(data, dtype, i); }
 };
@@ -45,16 +45,8 @@ Buf make(kernels::AttentionBuffer b, std::int64_t seq, std::int64_t per_group) {
   return {b.data, b.dtype, b.row_stride, b.group_stride, seq, per_group};
 }
 
-// The host's visible_keys (kernels/attention.cpp): a padding query sees none.
 __device__ std::int64_t visible_keys(const Shape& s, std::int64_t b, std::int64_t t, const std::int64_t* kv_valid) {
-  const std::int64_t pos = s.q_offset + t;
-  std::int64_t n = s.seq_k;
-  if (kv_valid) {
-    n = kv_valid[b] < 0 ? 0 : (kv_valid[b] > s.seq_k ? s.seq_k : kv_valid[b]);
-    if (pos >= n) return 0;
-  }
-  if (s.causal && pos + 1 < n) n = pos + 1;
-  return n < 0 ? 0 : n;
+  return kernels::attention_visible_keys(s.seq_k, s.q_offset, s.causal, b, t, kv_valid);
 }
 
 // dot(a row, b row) over e ascending from +0 (a and b element offsets).
@@ -269,6 +261,11 @@ void attention_forward(const kernels::AttentionShape& a, kernels::AttentionBuffe
                        kernels::AttentionBuffer v, kernels::MutableAttentionBuffer out, float* stats,
                        const std::int64_t* kv_valid, cudaStream_t stream) {
   const Shape s = shape_of(a);
+  kernels::check_attention_buffer("q", q, s.heads, s.group, s.d);
+  kernels::check_attention_buffer("k", k, s.kv_heads, 1, s.d);
+  kernels::check_attention_buffer("v", v, s.kv_heads, 1, s.d);
+  kernels::check_attention_buffer("out", out, s.heads, s.group, s.d);
+  if (stats == nullptr) throw std::invalid_argument("attention (cuda): stats is null");
   const std::size_t smem = sizeof(float) * (kRows * s.d + kRows * kBlock);
   set_smem(reinterpret_cast<const void*>(forward_kernel), smem);
   const dim3 grid(static_cast<unsigned>((s.seq_q + kRows - 1) / kRows), static_cast<unsigned>(s.heads),
@@ -288,6 +285,13 @@ void attention_backward(const kernels::AttentionShape& a, kernels::AttentionBuff
                         kernels::MutableAttentionBuffer dk, kernels::MutableAttentionBuffer dv,
                         const std::int64_t* kv_valid, void* workspace, cudaStream_t stream) {
   const Shape s = shape_of(a);
+  const std::pair<const char*, kernels::AttentionBuffer> qs[] = {{"q", q}, {"out", out}, {"dout", dout}, {"dq", dq}};
+  for (const auto& [what, b] : qs) kernels::check_attention_buffer(what, b, s.heads, s.group, s.d);
+  const std::pair<const char*, kernels::AttentionBuffer> ks[] = {{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}};
+  for (const auto& [what, b] : ks) kernels::check_attention_buffer(what, b, s.kv_heads, 1, s.d);
+  if (stats == nullptr || workspace == nullptr) {
+    throw std::invalid_argument("attention backward (cuda): stats and workspace must be device memory, not null");
+  }
   auto* D = static_cast<float*>(workspace);
   const Buf Q = make(q, s.seq_q, s.group), K = make(k, s.seq_k, 1), V = make(v, s.seq_k, 1),
             O = make(out, s.seq_q, s.group), dO = make(dout, s.seq_q, s.group);

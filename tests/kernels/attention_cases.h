@@ -169,6 +169,10 @@ inline void expect_sequence_equal(const AttentionCase& c, const AttnResults& got
                                   const AttnResults& alone, const std::string& where) {
   const std::int64_t s = c.seq;
   EXPECT_TRUE(attn_rows_equal("out", got.out, at * s, alone.out, 0, s)) << where;
+  const std::size_t per_seq = static_cast<std::size_t>(s * c.heads * 2);  // the softmax statistics
+  EXPECT_EQ(0, std::memcmp(got.stats.data() + static_cast<std::size_t>(at) * per_seq, alone.stats.data(),
+                           per_seq * sizeof(float)))
+      << where << ": stats";
   if (!c.backward) return;
   EXPECT_TRUE(attn_rows_equal("dq", got.dq, at * s, alone.dq, 0, s)) << where;
   EXPECT_TRUE(attn_rows_equal("dk", got.dk, at * s, alone.dk, 0, s)) << where;
@@ -351,12 +355,19 @@ inline void run_attention_case(const AttentionBackend& be, const AttentionCase& 
       ps.q_offset = 0;
       const AttnResults got = attn_run(be, pc, ps, many, 0, valid.data());
       EXPECT_TRUE(attn_rows_equal("out", got.out, 0, alone.out, 0, c.seq));
+      for (std::int64_t r = c.seq; r < pc.seq; ++r)  // padding queries see no key: zero rows
+        for (std::int64_t e = 0; e < got.out.cols(); ++e) ASSERT_EQ(got.out.at(r, e), 0.0f) << "out padding row " << r;
       if (c.backward) {
         EXPECT_TRUE(attn_rows_equal("dq", got.dq, 0, alone.dq, 0, c.seq));
         EXPECT_TRUE(attn_rows_equal("dk", got.dk, 0, alone.dk, 0, c.seq));
         EXPECT_TRUE(attn_rows_equal("dv", got.dv, 0, alone.dv, 0, c.seq));
-        for (std::int64_t r = c.seq; r < pc.seq; ++r)  // padding rows' gradients are zero
-          for (std::int64_t e = 0; e < got.dq.cols(); ++e) EXPECT_EQ(got.dq.at(r, e), 0.0f) << "dq padding row " << r;
+        for (std::int64_t r = c.seq; r < pc.seq; ++r) {  // padding rows' gradients are zero
+          for (std::int64_t e = 0; e < got.dq.cols(); ++e) ASSERT_EQ(got.dq.at(r, e), 0.0f) << "dq padding row " << r;
+          for (std::int64_t e = 0; e < got.dk.cols(); ++e) {
+            ASSERT_EQ(got.dk.at(r, e), 0.0f) << "dk padding row " << r;
+            ASSERT_EQ(got.dv.at(r, e), 0.0f) << "dv padding row " << r;
+          }
+        }
       }
       return;
     }

@@ -193,6 +193,12 @@ TEST(TpTransformerErrors, NameTheSizesAndTheValidChoices) {
   bad.ffn = 130;
   m = error_of(4, {.hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 130, .seq = 16});
   EXPECT_NE(m.find("not divisible by the tensor-parallel size 4"), std::string::npos) << m;
+  m = error_of(4, {.hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 130, .seq = 16, .swiglu = true});
+  EXPECT_NE(m.find("ParallelMLP: ffn (SwiGLU) features (130) are not divisible by the tensor-parallel size 4"),
+            std::string::npos)
+      << m;
+  m = error_of(1, {.hidden = 60, .heads = 4, .ffn = 64, .seq = 16, .rotary = true});
+  EXPECT_NE(m.find("rotary embeddings need an even head_dim (hidden 60 / heads 4 = 15)"), std::string::npos) << m;
 }
 
 }  // namespace
