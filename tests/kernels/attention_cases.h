@@ -143,6 +143,14 @@ inline AttnResults attn_run(const AttentionBackend& be, const AttentionCase& c, 
   return r;
 }
 
+// The bytes a buffer spans: rows of row_stride, the last up to its last head's end (a device or
+// simulated copy of a host buffer covers this much).
+inline std::size_t attn_extent_bytes(AttentionBuffer b, std::int64_t rows, std::int64_t heads, std::int64_t per_group,
+                                     std::int64_t d) {
+  const std::int64_t last = attention_head_offset(b.group_stride, heads - 1, per_group, d) + d;
+  return static_cast<std::size_t>((rows - 1) * b.row_stride + last) * dtype_size(b.dtype);
+}
+
 // Rows [r0, r0+n) of `got` bitwise equal rows [w0, w0+n) of `want` (same width and dtype).
 inline ::testing::AssertionResult attn_rows_equal(const char* what, const HostMatrix& got, std::int64_t r0,
                                                   const HostMatrix& want, std::int64_t w0, std::int64_t n) {

@@ -44,10 +44,8 @@ class OnDevice {
   std::size_t bytes_;
 };
 
-// The bytes a buffer spans: rows of row_stride, the last up to its last head's end.
 std::size_t extent(AttentionBuffer b, std::int64_t rows, std::int64_t heads, std::int64_t per_group, std::int64_t d) {
-  const std::int64_t last = attention_head_offset(b.group_stride, heads - 1, per_group, d) + d;
-  return static_cast<std::size_t>((rows - 1) * b.row_stride + last) * dtype_size(b.dtype);
+  return attn_extent_bytes(b, rows, heads, per_group, d);
 }
 
 AttentionBuffer on(AttentionBuffer b, const OnDevice& d) { return {d.dev(), b.dtype, b.row_stride, b.group_stride}; }
