@@ -26,6 +26,28 @@ def rope(x, cos, sin):  # x [b, h, s, d], non-interleaved halves
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
 
+def profile_split(step, steps=3):
+    """Per step, the GPU kernel time (ms) by kind: GEMMs, attention (flash/SDPA kernels), the rest."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    top = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if not us or e.key.startswith("aten::") or e.key.startswith("cuda"):
+            continue
+        k = e.key.lower()
+        kind = ("attention" if any(w in k for w in ("flash", "fmha", "attention", "sdpa")) else
+                "gemm" if any(w in k for w in ("gemm", "xmma", "cutlass", "nvjet", "cublas", "wgmma", "sm90")) else "other")
+        out[kind] += us / 1e3 / steps
+        top.append((us / 1e3 / steps, kind, e.key[:90]))
+    out["top"] = [{"ms": round(t, 4), "kind": k, "kernel": n} for t, k, n in sorted(top, reverse=True)[:12]]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=4096)
@@ -37,6 +59,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true",
+                    help="also split one step's GPU kernel time into GEMMs, attention and the rest (torch.profiler)")
     a = ap.parse_args()
     torch.manual_seed(0)
     dt, dev = torch.bfloat16, "cuda"
@@ -82,9 +106,11 @@ def main():
         e1.record()
         torch.cuda.synchronize()
         times.append(e0.elapsed_time(e1) / 1e3)
+    split = profile_split(step) if a.profile else None
     r = {"bench": "torch_transformer_layer", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
          "seq": S, "batch": B, "hidden": H, "heads": nh, "kv_heads": ng, "ffn": a.ffn,
-         "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times)}
+         "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+         "kernel_ms": split}
     print(json.dumps(r))
     if a.json:
         with open(a.json, "w") as f:
