@@ -6,9 +6,11 @@
 // --functional moves real values (use small sizes). Attention runs as tiles on the PEs
 // (kernels/sim_pe_attention.h), as the GEMMs do.
 //
-//   bench_tp_gpt [--json FILE] [--quick] [--topology NAME] [--functional] [--gelu] [--seq N] [--batch N]
+//   bench_tp_gpt [--json FILE] [--quick] [--topology NAME] [--functional] [--gelu] [--ops] [--seq N] [--batch N]
 //                [--hidden N] [--heads N] [--kv-heads N] [--ffn N]
-// JSON rows: topology, tp, sim_time_us, compute_us, comm_us, wall_s, events (+ the sizes).
+// JSON rows: topology, tp, sim_time_us, compute_us, comm_us, wall_s, events (+ the sizes), ops: rank 0's
+// compute per op name in us (--ops also prints them: GEMMs by layer role, attention, norms, ...).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -23,7 +25,7 @@ using namespace cubesim::bench;
 int main(int argc, char** argv) {
   BenchArgs args = parse_bench_args(argc, argv, "bench_tp_gpt");
   std::vector<std::string> topologies;
-  bool functional = false, swiglu = true;
+  bool functional = false, swiglu = true, ops = false;
   std::int64_t seq = 4096, batch = 1, hidden = 4096, heads = 32, kv_heads = 8, ffn = 14336;
   try {
     for (std::size_t i = 0; i < args.rest.size(); ++i) {
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
       if (a == "--topology") topologies.push_back(next());
       else if (a == "--functional") functional = true;
       else if (a == "--gelu") swiglu = false;
+      else if (a == "--ops") ops = true;
       else if (a == "--seq") seq = std::stoll(next());
       else if (a == "--batch") batch = std::stoll(next());
       else if (a == "--hidden") hidden = std::stoll(next());
@@ -44,7 +47,7 @@ int main(int argc, char** argv) {
       else throw std::invalid_argument("unknown argument '" + a + "'");
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_tp_gpt: {} (valid: --json FILE, --quick, --topology NAME, --functional, --gelu, --seq N, "
+    fmt::print(stderr, "bench_tp_gpt: {} (valid: --json FILE, --quick, --topology NAME, --functional, --gelu, --ops, --seq N, "
                        "--batch N, --hidden N, --heads N, --kv-heads N, --ffn N)\n", e.what());
     return 2;
   }
@@ -72,7 +75,16 @@ int main(int argc, char** argv) {
       t.row({topo, std::to_string(tp), fmt::format("{:.1f}", sim_us), fmt::format("{:.1f}", comp),
              fmt::format("{:.1f}", comm), fmt::format("{:.1f}", sim_us > 0 ? 100 * comm / sim_us : 0),
              std::to_string(rep.events), fmt::format("{:.3f}", rep.wall_s)});
-      out["rows"].push_back({{"topology", topo}, {"tp", tp}, {"sim_time_us", sim_us}, {"compute_us", comp},
+      nlohmann::json by_op = nlohmann::json::object();
+      for (const auto& [name, d] : r0.compute_by_op) by_op[name] = sim::to_us(d);
+      if (ops) {
+        std::vector<std::pair<double, std::string>> sorted;
+        for (const auto& [name, d] : r0.compute_by_op) sorted.push_back({sim::to_us(d), name});
+        std::sort(sorted.rbegin(), sorted.rend());
+        fmt::print("{} tp {}, rank 0's compute by op:\n", topo, tp);
+        for (const auto& [us, name] : sorted) fmt::print("  {:<24} {:>10.1f} us  {:5.1f}%\n", name, us, 100 * us / comp);
+      }
+      out["rows"].push_back({{"topology", topo}, {"tp", tp}, {"ops", by_op}, {"sim_time_us", sim_us}, {"compute_us", comp},
                              {"comm_us", comm}, {"wall_s", rep.wall_s}, {"events", rep.events}, {"seq", seq},
                              {"batch", batch}, {"hidden", hidden}, {"heads", heads}, {"kv_heads", kv_heads},
                              {"ffn", ffn}, {"mlp", swiglu ? "swiglu" : "gelu"}});

@@ -133,7 +133,14 @@ Context& Context::current(const char* what) {
   return *static_cast<const RankSlot*>(sim::Simulator::active()->current()->user())->ctx;
 }
 
-void Context::add_compute(int rank, sim::Duration d) { timelines_.at(static_cast<std::size_t>(rank)).compute += d; }
+void Context::add_compute(int rank, sim::Duration d, std::string_view op) {
+  RankTimeline& t = timelines_.at(static_cast<std::size_t>(rank));
+  t.compute += d;
+  if (op.empty() || d == 0) return;
+  auto it = t.compute_by_op.find(op);
+  if (it == t.compute_by_op.end()) it = t.compute_by_op.emplace(std::string(op), 0).first;
+  it->second += d;
+}
 void Context::add_comm(int rank, sim::Duration d) { timelines_.at(static_cast<std::size_t>(rank)).comm += d; }
 
 sim::Trace::TrackId Context::compute_track(int rank) {

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -79,6 +80,8 @@ struct MeasuredTotals {
 struct RankTimeline {
   int rank = 0;
   sim::Duration compute = 0;  // charged compute (GEMMs, elementwise)
+  // compute split by op name ("column fprop", "attention", "rms_norm", ...): where it went
+  std::map<std::string, sim::Duration, std::less<>> compute_by_op;
   sim::Duration comm = 0;     // inside collectives and send/recv (waiting included)
   sim::Time finish = 0;       // when the rank's function returned
 };
@@ -141,7 +144,8 @@ class Context {
   static Context& current(const char* what);
 
   // Timelines (for the runtime's own layers).
-  void add_compute(int rank, sim::Duration d);
+  // `op` (when given) also books d under its name in the rank's compute_by_op.
+  void add_compute(int rank, sim::Duration d, std::string_view op = {});
   void add_comm(int rank, sim::Duration d);
   // Trace tracks of a rank ("rank3" group: "compute", "comm").
   sim::Trace::TrackId compute_track(int rank);

@@ -68,7 +68,7 @@ void account(const Tensor& any, OpCost cost) {
   const sim::Time t0 = ctx.simulator().now();
   ctx.backend().charge(rank, cost);
   const sim::Time t1 = ctx.simulator().now();
-  ctx.add_compute(rank, t1 - t0);
+  ctx.add_compute(rank, t1 - t0, cost.name);
   if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), cost.name, t0, t1);
 }
 
@@ -135,7 +135,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& 
   const std::uint64_t region = be.begin_region(rank, "gemm");
   if (c.device() == rank && be.gemm(a, b, bias, c, name)) {  // the backend ran it
     const sim::Time t1 = ctx.simulator().now();
-    ctx.add_compute(rank, t1 - t0);
+    ctx.add_compute(rank, t1 - t0, name);
     if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), name, t0, t1);
   } else {
     if (values(c)) {
@@ -405,7 +405,7 @@ bool backend_ran(const Tensor& any, const char* name, Fn run) {
   const sim::Time t0 = ctx.simulator().now();
   if (!run()) return false;
   const sim::Time t1 = ctx.simulator().now();
-  ctx.add_compute(rank, t1 - t0);
+  ctx.add_compute(rank, t1 - t0, name);
   if (t1 > t0 && ctx.trace().enabled()) ctx.trace().span(ctx.compute_track(rank), name, t0, t1);
   return true;
 }
