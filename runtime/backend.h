@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,6 +100,7 @@ struct AttentionRequest {
   bool backward = false;
   Operand q, k, v, out, dout, dq, dk, dv;
   const Tensor* stats = nullptr;
+  std::span<const std::int64_t> kv_valid;  // per sequence, its real tokens (right padding); empty: none
 };
 
 class Backend {

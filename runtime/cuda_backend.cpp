@@ -545,14 +545,23 @@ bool CudaBackend::attention(const AttentionRequest& r) {
     return kernels::MutableAttentionBuffer{const_cast<void*>(b.data), b.dtype, b.row_stride, b.group_stride};
   };
   auto* stats = reinterpret_cast<float*>(dptr(*r.stats));
+  // The padding lengths on the device, for this call (freed back to the allocator in stream order).
+  std::shared_ptr<Storage> lengths;
+  const std::int64_t* kv_valid = nullptr;
+  if (!r.kv_valid.empty()) {
+    lengths = allocate(rank, r.kv_valid.size_bytes(), "attention kv_valid");
+    auto* p = static_cast<CudaStorage&>(*lengths).ptr();
+    CUBESIM_CUDA_CHECK(cudaMemcpyAsync(p, r.kv_valid.data(), r.kv_valid.size_bytes(), cudaMemcpyHostToDevice, d.stream));
+    kv_valid = reinterpret_cast<const std::int64_t*>(p);
+  }
   if (!r.backward) {
-    cuda::attention_forward(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, nullptr, d.stream);
+    cuda::attention_forward(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, kv_valid, d.stream);
     return true;
   }
   // The workspace goes back to the caching allocator at once: it reuses blocks in stream order.
   const auto ws = allocate(rank, cuda::attention_backward_workspace_bytes(r.shape), "attention workspace");
   cuda::attention_backward(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq), out(r.dk),
-                           out(r.dv), nullptr, static_cast<CudaStorage&>(*ws).ptr(), d.stream);
+                           out(r.dv), kv_valid, static_cast<CudaStorage&>(*ws).ptr(), d.stream);
   return true;
 }
 

@@ -413,8 +413,9 @@ bool backend_ran(const Tensor& any, const char* name, Fn run) {
 // The forward where the backend runs it, or false (host values).
 bool backend_attention_forward(const kernels::AttentionShape& s, AttentionRequest::Operand q,
                                AttentionRequest::Operand k, AttentionRequest::Operand v, const Tensor& out,
-                               const Tensor& stats) {
+                               const Tensor& stats, std::span<const std::int64_t> kv_valid = {}) {
   AttentionRequest req;
+  req.kv_valid = kv_valid;
   req.shape = s;
   req.q = q;
   req.k = k;
@@ -428,9 +429,10 @@ bool backend_attention_forward(const kernels::AttentionShape& s, AttentionReques
 bool backend_attention_backward(const kernels::AttentionShape& s, AttentionRequest::Operand q, AttentionRequest::Operand k,
                                 AttentionRequest::Operand v, AttentionRequest::Operand out, const Tensor& stats,
                                 AttentionRequest::Operand dout, AttentionRequest::Operand dq, AttentionRequest::Operand dk,
-                                AttentionRequest::Operand dv) {
+                                AttentionRequest::Operand dv, std::span<const std::int64_t> kv_valid = {}) {
   Context& ctx = Context::current("attention_backward");
   AttentionRequest req;
+  req.kv_valid = kv_valid;
   req.shape = s;
   req.backward = true;
   req.q = q;
@@ -547,9 +549,29 @@ void validate_self_attention(const kernels::AttentionShape& s, const char* op) {
 }
 }  // namespace
 
-void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats) {
+namespace {
+// kv_valid's size and values, or an error naming them.
+const std::int64_t* valid_lengths(const char* op, const kernels::AttentionShape& s, std::span<const std::int64_t> v) {
+  if (v.empty()) return nullptr;
+  if (static_cast<std::int64_t>(v.size()) != s.batch) {
+    throw RuntimeError(fmt::format("{}: kv_valid has {} lengths for a batch of {} sequences; give one per sequence",
+                                   op, v.size(), s.batch));
+  }
+  for (std::size_t b = 0; b < v.size(); ++b) {
+    if (v[b] < 0 || v[b] > s.seq_k) {
+      throw RuntimeError(fmt::format("{}: kv_valid[{}] = {} is outside 0..{} (the sequence length)", op, b, v[b],
+                                     s.seq_k));
+    }
+  }
+  return v.data();
+}
+}  // namespace
+
+void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats,
+                   std::span<const std::int64_t> kv_valid) {
   const char* op = "attention_qkv";
   validate_self_attention(s, op);
+  const std::int64_t* lengths = valid_lengths(op, s, kv_valid);
   const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
   check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
   check_operand(out, op, "out", tokens, s.heads * s.head_dim, "batch x seq, heads x head_dim");
@@ -558,7 +580,7 @@ void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Te
   const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
   if (backend_ran(out, "attention", [&] {
         return backend_attention_forward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
-                                         {&qkv, (gq + 1) * s.head_dim, gs}, out, stats);
+                                         {&qkv, (gq + 1) * s.head_dim, gs}, out, stats, kv_valid);
       })) {
     return;
   }
@@ -566,7 +588,7 @@ void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Te
     const Rows rx = rows_of(qkv, true), ro = rows_of(out, false);
     const FusedQkv f = fused_views(s, rx.data(), qkv.dtype(), rx.stride());
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
-    kernels::attention_forward(s, f.q, f.k, f.v, ro.out(), st.data());
+    kernels::attention_forward(s, f.q, f.k, f.v, ro.out(), st.data(), lengths);
     ro.store();
     stats.copy_from_host_f32(st.data(), stats.numel());
   }
@@ -577,9 +599,11 @@ void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Te
 }
 
 void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
-                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv) {
+                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv,
+                            std::span<const std::int64_t> kv_valid) {
   const char* op = "attention_qkv_backward";
   validate_self_attention(s, op);
+  const std::int64_t* lengths = valid_lengths(op, s, kv_valid);
   const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
   check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
   check_operand(out, op, "out", tokens, s.heads * s.head_dim, "the forward's output");
@@ -591,7 +615,8 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
   if (backend_ran(dqkv, "attention backward", [&] {
         return backend_attention_backward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
                                           {&qkv, (gq + 1) * s.head_dim, gs}, {&out, 0, 0}, stats, {&dout, 0, 0},
-                                          {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs}, {&dqkv, (gq + 1) * s.head_dim, gs});
+                                          {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs}, {&dqkv, (gq + 1) * s.head_dim, gs},
+                                          kv_valid);
       })) {
     return;
   }
@@ -603,7 +628,8 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
     auto mut = [](kernels::AttentionBuffer b) {
       return kernels::MutableAttentionBuffer{const_cast<void*>(b.data), b.dtype, b.row_stride, b.group_stride};
     };
-    kernels::attention_backward(s, f.q, f.k, f.v, ro.in(), st.data(), rdo.in(), mut(g.q), mut(g.k), mut(g.v));
+    kernels::attention_backward(s, f.q, f.k, f.v, ro.in(), st.data(), rdo.in(), mut(g.q), mut(g.k), mut(g.v),
+                                lengths);
     rd.store();
   }
   const std::uint64_t tiles = static_cast<std::uint64_t>((s.seq_k + 127) / 128);

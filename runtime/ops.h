@@ -47,9 +47,13 @@ void attention_backward(const kernels::AttentionShape& s, const Tensor& q, const
 // kv_heads x (G + 2) x head_dim], per query group its G = heads / kv_heads query heads, then its key
 // head, then its value head (seq_q = seq_k = seq). The backward writes dqkv in the same layout: the
 // QKV projection's output gradient.
-void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats);
+// kv_valid (optional): per sequence, how many of its tokens are real (right padding, kernels/attention.h:
+// padding keys are skipped, padding queries give zero rows and gradients).
+void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats,
+                   std::span<const std::int64_t> kv_valid = {});
 void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
-                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv);
+                            const Tensor& stats, const Tensor& dout, const Tensor& dqkv,
+                            std::span<const std::int64_t> kv_valid = {});
 // The vocabulary (kernels/vocab.h) on a rank's slice [vocab_start, vocab_start + rows) of it; ids
 // and targets are host token ids, one per row of the activations. embedding: weight [rows, hidden],
 // out [tokens, hidden] (zero rows for ids outside the slice); embedding_backward writes dweight.

@@ -252,7 +252,7 @@ bool SimBackend::attention(const AttentionRequest& r) {
   if (!r.backward) {
     const auto out = host(r.out, false);
     std::vector<float> st(static_cast<std::size_t>(stats.numel()));
-    kernels::attention_forward(r.shape, q, k, v, out, st.data());
+    kernels::attention_forward(r.shape, q, k, v, out, st.data(), r.kv_valid.empty() ? nullptr : r.kv_valid.data());
     kernels::AttentionValues vals;
     vals.out = bytes_of(r.out);
     vals.stats = {reinterpret_cast<const std::uint8_t*>(st.data()), hs.addr};
@@ -263,7 +263,8 @@ bool SimBackend::attention(const AttentionRequest& r) {
   stats.storage().read(stats.byte_offset(), st.data(), st.size() * sizeof(float));
   const auto out = host(r.out, true), dout = host(r.dout, true);
   const auto dq = host(r.dq, false), dk = host(r.dk, false), dv = host(r.dv, false);
-  kernels::attention_backward(r.shape, q, k, v, out, st.data(), dout, dq, dk, dv);
+  kernels::attention_backward(r.shape, q, k, v, out, st.data(), dout, dq, dk, dv,
+                              r.kv_valid.empty() ? nullptr : r.kv_valid.data());
   kernels::AttentionValues vals;
   vals.dq = bytes_of(r.dq);
   vals.dk = bytes_of(r.dk);

@@ -393,6 +393,33 @@ TEST(CudaTransformer, ExactModeLayerAndGptEqualTheHostsBits) {
   }
 }
 
+// Right padding (kv_valid) reaches the GPU's kernels: the cuda backend's fused attention with padded
+// sequences, forward and backward, bitwise the host's.
+TEST(CudaTransformer, PaddedAttentionEqualsTheHostsBits) {
+  NEED_GPUS(1);
+  constexpr std::int64_t S = 72, G = 2, d = 16, heads = 4, kv = 2, w = kv * (G + 2) * d;
+  const kernels::AttentionShape s{.batch = 3, .seq_q = S, .seq_k = S, .heads = heads, .kv_heads = kv, .head_dim = d};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nrm(0.0f, 1.0f);
+  std::vector<float> x(3 * S * w), dy(3 * S * heads * d);
+  for (auto& v : x) v = nrm(rng);
+  for (auto& v : dy) v = nrm(rng);
+  const std::vector<std::int64_t> lengths{50, 72, 1};
+  std::vector<std::vector<std::uint8_t>> got, want;
+  for (bool gpu : {true, false}) {
+    auto ctx = gpu ? cuda_ring(1) : host_context(1);
+    ctx->spawn(1, [&](int r) {
+      Tensor X = ctx->from_host_f32(r, {3 * S, w}, DType::bf16, x), DY = ctx->from_host_f32(r, {3 * S, heads * d}, DType::bf16, dy);
+      Tensor O = ctx->empty(r, {3 * S, heads * d}, DType::bf16), St = ctx->empty(r, {3 * S, 2 * heads}, DType::f32),
+             DX = ctx->empty(r, {3 * S, w}, DType::bf16);
+      attention_qkv(s, X, O, St, lengths);
+      attention_qkv_backward(s, X, O, St, DY, DX, lengths);
+      (gpu ? got : want) = {O.to_host_bytes(), St.to_host_bytes(), DX.to_host_bytes()};
+    });
+  }
+  EXPECT_EQ(got, want);
+}
+
 TEST(CudaBackendAllocator, ReusesFreedBlocksBySizeClass) {
   NEED_GPUS(1);
   auto ctx = cuda_ring(1);

@@ -182,6 +182,53 @@ TEST(AttentionOp, TheSimulatorRunsItAsTilesOnThePes) {
   EXPECT_GT(cramped, roomy);
 }
 
+// Right padding through the runtime (kv_valid): a sequence of 50 tokens padded to 64 in a batch of two
+// gives the bits it gives alone, forward and backward, on the host and the simulator; padding rows of
+// the output are zero; bad lengths are refused naming them.
+TEST(AttentionOp, RightPaddingLeavesASequencesBitsAsAlone) {
+  constexpr std::int64_t L = 50, S = 64, G = 2, d = 16, heads = 4, kv = 2, w = kv * (G + 2) * d;
+  const kernels::AttentionShape one{.seq_q = L, .seq_k = L, .heads = heads, .kv_heads = kv, .head_dim = d};
+  const kernels::AttentionShape two{.batch = 2, .seq_q = S, .seq_k = S, .heads = heads, .kv_heads = kv, .head_dim = d};
+  const auto x1 = random_values(L * w, 21), d1 = random_values(L * heads * d, 22);
+  auto x2 = random_values(2 * S * w, 23), d2 = random_values(2 * S * heads * d, 24);
+  std::copy(x1.begin(), x1.end(), x2.begin());  // sequence 0's real tokens, then padding that holds values
+  std::copy(d1.begin(), d1.end(), d2.begin());
+  const std::vector<std::int64_t> lengths{L, S - 3};
+  const hw::Topology topo = hw::load_topology("ring4");
+  for (const char* be : {"host", "sim"}) {
+    BackendArgs args;
+    if (std::string_view(be) == "sim") args.topology = &topo;
+    auto ctx = make_context(be, {.world_size = 1}, args);
+    ctx->spawn(1, [&](int r) {
+      auto run = [&](const kernels::AttentionShape& s, const std::vector<float>& x, const std::vector<float>& dy,
+                     std::span<const std::int64_t> kv_valid) {
+        const std::int64_t t = s.batch * s.seq_q;
+        Tensor X = ctx->from_host_f32(r, {t, w}, kT, x), DY = ctx->from_host_f32(r, {t, heads * d}, kT, dy);
+        Tensor O = ctx->empty(r, {t, heads * d}, kT), St = ctx->empty(r, {t, 2 * heads}, DType::f32),
+               DX = ctx->empty(r, {t, w}, kT);
+        attention_qkv(s, X, O, St, kv_valid);
+        attention_qkv_backward(s, X, O, St, DY, DX, kv_valid);
+        return std::pair{O.to_host_bytes(), DX.to_host_bytes()};
+      };
+      const auto [o1, dx1] = run(one, x1, d1, {});
+      const auto [o2, dx2] = run(two, x2, d2, lengths);
+      const std::size_t ob = L * heads * d * 2, xb = L * w * 2;
+      EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), ob)) << be << ": out";
+      EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), xb)) << be << ": dqkv";
+      for (std::size_t i = ob; i < static_cast<std::size_t>(S * heads * d * 2); ++i) ASSERT_EQ(o2[i], 0) << be << " " << i;
+      Tensor X = ctx->empty(r, {2 * S, w}, kT), O = ctx->empty(r, {2 * S, heads * d}, kT),
+             St = ctx->empty(r, {2 * S, 2 * heads}, DType::f32);
+      const std::vector<std::int64_t> bad{L, S + 1};
+      try {
+        attention_qkv(two, X, O, St, bad);
+        ADD_FAILURE() << "no error";
+      } catch (const RuntimeError& e) {
+        EXPECT_NE(std::string(e.what()).find("kv_valid[1] = 65 is outside 0..64"), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
 TEST(NormOp, EveryBackendGivesTheKernelsBits) {
   constexpr std::int64_t rows = 37, n = 96;
   const auto xv = random_values(rows * n, 3, 2.0f), wv = random_values(n, 4), bv = random_values(n, 5),
