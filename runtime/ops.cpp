@@ -565,23 +565,38 @@ const std::int64_t* valid_lengths(const char* op, const kernels::AttentionShape&
   }
   return v.data();
 }
+// The q, k and v operands of a fused QKV tensor t (or of its gradient), as fused_views lays them out.
+struct FusedOperands {
+  AttentionRequest::Operand q, k, v;
+};
+FusedOperands fused_operands(const kernels::AttentionShape& s, const Tensor& t) {
+  const std::int64_t g = s.heads / s.kv_heads, d = s.head_dim, gs = (g + 2) * d;
+  return {{&t, 0, gs}, {&t, g * d, gs}, {&t, (g + 1) * d, gs}};
+}
+
+// What both directions of attention_qkv check: the shape, the lengths, qkv, out and stats (`out_is` and
+// `stats_are` say what they must be in the message). Returns the lengths (null: no padding).
+const std::int64_t* check_fused(const char* op, const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out,
+                                const Tensor& stats, std::span<const std::int64_t> kv_valid, const char* out_is,
+                                const char* stats_are) {
+  validate_self_attention(s, op);
+  const std::int64_t* lengths = valid_lengths(op, s, kv_valid);
+  const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
+  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
+  check_operand(out, op, "out", tokens, s.heads * s.head_dim, out_is);
+  check_stats(stats, op, "stats", tokens * 2 * s.heads, stats_are);
+  return lengths;
+}
 }  // namespace
 
 void attention_qkv(const kernels::AttentionShape& s, const Tensor& qkv, const Tensor& out, const Tensor& stats,
                    std::span<const std::int64_t> kv_valid) {
   const char* op = "attention_qkv";
-  validate_self_attention(s, op);
-  const std::int64_t* lengths = valid_lengths(op, s, kv_valid);
-  const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
-  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
-  check_operand(out, op, "out", tokens, s.heads * s.head_dim, "batch x seq, heads x head_dim");
-  check_stats(stats, op, "stats", tokens * 2 * s.heads, "2 per token and head");
+  const std::int64_t* lengths =
+      check_fused(op, s, qkv, out, stats, kv_valid, "batch x seq, heads x head_dim", "2 per token and head");
   same_device(op, {&qkv, &out, &stats});
-  const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
-  if (backend_ran(out, "attention", [&] {
-        return backend_attention_forward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
-                                         {&qkv, (gq + 1) * s.head_dim, gs}, out, stats, kv_valid);
-      })) {
+  const FusedOperands in = fused_operands(s, qkv);
+  if (backend_ran(out, "attention", [&] { return backend_attention_forward(s, in.q, in.k, in.v, out, stats, kv_valid); })) {
     return;
   }
   if (values(out)) {
@@ -602,21 +617,16 @@ void attention_qkv_backward(const kernels::AttentionShape& s, const Tensor& qkv,
                             const Tensor& stats, const Tensor& dout, const Tensor& dqkv,
                             std::span<const std::int64_t> kv_valid) {
   const char* op = "attention_qkv_backward";
-  validate_self_attention(s, op);
-  const std::int64_t* lengths = valid_lengths(op, s, kv_valid);
+  const std::int64_t* lengths =
+      check_fused(op, s, qkv, out, stats, kv_valid, "the forward's output", "the forward's statistics");
   const std::int64_t tokens = s.batch * s.seq_q, width = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
-  check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
-  check_operand(out, op, "out", tokens, s.heads * s.head_dim, "the forward's output");
-  check_stats(stats, op, "stats", tokens * 2 * s.heads, "the forward's statistics");
   check_operand(dout, op, "dout", tokens, s.heads * s.head_dim, "out's gradient");
   check_operand(dqkv, op, "dqkv", tokens, width, "qkv's gradient");
   same_device(op, {&qkv, &out, &stats, &dout, &dqkv});
-  const std::int64_t gq = s.heads / s.kv_heads, gs = (gq + 2) * s.head_dim;
+  const FusedOperands in = fused_operands(s, qkv), grad = fused_operands(s, dqkv);
   if (backend_ran(dqkv, "attention backward", [&] {
-        return backend_attention_backward(s, {&qkv, 0, gs}, {&qkv, gq * s.head_dim, gs},
-                                          {&qkv, (gq + 1) * s.head_dim, gs}, {&out, 0, 0}, stats, {&dout, 0, 0},
-                                          {&dqkv, 0, gs}, {&dqkv, gq * s.head_dim, gs}, {&dqkv, (gq + 1) * s.head_dim, gs},
-                                          kv_valid);
+        return backend_attention_backward(s, in.q, in.k, in.v, {&out, 0, 0}, stats, {&dout, 0, 0}, grad.q, grad.k,
+                                          grad.v, kv_valid);
       })) {
     return;
   }
