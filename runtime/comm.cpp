@@ -277,16 +277,23 @@ void wait_sent(Context::Mailbox& m, std::uint64_t generation) {
 
 Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag) { return isend(to, region, tag, 0, {}); }
 
+// Sending and posting never block, and they go deep (the mailbox, then the backend starting the
+// transfer): they run on the scheduler's stack (sim::Simulator::off_stack), which stays in the
+// cache where a rank's own stack, touched once per step of a collective over thousands of ranks,
+// does not. The same calls in the same order: no simulated time or event moves.
 Comm::Send Comm::isend(int to, const Tensor& region, std::uint64_t tag, sim::Duration delay, hw::WireScale wire) {
-  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), me_, to, seq_, tag});
-  const Send handle{&mb, mb.generation};
-  // In this Comm's list of sends in flight before it can land (a copy may land at once).
-  mb.next_sent = in_flight_;
-  if (in_flight_) in_flight_->prev_sent = &mb;
-  in_flight_ = &mb;
-  ++outstanding_;
-  offer(mb, this, &name_, rank_, rank_of(to), region.storage_ptr(), region.byte_offset(), region.nbytes(), delay, wire);
-  return handle;
+  return ctx_.simulator().off_stack([&] {
+    Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), me_, to, seq_, tag});
+    const Send handle{&mb, mb.generation};
+    // In this Comm's list of sends in flight before it can land (a copy may land at once).
+    mb.next_sent = in_flight_;
+    if (in_flight_) in_flight_->prev_sent = &mb;
+    in_flight_ = &mb;
+    ++outstanding_;
+    offer(mb, this, &name_, rank_, rank_of(to), region.storage_ptr(), region.byte_offset(), region.nbytes(), delay,
+          wire);
+    return handle;
+  });
 }
 
 void Comm::send_finished(Context::Mailbox& mb, std::exception_ptr error) {
@@ -314,9 +321,11 @@ void Comm::wait_all() {
 }
 
 Context::Mailbox& Comm::post_to(int from, const Tensor& into, std::uint64_t tag) {
-  Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
-  post_into(mb, &name_, rank_of(from), rank_, into.storage_ptr(), into.byte_offset(), into.nbytes());
-  return mb;
+  return *ctx_.simulator().off_stack([&] {
+    Context::Mailbox& mb = ctx_.join_mailbox(Context::MailKey{group_.id(), from, me_, seq_, tag});
+    post_into(mb, &name_, rank_of(from), rank_, into.storage_ptr(), into.byte_offset(), into.nbytes());
+    return &mb;
+  });
 }
 
 sim::Duration Comm::await_delivery(Context::Mailbox& mb) {

@@ -162,7 +162,7 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
 }
 
 void SimBackend::charge(int rank, const OpCost& c, sim::Duration overlapped_with) {
-  const sim::Duration t = cost_time(rank, c);
+  const sim::Duration t = sim_->off_stack([&] { return cost_time(rank, c); });  // see Comm::isend
   if (t <= overlapped_with) return;
   const sim::Time t0 = sim_->now();
   sim::this_process::sleep(t - overlapped_with);

@@ -81,6 +81,34 @@ cubesim_switch_fcontext:
         .size cubesim_switch_fcontext, .-cubesim_switch_fcontext
 )");
 #define CUBESIM_SWITCH cubesim_switch_fcontext
+// Simulator::off_stack's switch: calls fn(arg) with the stack pointer at `sp` (16-byte aligned) and
+// comes back to the caller's stack. The frame is a plain frame-pointer frame with its unwind
+// information, so debuggers and profilers walk through it; no exception crosses it (off_stack's
+// thunk catches them).
+extern "C" void cubesim_call_on_stack(void* arg, void (*fn)(void*), void* sp);
+asm(R"(
+        .text
+        .p2align 4
+        .globl cubesim_call_on_stack
+        .hidden cubesim_call_on_stack
+        .type cubesim_call_on_stack, @function
+cubesim_call_on_stack:
+        .cfi_startproc
+        pushq   %rbp
+        .cfi_def_cfa_offset 16
+        .cfi_offset %rbp, -16
+        movq    %rsp, %rbp
+        .cfi_def_cfa_register %rbp
+        movq    %rdx, %rsp
+        callq   *%rsi
+        movq    %rbp, %rsp
+        popq    %rbp
+        .cfi_def_cfa %rsp, 8
+        ret
+        .cfi_endproc
+        .size cubesim_call_on_stack, .-cubesim_call_on_stack
+)");
+#define CUBESIM_HAVE_CALL_ON_STACK 1
 #else
 #define CUBESIM_SWITCH bctx::detail::jump_fcontext
 #endif
@@ -397,8 +425,30 @@ Process& Simulator::require_process(const char* what) const {
 
 void Simulator::block(Process& p, const WaitGroup* group) { block_inline(p, group); }
 
+void Simulator::call_off_stack(void (*fn)(void*), void* arg) {
+  // fn is off_stack's thunk, which never throws: off_stack_ is always reset.
+  if (current_ == nullptr || off_stack_ != nullptr) {
+    fn(arg);
+    return;
+  }
+  off_stack_ = current_;
+#if defined(CUBESIM_HAVE_CALL_ON_STACK) && !defined(CUBESIM_ASAN)
+  if (main_ctx_ != nullptr) [[likely]] {
+    // Below the scheduler's saved context (its stack pointer where its loop waits to resume a
+    // process; nothing of the scheduler lives below it), past a red zone's worth, on a cache line.
+    const auto sp = (reinterpret_cast<std::uintptr_t>(main_ctx_) - 256) & ~std::uintptr_t{63};
+    cubesim_call_on_stack(arg, fn, reinterpret_cast<void*>(sp));
+    off_stack_ = nullptr;
+    return;
+  }
+#endif
+  fn(arg);
+  off_stack_ = nullptr;
+}
+
 __attribute__((always_inline)) inline void Simulator::block_inline(Process& p, const WaitGroup* group) {
   if (&p != current_) [[unlikely]] internal_error("block() of a process that is not running");
+  if (off_stack_ != nullptr) [[unlikely]] internal_error("a process blocked inside Simulator::off_stack");
   if (p.cancel_) throw detail::ProcessUnwind{};
   p.state_ = Process::State::kBlocked;
   p.wait_group_ = group;

@@ -17,6 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <optional>
+#include <type_traits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -152,6 +155,20 @@ class Simulator {
   // Blocks the current process for d (one event, resumed directly).
   void sleep(Process& p, Duration d);
 
+  // Runs f() to completion on the scheduler's stack when called from a process, and returns its
+  // result (an exception f throws is rethrown here, on the process's stack). f must not block.
+  // Why: a process's stack is touched only while it runs, so in a simulation of thousands of
+  // processes that run in turn (the ranks of a collective) the stack lines a deep call uses are
+  // cold every time it runs. The scheduler's stack, just below where its loop waits, is where
+  // every callback runs: its lines stay in the cache. Work that does not block (starting a
+  // transfer, pricing an op) done there touches no cold stack; only the frames a process keeps
+  // while blocked stay on its own stack. From a callback, outside run(), nested, or in an
+  // AddressSanitizer build f runs where it is called. A process that blocks inside f is an
+  // internal error (abort), not undefined behaviour.
+  template <class F>
+  auto off_stack(F&& f);
+  bool in_off_stack_call() const { return off_stack_ != nullptr; }
+
   Trace& trace() { return trace_; }
   const Trace& trace() const { return trace_; }
 
@@ -183,6 +200,8 @@ class Simulator {
   void switch_out(Process& p);
   void arrive(void* from, void* ctx);
   void run_loop(Time limit);
+  // off_stack's switch: calls fn(arg) on the scheduler's stack (or in place where off_stack says).
+  void call_off_stack(void (*fn)(void*), void* arg);
   // The switch path, forced inline: few returns follow a switch, and the switch itself leaves by
   // ret (simulator.cpp), so those few are predicted when processes block at the same place.
   void block_inline(Process& p, const WaitGroup* group);
@@ -202,6 +221,7 @@ class Simulator {
   Trace trace_;
   void* main_ctx_ = nullptr;
   Process* current_ = nullptr;
+  Process* off_stack_ = nullptr;  // the process whose off_stack call is running (null: none)
   Process* live_head_ = nullptr;
   Process* live_tail_ = nullptr;
   std::uint64_t live_count_ = 0;
@@ -229,6 +249,32 @@ std::uint64_t Simulator::spawn(std::string name, F&& fn, void* user) {
   p->user_ = user;
   start(p, sp, size);
   return p->id();
+}
+
+template <class F>
+auto Simulator::off_stack(F&& f) {
+  using R = std::invoke_result_t<F&>;
+  struct Call {
+    F* f;
+    std::exception_ptr error;
+    std::conditional_t<std::is_void_v<R>, char, std::optional<R>> result;
+    static void run(void* arg) {
+      auto* c = static_cast<Call*>(arg);
+      try {
+        if constexpr (std::is_void_v<R>) {
+          (*c->f)();
+        } else {
+          c->result.emplace((*c->f)());
+        }
+      } catch (...) {
+        c->error = std::current_exception();
+      }
+    }
+  };
+  Call c{&f, nullptr, {}};
+  call_off_stack(&Call::run, &c);
+  if (c.error) [[unlikely]] std::rethrow_exception(c.error);
+  if constexpr (!std::is_void_v<R>) return std::move(*c.result);
 }
 
 // Calls for the process that is running now.

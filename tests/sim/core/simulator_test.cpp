@@ -409,6 +409,67 @@ TEST(Simulator, TooSmallStackIsRejected) {
   EXPECT_THROW(Simulator s(o), std::invalid_argument);
 }
 
+// Simulator::off_stack: work that does not block runs on the scheduler's stack and comes back
+// with its result or its exception; from a callback, nested or outside a run it runs in place.
+TEST(Simulator, OffStackCallsReturnTheirResultOnAnotherStackAndRethrow) {
+  Simulator sim;
+  std::vector<std::string> log;
+  auto sp = [] {
+    char c;
+    return reinterpret_cast<std::uintptr_t>(&c);
+  };
+  for (int r = 0; r < 3; ++r) {
+    sim.spawn(fmt::format("p{}", r), [&, r] {
+      const std::uintptr_t mine = sp();
+      this_process::sleep(r + 1);
+      // A result of a type with a destructor, built on the other stack.
+      const std::string s = sim.off_stack([&] {
+        const std::uintptr_t there = sp();
+        const bool moved = there + 65536 < mine || there > mine + 65536;
+#if defined(__x86_64__) && defined(__ELF__) && !defined(__CET__) && !defined(CUBESIM_ASAN)
+        EXPECT_TRUE(moved) << "off_stack ran on the process's own stack";
+#endif
+        EXPECT_TRUE(sim.in_off_stack_call());
+        // Nested: runs in place.
+        const int nested = sim.off_stack([&] { return static_cast<int>(there - sp() < 4096 ? 7 : 8); });
+        EXPECT_EQ(nested, 7);
+        return fmt::format("p{} at {} moved {}", r, sim.now(), moved ? 1 : 0);
+      });
+      EXPECT_FALSE(sim.in_off_stack_call());
+      log.push_back(s.substr(0, s.rfind(' ')));
+      // An exception thrown there comes out here, with its message.
+      try {
+        sim.off_stack([&] { throw std::runtime_error(fmt::format("thrown by p{}", r)); });
+        ADD_FAILURE() << "no exception";
+      } catch (const std::runtime_error& e) {
+        log.push_back(e.what());
+      }
+      // The process goes on blocking and resuming normally afterwards.
+      this_process::sleep(10);
+      sim.off_stack([&] { log.push_back(fmt::format("p{} again at {}", r, sim.now())); });
+    });
+  }
+  // From a callback: in place (the scheduler's stack already).
+  sim.at(2, [&] { log.push_back(fmt::format("callback {}", sim.off_stack([] { return 41 + 1; }))); });
+  sim.run();
+  EXPECT_EQ(log, (std::vector<std::string>{"p0 at 1 moved", "thrown by p0", "callback 42", "p1 at 2 moved", "thrown by p1",
+                                           "p2 at 3 moved", "thrown by p2", "p0 again at 11", "p1 again at 12",
+                                           "p2 again at 13"}));
+  // Outside run(): in place.
+  EXPECT_EQ(sim.off_stack([] { return 5; }), 5);
+}
+
+TEST(SimulatorDeathTest, BlockingInsideAnOffStackCallIsAnInternalError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Simulator sim;
+        sim.spawn("p", [&] { sim.off_stack([] { this_process::sleep(1); }); });
+        sim.run();
+      },
+      "blocked inside Simulator::off_stack");
+}
+
 TEST(Simulator, CallbacksAndProcessesInterleaveByTime) {
   Simulator sim;
   std::vector<int> order;
