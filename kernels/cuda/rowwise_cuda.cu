@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dtype_cuda.cuh"
@@ -41,7 +43,29 @@ __device__ __forceinline__ float ld(const void* p, DType t, std::int64_t i) {
 __device__ __forceinline__ float at(NormBuffer b, std::int64_t r, std::int64_t j) {
   return ld(b.data, b.dtype, r * b.row_stride + j);
 }
-__device__ __forceinline__ float vec(NormBuffer b, std::int64_t j) { return ld(b.data, b.dtype, j); }
+// The same with the dtype known at compile time (T = int(DType)), or at run time (T = -1). The sweeps'
+// loaders use these: with no branch between a load and the next, a thread's loads of a chunk are all
+// in flight together (a run-time switch per element serialises them).
+template <int T>
+__device__ __forceinline__ float ldt(const void* p, DType t, std::int64_t i) {
+  if constexpr (T < 0) {
+    return ld(p, t, i);
+  } else if constexpr (T == static_cast<int>(DType::bf16)) {
+    return __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p)[i]) << 16);
+  } else if constexpr (T == static_cast<int>(DType::f16)) {
+    return __half2float(static_cast<const __half*>(p)[i]);
+  } else {
+    return static_cast<const float*>(p)[i];
+  }
+}
+template <int T>
+__device__ __forceinline__ float at_t(NormBuffer b, std::int64_t r, std::int64_t j) {
+  return ldt<T>(b.data, b.dtype, r * b.row_stride + j);
+}
+template <int T>
+__device__ __forceinline__ float vec_t(NormBuffer b, std::int64_t j) {
+  return ldt<T>(b.data, b.dtype, j);
+}
 __device__ __forceinline__ void put(MutableNormBuffer b, std::int64_t r, std::int64_t j, float v) {
   detail::store_elem_rt(b.data, b.dtype, r * b.row_stride + j, v);
 }
@@ -54,13 +78,15 @@ void check_launch(const char* name) {
   if (e != cudaSuccess) throw_cuda_error(e, (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
 }
 
-constexpr int kChains = 32, kSweepThreads = 256, kLoaders = kSweepThreads - 32, kBufs = 3;
+constexpr int kChains = 32, kSweepThreads = 256, kLoaderWarps = kSweepThreads / 32 - 1, kBufs = 3;
 
-// NT terms per element; a chunk is kChains rows x kCols columns (NT = 1: 256, 2: 128), f32 in shared
-// memory with a padded pitch so that the 32 lanes (32 rows, one column) hit 32 banks.
+// NT terms per element; a chunk is kChains rows x kCols columns (NT = 1: 512, 2: 256: about 197 KB of
+// shared memory for three chunks), f32 with a padded pitch so that the 32 lanes (32 rows, one column)
+// hit 32 banks. Loader warp w (1..7) stages rows w - 1, w + 6, ... of a chunk, lane l its columns l,
+// l + 32, ...: one row address per row, each load a whole warp's 32 consecutive elements.
 template <int NT>
 constexpr int row_cols() {
-  return NT == 1 ? 256 : 128;
+  return NT == 1 ? 512 : 256;
 }
 template <int NT>
 constexpr std::size_t row_sweep_smem() {
@@ -69,32 +95,38 @@ constexpr std::size_t row_sweep_smem() {
 
 template <int NT, class Op>
 __global__ void __launch_bounds__(kSweepThreads) row_sweep_kernel(Op op, std::int64_t rows, std::int64_t n) {
-  constexpr int K = row_cols<NT>(), P = K + 1, kPer = (kChains * K + kLoaders - 1) / kLoaders;
+  constexpr int K = row_cols<NT>(), P = K + 1, kRowsPer = (kChains + kLoaderWarps - 1) / kLoaderWarps,
+                kColsPer = K / 32;
   extern __shared__ float smem[];
   auto tile = [&](int buf, int k, int r, int c) -> float& { return smem[((buf * NT + k) * kChains + r) * P + c]; };
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * kChains;
-  const int tid = threadIdx.x;
-  // A loader's elements: e = t + i * kLoaders, row e / K, column e % K (a warp reads a row's columns).
+  const int tid = threadIdx.x, wl = tid / 32 - 1, lane = tid % 32;
+  // Every load of a chunk is issued before any lands in the tile: all of them in flight together.
   auto load_chunk = [&](std::int64_t j0, int buf) {
-    const int t = tid - 32;
-    float v[kPer][NT];
+    float v[kRowsPer][kColsPer][NT];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int e = t + i * kLoaders;
-      const std::int64_t r = r0 + e / K, j = j0 + e % K;
-      if (e < kChains * K && r < rows && j < n) {
-        op.load(r, j, v[i]);
-      } else {
+    for (int a = 0; a < kRowsPer; ++a) {
+      const int rr = wl + a * kLoaderWarps;
+      const std::int64_t r = r0 + rr;
 #pragma unroll
-        for (int k = 0; k < NT; ++k) v[i][k] = 0.0f;
+      for (int c = 0; c < kColsPer; ++c) {
+        const std::int64_t j = j0 + lane + 32 * c;
+        if (rr < kChains && r < rows && j < n) {
+          op.load(r, j, v[a][c]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < NT; ++k) v[a][c][k] = 0.0f;
+        }
       }
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int e = t + i * kLoaders;
-      if (e < kChains * K) {
+    for (int a = 0; a < kRowsPer; ++a) {
+      const int rr = wl + a * kLoaderWarps;
+      if (rr < kChains) {
 #pragma unroll
-        for (int k = 0; k < NT; ++k) tile(buf, k, e / K, e % K) = v[i][k];
+        for (int c = 0; c < kColsPer; ++c)
+#pragma unroll
+          for (int k = 0; k < NT; ++k) tile(buf, k, rr, lane + 32 * c) = v[a][c][k];
       }
     }
   };
@@ -143,7 +175,9 @@ void row_sweep(const Op& op, std::int64_t rows, std::int64_t n, cudaStream_t str
 
 // ---- col_sweep --------------------------------------------------------------------------------------
 
-constexpr int kColRows = 128;
+// A chunk: kColRows rows x 32 columns (about 197 KB for three chunks of two terms). Loader warp w
+// (1..7) stages rows w - 1, w + 6, ..., lane l column c0 + l.
+constexpr int kColRows = 256;
 template <int NT>
 constexpr std::size_t col_sweep_smem() {
   return sizeof(float) * kBufs * NT * kColRows * kChains;
@@ -151,31 +185,31 @@ constexpr std::size_t col_sweep_smem() {
 
 template <int NT, class Op>
 __global__ void __launch_bounds__(kSweepThreads) col_sweep_kernel(Op op, std::int64_t rows, std::int64_t n) {
-  constexpr int R = kColRows, kPer = (R * kChains + kLoaders - 1) / kLoaders;
+  constexpr int R = kColRows, kRowsPer = (R + kLoaderWarps - 1) / kLoaderWarps;
   extern __shared__ float smem[];
   auto tile = [&](int buf, int k, int r, int c) -> float& { return smem[((buf * NT + k) * R + r) * kChains + c]; };
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kChains;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, wl = tid / 32 - 1, lane = tid % 32;
   auto load_chunk = [&](std::int64_t q0, int buf) {
-    const int t = tid - 32;
-    float v[kPer][NT];
+    const std::int64_t j = c0 + lane;
+    float v[kRowsPer][NT];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int e = t + i * kLoaders;
-      const std::int64_t r = q0 + e / kChains, j = c0 + e % kChains;
-      if (e < R * kChains && r < rows && j < n) {
-        op.load(r, j, v[i]);
+    for (int a = 0; a < kRowsPer; ++a) {
+      const int rr = wl + a * kLoaderWarps;
+      const std::int64_t r = q0 + rr;
+      if (rr < R && r < rows && j < n) {
+        op.load(r, j, v[a]);
       } else {
 #pragma unroll
-        for (int k = 0; k < NT; ++k) v[i][k] = 0.0f;
+        for (int k = 0; k < NT; ++k) v[a][k] = 0.0f;
       }
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int e = t + i * kLoaders;
-      if (e < R * kChains) {
+    for (int a = 0; a < kRowsPer; ++a) {
+      const int rr = wl + a * kLoaderWarps;
+      if (rr < R) {
 #pragma unroll
-        for (int k = 0; k < NT; ++k) tile(buf, k, e / kChains, e % kChains) = v[i][k];
+        for (int k = 0; k < NT; ++k) tile(buf, k, rr, lane) = v[a][k];
       }
     }
   };
@@ -222,77 +256,194 @@ void col_sweep(const Op& op, std::int64_t rows, std::int64_t n, cudaStream_t str
   check_launch(name);
 }
 
+// Op<T> with T the operands' common dtype (every load typed at compile time), or Op<-1> when they differ.
+template <template <int> class Op, int NT, bool kColumns, class... A>
+void sweep(std::initializer_list<DType> types, std::int64_t rows, std::int64_t n, cudaStream_t stream,
+           const char* name, const A&... a) {
+  const DType t0 = *types.begin();
+  bool same = true;
+  for (DType t : types) same = same && t == t0;
+  auto go = [&](auto tag) {
+    constexpr int T = decltype(tag)::value;
+    if constexpr (kColumns) col_sweep<NT>(Op<T>{a...}, rows, n, stream, name);
+    else row_sweep<NT>(Op<T>{a...}, rows, n, stream, name);
+  };
+  if (!same) return go(std::integral_constant<int, -1>{});
+  switch (t0) {
+    case DType::bf16: return go(std::integral_constant<int, static_cast<int>(DType::bf16)>{});
+    case DType::f16: return go(std::integral_constant<int, static_cast<int>(DType::f16)>{});
+    case DType::f32: return go(std::integral_constant<int, static_cast<int>(DType::f32)>{});
+  }
+}
+
 // ---- row_map ----------------------------------------------------------------------------------------
 
-constexpr int kMapThreads = 256, kMapUnroll = 4;
+constexpr int kMapThreads = 256;
 
-// Each thread loads kMapUnroll elements of a row (kMapThreads apart) before it computes and stores any,
-// so that loads stay in flight together and an output aliasing an input reads the old values.
-template <class F>
-__global__ void __launch_bounds__(kMapThreads) row_map_kernel(F f, std::int64_t rows, std::int64_t n) {
-  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * kMapUnroll;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (std::int64_t j0 = blockIdx.x * kSpan + threadIdx.x; j0 < n; j0 += static_cast<std::int64_t>(gridDim.x) * kSpan) {
-      typename F::In in[kMapUnroll];
+// W consecutive elements from index i of a buffer: 16-byte vectors (W a multiple of 8, i·size and the
+// address 16-byte aligned: the launcher checks), or one by one (W < 8: the scalar path, where a
+// functor of width 1 reads a pair). Widening and rounding are the scalar path's, element by element.
+template <int W>
+__device__ __forceinline__ void ldv_at(const void* data, DType t, std::int64_t i, float (&v)[W]) {
+  if constexpr (W < 8) {
 #pragma unroll
-      for (int u = 0; u < kMapUnroll; ++u) {
-        const std::int64_t j = j0 + u * kMapThreads;
-        if (j < n) in[u] = f.load(r, j);
+    for (int k = 0; k < W; ++k) v[k] = ld(data, t, i + k);
+  } else if (t == DType::f32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(data) + i);
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      const float4 f = p[q];
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(data) + i);
+    const bool bf = t == DType::bf16;
+#pragma unroll
+    for (int q = 0; q < W / 8; ++q) {
+      const uint4 u = p[q];
+      const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const unsigned short lo = static_cast<unsigned short>(w[k] & 0xffffu), hi = static_cast<unsigned short>(w[k] >> 16);
+        v[8 * q + 2 * k] = bf ? __uint_as_float(static_cast<unsigned>(lo) << 16) : __half2float(__ushort_as_half(lo));
+        v[8 * q + 2 * k + 1] = bf ? __uint_as_float(static_cast<unsigned>(hi) << 16) : __half2float(__ushort_as_half(hi));
+      }
+    }
+  }
+}
+template <int W>
+__device__ __forceinline__ void putv_at(void* data, DType t, std::int64_t i, const float (&v)[W]) {
+  if constexpr (W < 8) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) detail::store_elem_rt(data, t, i + k, v[k]);
+  } else if (t == DType::f32) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(data) + i);
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) p[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+  } else {
+    uint4* p = reinterpret_cast<uint4*>(static_cast<unsigned short*>(data) + i);
+    const bool bf = t == DType::bf16;
+    auto bits = [&](float f) -> unsigned {
+      return bf ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+    };
+#pragma unroll
+    for (int q = 0; q < W / 8; ++q) {
+      unsigned w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = bits(v[8 * q + 2 * k]) | (bits(v[8 * q + 2 * k + 1]) << 16);
+      p[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+template <int W>
+__device__ __forceinline__ void ldv(NormBuffer b, std::int64_t r, std::int64_t j, float (&v)[W]) {
+  ldv_at<W>(b.data, b.dtype, r * b.row_stride + j, v);
+}
+template <int W>
+__device__ __forceinline__ void putv(MutableNormBuffer b, std::int64_t r, std::int64_t j, const float (&v)[W]) {
+  putv_at<W>(b.data, b.dtype, r * b.row_stride + j, v);
+}
+
+// Groups of W columns (W = 1, or 8 where every operand allows 16-byte vectors); each thread loads
+// kUnroll groups of a row (kMapThreads apart) before it computes and stores any, so that loads stay
+// in flight together and an output aliasing an input reads the old values.
+template <int W, class F>
+__global__ void __launch_bounds__(kMapThreads) row_map_kernel(F f, std::int64_t rows, std::int64_t n) {
+  constexpr int kUnroll = W == 1 ? 8 : 2;
+  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * kUnroll;
+  const std::int64_t groups = n / W;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (std::int64_t q0 = blockIdx.x * kSpan + threadIdx.x; q0 < groups;
+         q0 += static_cast<std::int64_t>(gridDim.x) * kSpan) {
+      typename F::In in[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::int64_t q = q0 + u * kMapThreads;
+        if (q < groups) in[u] = f.load(r, q * W);
       }
 #pragma unroll
-      for (int u = 0; u < kMapUnroll; ++u) {
-        const std::int64_t j = j0 + u * kMapThreads;
-        if (j < n) f.store(r, j, in[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::int64_t q = q0 + u * kMapThreads;
+        if (q < groups) f.store(r, q * W, in[u]);
       }
     }
   }
 }
 
-template <class F>
+template <int W, class F>
 void row_map(const F& f, std::int64_t rows, std::int64_t n, cudaStream_t stream, const char* name) {
   if (rows <= 0 || n <= 0) return;
-  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * kMapUnroll;
-  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((n + kSpan - 1) / kSpan, 1024)),
+  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * (W == 1 ? 8 : 2);
+  const std::int64_t groups = n / W;
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((groups + kSpan - 1) / kSpan, 1024)),
                   static_cast<unsigned>(std::min<std::int64_t>(rows, 65535)));
-  row_map_kernel<F><<<grid, kMapThreads, 0, stream>>>(f, rows, n);
+  row_map_kernel<W, F><<<grid, kMapThreads, 0, stream>>>(f, rows, n);
   check_launch(name);
+}
+
+// Whether every buffer allows 16-byte vectors of 8 elements over n columns.
+bool vec_ok(std::initializer_list<NormBuffer> bs, std::int64_t n) {
+  if (n % 8 != 0) return false;
+  for (const NormBuffer& b : bs) {
+    const auto es = static_cast<std::int64_t>(dtype_size(b.dtype));
+    if (reinterpret_cast<std::uintptr_t>(b.data) % 16 != 0 || (b.row_stride * es) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// F<8> where `vec`, else F<1>, built from the same operands.
+template <template <int> class F, class... A>
+void map_rows(bool vec, std::int64_t rows, std::int64_t n, cudaStream_t stream, const char* name, const A&... a) {
+  if (vec) row_map<8>(F<8>{a...}, rows, n, stream, name);
+  else row_map<1>(F<1>{a...}, rows, n, stream, name);
 }
 
 // ---- norms ------------------------------------------------------------------------------------------
 
-struct Scalar {
-  float v;
-};
 struct Pair {
   float a, b;
 };
 
 // RMSNorm forward: ss = Σ_j x_j·x_j; r = 1 / sqrt(ss / n + eps).
+template <int T>
 struct RmsStats {
   NormBuffer x;
   float* rstd;
   float fn, eps;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at(x, r, j); }
+  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_fma(v[0], v[0], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
     rstd[r] = det_div(1.0f, det_sqrt(det_add(det_div(s, fn), eps)));
   }
 };
+template <int W>
 struct RmsY {
   NormBuffer x, w;
   MutableNormBuffer y;
   const float* rstd;
-  using In = float;
-  __device__ In load(std::int64_t r, std::int64_t j) const { return at(x, r, j); }
-  __device__ void store(std::int64_t r, std::int64_t j, In xv) const {
-    put(y, r, j, det_mul(det_mul(xv, rstd[r]), vec(w, j)));
+  struct In {
+    float x[W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t j) const {
+    In in;
+    ldv(x, r, j, in.x);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t j, const In& in) const {
+    float wv[W], o[W];
+    ldv(w, 0, j, wv);
+    const float rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = det_mul(det_mul(in.x[k], rs), wv[k]);
+    putv(y, r, j, o);
   }
 };
 
 // RMSNorm backward: g_j = dy_j·w_j; c = Σ_j g_j·x_j; a = (r·r)·(c / n); dx_j = r·(g_j − x_j·a);
 // dw_j = Σ_rows dy_j·(x_j·r).
+template <int T>
 struct RmsBackStats {
   NormBuffer x, w, dy;
   const float* rstd;
@@ -301,8 +452,8 @@ struct RmsBackStats {
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
   __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = det_mul(at(dy, r, j), vec(w, j));
-    v[1] = at(x, r, j);
+    v[0] = det_mul(at_t<T>(dy, r, j), vec_t<T>(w, j));
+    v[1] = at_t<T>(x, r, j);
   }
   __device__ void step(State& s, const float (&v)[2]) const { s = det_fma(v[0], v[1], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
@@ -310,6 +461,7 @@ struct RmsBackStats {
     a[r] = det_mul(det_mul(rs, rs), det_div(s, fn));
   }
 };
+template <int T>
 struct RmsDw {
   NormBuffer x, dy;
   const float* rstd;
@@ -317,36 +469,50 @@ struct RmsDw {
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
   __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = at(dy, r, j);
-    v[1] = det_mul(at(x, r, j), rstd[r]);
+    v[0] = at_t<T>(dy, r, j);
+    v[1] = det_mul(at_t<T>(x, r, j), rstd[r]);
   }
   __device__ void step(State& s, const float (&v)[2]) const { s = det_fma(v[0], v[1], s); }
   __device__ void finish(std::int64_t j, const State& s) const { put(dw, 0, j, s); }
 };
+template <int W>
 struct RmsDx {
   NormBuffer x, w, dy;
   const float *rstd, *a;
   MutableNormBuffer dx;
-  using In = Pair;
-  __device__ In load(std::int64_t r, std::int64_t j) const { return {at(x, r, j), at(dy, r, j)}; }
-  __device__ void store(std::int64_t r, std::int64_t j, In in) const {
-    const float g = det_mul(in.b, vec(w, j));
-    put(dx, r, j, det_mul(rstd[r], det_fma(-in.a, a[r], g)));
+  struct In {
+    float x[W], dy[W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t j) const {
+    In in;
+    ldv(x, r, j, in.x);
+    ldv(dy, r, j, in.dy);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t j, const In& in) const {
+    float wv[W], o[W];
+    ldv(w, 0, j, wv);
+    const float rs = rstd[r], ar = a[r];
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = det_mul(rs, det_fma(-in.x[k], ar, det_mul(in.dy[k], wv[k])));
+    putv(dx, r, j, o);
   }
 };
 
 // LayerNorm forward: μ = (Σ_j x_j) / n; var = Σ_j (x_j − μ)² / n; r = 1 / sqrt(var + eps);
 // y_j = fma((x_j − μ)·r, w_j, b_j).
+template <int T>
 struct LnMean {
   NormBuffer x;
   float* mean;
   float fn;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at(x, r, j); }
+  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_add(s, v[0]); }
   __device__ void finish(std::int64_t r, const State& s) const { mean[r] = det_div(s, fn); }
 };
+template <int T>
 struct LnVar {
   NormBuffer x;
   const float* mean;
@@ -354,30 +520,44 @@ struct LnVar {
   float fn, eps;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_add(at(x, r, j), -mean[r]); }
+  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_add(at_t<T>(x, r, j), -mean[r]); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_fma(v[0], v[0], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
     rstd[r] = det_div(1.0f, det_sqrt(det_add(det_div(s, fn), eps)));
   }
 };
+template <int W>
 struct LnY {
   NormBuffer x, w, b;
   MutableNormBuffer y;
   const float *mean, *rstd;
-  using In = float;
-  __device__ In load(std::int64_t r, std::int64_t j) const { return at(x, r, j); }
-  __device__ void store(std::int64_t r, std::int64_t j, In xv) const {
-    const float xh = det_mul(det_add(xv, -mean[r]), rstd[r]);
-    put(y, r, j, det_fma(xh, vec(w, j), vec(b, j)));
+  struct In {
+    float x[W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t j) const {
+    In in;
+    ldv(x, r, j, in.x);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t j, const In& in) const {
+    float wv[W], bv[W], o[W];
+    ldv(w, 0, j, wv);
+    ldv(b, 0, j, bv);
+    const float mu = mean[r], rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = det_fma(det_mul(det_add(in.x[k], -mu), rs), wv[k], bv[k]);
+    putv(y, r, j, o);
   }
 };
 
 // LayerNorm backward: g_j = dy_j·w_j; a = (Σ_j g_j) / n; c = (Σ_j g_j·x̂_j) / n;
 // dx_j = r·((g_j − a) − x̂_j·c); dw_j = Σ_rows dy_j·x̂_j; db_j = Σ_rows dy_j.
+template <int T>
 __device__ __forceinline__ float x_hat(NormBuffer x, const float* mean, const float* rstd, std::int64_t r,
                                        std::int64_t j) {
-  return det_mul(det_add(at(x, r, j), -mean[r]), rstd[r]);
+  return det_mul(det_add(at_t<T>(x, r, j), -mean[r]), rstd[r]);
 }
+template <int T>
 struct LnBackStats {
   NormBuffer x, w, dy;
   const float *mean, *rstd;
@@ -387,8 +567,8 @@ struct LnBackStats {
   using State = Pair;  // Σ g, Σ g·x̂
   __device__ void init(State& s) const { s = {0.0f, 0.0f}; }
   __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = det_mul(at(dy, r, j), vec(w, j));
-    v[1] = x_hat(x, mean, rstd, r, j);
+    v[0] = det_mul(at_t<T>(dy, r, j), vec_t<T>(w, j));
+    v[1] = x_hat<T>(x, mean, rstd, r, j);
   }
   __device__ void step(State& s, const float (&v)[2]) const {
     s.a = det_add(s.a, v[0]);
@@ -399,6 +579,7 @@ struct LnBackStats {
     ac[rows + r] = det_div(s.b, fn);
   }
 };
+template <int T>
 struct LnDwDb {
   NormBuffer x, dy;
   const float *mean, *rstd;
@@ -406,8 +587,8 @@ struct LnDwDb {
   using State = Pair;  // Σ dy·x̂, Σ dy
   __device__ void init(State& s) const { s = {0.0f, 0.0f}; }
   __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = at(dy, r, j);
-    v[1] = x_hat(x, mean, rstd, r, j);
+    v[0] = at_t<T>(dy, r, j);
+    v[1] = x_hat<T>(x, mean, rstd, r, j);
   }
   __device__ void step(State& s, const float (&v)[2]) const {
     s.a = det_fma(v[0], v[1], s.a);
@@ -418,47 +599,86 @@ struct LnDwDb {
     put(db, 0, j, s.b);
   }
 };
+template <int W>
 struct LnDx {
   NormBuffer x, w, dy;
   const float *mean, *rstd, *ac;
   std::int64_t rows;
   MutableNormBuffer dx;
-  using In = Pair;
-  __device__ In load(std::int64_t r, std::int64_t j) const { return {at(x, r, j), at(dy, r, j)}; }
-  __device__ void store(std::int64_t r, std::int64_t j, In in) const {
-    const float rs = rstd[r];
-    const float xh = det_mul(det_add(in.a, -mean[r]), rs);
-    const float g = det_mul(in.b, vec(w, j));
-    put(dx, r, j, det_mul(rs, det_fma(-xh, ac[rows + r], det_add(g, -ac[r]))));
+  struct In {
+    float x[W], dy[W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t j) const {
+    In in;
+    ldv(x, r, j, in.x);
+    ldv(dy, r, j, in.dy);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t j, const In& in) const {
+    float wv[W], o[W];
+    ldv(w, 0, j, wv);
+    const float rs = rstd[r], mu = mean[r], a = ac[r], c = ac[rows + r];
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float xh = det_mul(det_add(in.x[k], -mu), rs);
+      const float g = det_mul(in.dy[k], wv[k]);
+      o[k] = det_mul(rs, det_fma(-xh, c, det_add(g, -a)));
+    }
+    putv(dx, r, j, o);
   }
 };
 
 // ---- SwiGLU, rotary ------------------------------------------------------------------------------
 
+// Column i of y: (gate, up) = x's columns (2i, 2i + 1).
+template <int W>
 struct SwigluF {
   NormBuffer x;
   MutableNormBuffer y;
-  using In = Pair;
-  __device__ In load(std::int64_t r, std::int64_t i) const { return {at(x, r, 2 * i), at(x, r, 2 * i + 1)}; }
-  __device__ void store(std::int64_t r, std::int64_t i, In in) const { put(y, r, i, kernels::swiglu(in.a, in.b)); }
+  struct In {
+    float gu[2 * W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t i) const {
+    In in;
+    ldv(x, r, 2 * i, in.gu);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t i, const In& in) const {
+    float o[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = kernels::swiglu(in.gu[2 * k], in.gu[2 * k + 1]);
+    putv(y, r, i, o);
+  }
 };
+template <int W>
 struct SwigluBackF {
   NormBuffer x, dy;
   MutableNormBuffer dx;
   struct In {
-    float g, u, d;
+    float gu[2 * W], d[W];
   };
   __device__ In load(std::int64_t r, std::int64_t i) const {
-    return {at(x, r, 2 * i), at(x, r, 2 * i + 1), at(dy, r, i)};
+    In in;
+    ldv(x, r, 2 * i, in.gu);
+    ldv(dy, r, i, in.d);
+    return in;
   }
-  __device__ void store(std::int64_t r, std::int64_t i, In in) const {
-    const kernels::SwigluGrad d = kernels::swiglu_backward(in.g, in.u, in.d);
-    put(dx, r, 2 * i, d.dg);
-    put(dx, r, 2 * i + 1, d.du);
+  __device__ void store(std::int64_t r, std::int64_t i, const In& in) const {
+    float o[2 * W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const kernels::SwigluGrad g = kernels::swiglu_backward(in.gu[2 * k], in.gu[2 * k + 1], in.d[k]);
+      o[2 * k] = g.dg;
+      o[2 * k + 1] = g.du;
+    }
+    putv(dx, r, 2 * i, o);
   }
 };
 
 // Row: a token (batch x seq); column k: head k / half, element e = k % half and its partner e + half.
+// Row: a token (batch x seq); column k: head k / half, element e = k % half and its partner e + half
+// (W consecutive e of one head: half % W == 0).
+template <int W>
 struct RotaryF {
   MutableNormBuffer buf;  // row_stride: the buffer's
   std::int64_t group_stride, per_group, d, half, seq;
@@ -466,27 +686,32 @@ struct RotaryF {
   bool inverse;
   struct In {
     std::int64_t i;  // x1's index
-    float x1, x2;
+    float x1[W], x2[W];
   };
   __device__ In load(std::int64_t r, std::int64_t k) const {
+    In in;
     const std::int64_t h = k / half, e = k % half;
-    const std::int64_t i = r * buf.row_stride + kernels::attention_head_offset(group_stride, h, per_group, d) + e;
-    return {i, load_x(i), load_x(i + half)};
+    in.i = r * buf.row_stride + kernels::attention_head_offset(group_stride, h, per_group, d) + e;
+    ldv_at(buf.data, buf.dtype, in.i, in.x1);
+    ldv_at(buf.data, buf.dtype, in.i + half, in.x2);
+    return in;
   }
-  __device__ float load_x(std::int64_t i) const { return ld(buf.data, buf.dtype, i); }
-  __device__ void store(std::int64_t r, std::int64_t k, In in) const {
-    const std::int64_t e = k % half, t = (r % seq) * half + e;
-    const float c = cos[t], s = sin[t];
-    float y1, y2;
-    if (!inverse) {
-      y1 = det_fma(in.x1, c, det_mul(-in.x2, s));
-      y2 = det_fma(in.x2, c, det_mul(in.x1, s));
-    } else {
-      y1 = det_fma(in.x1, c, det_mul(in.x2, s));
-      y2 = det_fma(in.x2, c, det_mul(-in.x1, s));
+  __device__ void store(std::int64_t r, std::int64_t k, const In& in) const {
+    const std::int64_t t0 = (r % seq) * half + k % half;
+    float y1[W], y2[W];
+#pragma unroll
+    for (int q = 0; q < W; ++q) {
+      const float c = cos[t0 + q], s = sin[t0 + q], x1 = in.x1[q], x2 = in.x2[q];
+      if (!inverse) {
+        y1[q] = det_fma(x1, c, det_mul(-x2, s));
+        y2[q] = det_fma(x2, c, det_mul(x1, s));
+      } else {
+        y1[q] = det_fma(x1, c, det_mul(x2, s));
+        y2[q] = det_fma(x2, c, det_mul(-x1, s));
+      }
     }
-    detail::store_elem_rt(buf.data, buf.dtype, in.i, y1);
-    detail::store_elem_rt(buf.data, buf.dtype, in.i + half, y2);
+    putv_at(buf.data, buf.dtype, in.i, y1);
+    putv_at(buf.data, buf.dtype, in.i + half, y2);
   }
 };
 
@@ -496,17 +721,27 @@ __device__ __forceinline__ bool in_slice(std::int64_t id, std::int64_t start, st
   return id >= start && id < start + rows;
 }
 
+template <int W>
 struct EmbeddingF {
   NormBuffer w;
   std::int64_t rows, start;
   const std::int64_t* ids;
   MutableNormBuffer out;
-  using In = float;
+  struct In {
+    float v[W];
+  };
   __device__ In load(std::int64_t t, std::int64_t e) const {
+    In in;
     const std::int64_t id = ids[t];
-    return in_slice(id, start, rows) ? at(w, id - start, e) : 0.0f;
+    if (in_slice(id, start, rows)) {
+      ldv(w, id - start, e, in.v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) in.v[k] = 0.0f;
+    }
+    return in;
   }
-  __device__ void store(std::int64_t t, std::int64_t e, In v) const { put(out, t, e, v); }
+  __device__ void store(std::int64_t t, std::int64_t e, const In& in) const { putv(out, t, e, in.v); }
 };
 struct ZeroF {
   MutableNormBuffer out;
@@ -528,17 +763,19 @@ struct EmbeddingBackF {
   __device__ void store(std::int64_t g, std::int64_t e, In v) const { put(dw, row[g], e, v); }
 };
 
+template <int T>
 struct CeMax {
   NormBuffer x;
   float* max;
   using State = float;
   __device__ void init(State& s) const { s = -INFINITY; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at(x, r, j); }
+  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
   __device__ void step(State& m, const float (&v)[1]) const {
     if (v[0] > m || v[0] != v[0]) m = v[0];  // NaN wins, as on the host
   }
   __device__ void finish(std::int64_t r, const State& m) const { max[r] = m; }
 };
+template <int T>
 struct CePartials {
   NormBuffer x;
   const float* max;
@@ -547,7 +784,7 @@ struct CePartials {
   float* partials;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_exp(det_add(at(x, r, j), -max[r])); }
+  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_exp(det_add(at_t<T>(x, r, j), -max[r])); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_add(s, v[0]); }
   __device__ void finish(std::int64_t r, const State& s) const {
     partials[2 * r] = s;
@@ -555,18 +792,31 @@ struct CePartials {
     partials[2 * r + 1] = in_slice(t, start, vocab) ? at(x, r, t - start) : 0.0f;
   }
 };
+template <int W>
 struct CeBackF {
   NormBuffer x;
   const float *max, *partials, *dloss;
   const std::int64_t* targets;
   std::int64_t start;
   MutableNormBuffer dx;
-  using In = float;
-  __device__ In load(std::int64_t r, std::int64_t j) const { return at(x, r, j); }
-  __device__ void store(std::int64_t r, std::int64_t j, In v) const {
-    const float p = det_div(det_exp(det_add(v, -max[r])), partials[2 * r]);
-    const float g = det_add(p, targets[r] == start + j ? -1.0f : 0.0f);
-    put(dx, r, j, det_mul(g, dloss[r]));
+  struct In {
+    float x[W];
+  };
+  __device__ In load(std::int64_t r, std::int64_t j) const {
+    In in;
+    ldv(x, r, j, in.x);
+    return in;
+  }
+  __device__ void store(std::int64_t r, std::int64_t j, const In& in) const {
+    const float m = max[r], s = partials[2 * r], dl = dloss[r];
+    const std::int64_t target = targets[r] - start - j;  // the target's k, if in this group
+    float o[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float p = det_div(det_exp(det_add(in.x[k], -m)), s);
+      o[k] = det_mul(det_add(p, target == k ? -1.0f : 0.0f), dl);
+    }
+    putv(dx, r, j, o);
   }
 };
 
@@ -582,56 +832,64 @@ __global__ void ce_loss_kernel(const float* partials, const float* max, float* l
 void rms_norm_forward(NormBuffer x, NormBuffer w, MutableNormBuffer y, float* rstd, std::int64_t rows, std::int64_t n,
                       float eps, cudaStream_t stream) {
   const float fn = static_cast<float>(n);
-  row_sweep<1>(RmsStats{x, rstd, fn, eps}, rows, n, stream, "rms_norm stats");
-  row_map(RmsY{x, w, y, rstd}, rows, n, stream, "rms_norm y");
+  sweep<RmsStats, 1, false>({x.dtype}, rows, n, stream, "rms_norm stats", x, rstd, fn, eps);
+  map_rows<RmsY>(vec_ok({x, w, y}, n), rows, n, stream, "rms_norm y", x, w, y, rstd);
 }
 
 void rms_norm_backward(NormBuffer x, NormBuffer w, NormBuffer dy, const float* rstd, MutableNormBuffer dx,
                        MutableNormBuffer dw, std::int64_t rows, std::int64_t n, float* scratch, cudaStream_t stream) {
   const float fn = static_cast<float>(n);
-  row_sweep<2>(RmsBackStats{x, w, dy, rstd, scratch, fn}, rows, n, stream, "rms_norm_backward stats");
+  sweep<RmsBackStats, 2, false>({x.dtype, w.dtype, dy.dtype}, rows, n, stream, "rms_norm_backward stats", x, w, dy,
+                                rstd, scratch, fn);
   // The weight gradient before dx: dx may be dy or x.
-  col_sweep<2>(RmsDw{x, dy, rstd, dw}, rows, n, stream, "rms_norm_backward dweight");
-  row_map(RmsDx{x, w, dy, rstd, scratch, dx}, rows, n, stream, "rms_norm_backward dx");
+  sweep<RmsDw, 2, true>({x.dtype, dy.dtype}, rows, n, stream, "rms_norm_backward dweight", x, dy, rstd, dw);
+  map_rows<RmsDx>(vec_ok({x, w, dy, dx}, n), rows, n, stream, "rms_norm_backward dx", x, w, dy, rstd,
+                  static_cast<const float*>(scratch), dx);
 }
 
 void layer_norm_forward(NormBuffer x, NormBuffer w, NormBuffer b, MutableNormBuffer y, float* mean, float* rstd,
                         std::int64_t rows, std::int64_t n, float eps, cudaStream_t stream) {
   const float fn = static_cast<float>(n);
-  row_sweep<1>(LnMean{x, mean, fn}, rows, n, stream, "layer_norm mean");
-  row_sweep<1>(LnVar{x, mean, rstd, fn, eps}, rows, n, stream, "layer_norm variance");
-  row_map(LnY{x, w, b, y, mean, rstd}, rows, n, stream, "layer_norm y");
+  sweep<LnMean, 1, false>({x.dtype}, rows, n, stream, "layer_norm mean", x, mean, fn);
+  sweep<LnVar, 1, false>({x.dtype}, rows, n, stream, "layer_norm variance", x, static_cast<const float*>(mean), rstd,
+                         fn, eps);
+  map_rows<LnY>(vec_ok({x, w, b, y}, n), rows, n, stream, "layer_norm y", x, w, b, y, static_cast<const float*>(mean),
+                static_cast<const float*>(rstd));
 }
 
 void layer_norm_backward(NormBuffer x, NormBuffer w, NormBuffer dy, const float* mean, const float* rstd,
                          MutableNormBuffer dx, MutableNormBuffer dw, MutableNormBuffer db, std::int64_t rows,
                          std::int64_t n, float* scratch, cudaStream_t stream) {
   const float fn = static_cast<float>(n);
-  row_sweep<2>(LnBackStats{x, w, dy, mean, rstd, scratch, rows, fn}, rows, n, stream, "layer_norm_backward stats");
-  col_sweep<2>(LnDwDb{x, dy, mean, rstd, dw, db}, rows, n, stream, "layer_norm_backward dweight");
-  row_map(LnDx{x, w, dy, mean, rstd, scratch, rows, dx}, rows, n, stream, "layer_norm_backward dx");
+  sweep<LnBackStats, 2, false>({x.dtype, w.dtype, dy.dtype}, rows, n, stream, "layer_norm_backward stats", x, w, dy,
+                               mean, rstd, scratch, rows, fn);
+  sweep<LnDwDb, 2, true>({x.dtype, dy.dtype}, rows, n, stream, "layer_norm_backward dweight", x, dy, mean, rstd, dw, db);
+  map_rows<LnDx>(vec_ok({x, w, dy, dx}, n), rows, n, stream, "layer_norm_backward dx", x, w, dy, mean, rstd,
+                 static_cast<const float*>(scratch), rows, dx);
 }
 
 void swiglu(NormBuffer x, MutableNormBuffer y, std::int64_t rows, std::int64_t f, cudaStream_t stream) {
-  row_map(SwigluF{x, y}, rows, f, stream, "swiglu");
+  map_rows<SwigluF>(vec_ok({x, y}, f), rows, f, stream, "swiglu", x, y);
 }
 
 void swiglu_backward(NormBuffer x, NormBuffer dy, MutableNormBuffer dx, std::int64_t rows, std::int64_t f,
                      cudaStream_t stream) {
-  row_map(SwigluBackF{x, dy, dx}, rows, f, stream, "swiglu_backward");
+  map_rows<SwigluBackF>(vec_ok({x, dy, dx}, f), rows, f, stream, "swiglu_backward", x, dy, dx);
 }
 
 void rotary_apply(const kernels::AttentionShape& s, kernels::MutableAttentionBuffer b, std::int64_t heads,
                   std::int64_t per_group, const float* cos, const float* sin, bool inverse, cudaStream_t stream) {
   const std::int64_t half = s.head_dim / 2;
-  const RotaryF f{{b.data, b.dtype, b.row_stride}, b.group_stride, per_group, s.head_dim, half, s.seq_q, cos, sin,
-                  inverse};
-  row_map(f, s.batch * s.seq_q, heads * half, stream, "rotary");
+  const MutableNormBuffer buf{b.data, b.dtype, b.row_stride};
+  const bool vec = vec_ok({buf}, heads * half) && half % 8 == 0 && b.group_stride % 8 == 0 && s.head_dim % 8 == 0;
+  map_rows<RotaryF>(vec, s.batch * s.seq_q, heads * half, stream, "rotary", buf, b.group_stride, per_group, s.head_dim,
+                    half, s.seq_q, cos, sin, inverse);
 }
 
 void embedding_forward(NormBuffer weight, std::int64_t rows, std::int64_t vocab_start, const std::int64_t* ids,
                        std::int64_t tokens, std::int64_t hidden, MutableNormBuffer out, cudaStream_t stream) {
-  row_map(EmbeddingF{weight, rows, vocab_start, ids, out}, tokens, hidden, stream, "embedding");
+  map_rows<EmbeddingF>(vec_ok({weight, out}, hidden), tokens, hidden, stream, "embedding", weight, rows, vocab_start,
+                       ids, out);
 }
 
 EmbeddingGroups embedding_groups(const std::int64_t* ids, std::int64_t tokens, std::int64_t rows,
@@ -655,19 +913,19 @@ EmbeddingGroups embedding_groups(const std::int64_t* ids, std::int64_t tokens, s
 void embedding_backward(NormBuffer dy, std::int64_t hidden, std::int64_t rows, const std::int64_t* order,
                         const std::int64_t* row, const std::int64_t* begin, std::int64_t groups,
                         MutableNormBuffer dweight, cudaStream_t stream) {
-  row_map(ZeroF{dweight}, rows, hidden, stream, "embedding_backward zeros");
-  row_map(EmbeddingBackF{dy, order, row, begin, dweight}, groups, hidden, stream, "embedding_backward");
+  row_map<1>(ZeroF{dweight}, rows, hidden, stream, "embedding_backward zeros");
+  row_map<1>(EmbeddingBackF{dy, order, row, begin, dweight}, groups, hidden, stream, "embedding_backward");
 }
 
 void cross_entropy_max(NormBuffer logits, std::int64_t tokens, std::int64_t vocab, float* max, cudaStream_t stream) {
-  row_sweep<1>(CeMax{logits, max}, tokens, vocab, stream, "cross_entropy_max");
+  sweep<CeMax, 1, false>({logits.dtype}, tokens, vocab, stream, "cross_entropy_max", logits, max);
 }
 
 void cross_entropy_partials(NormBuffer logits, std::int64_t tokens, std::int64_t vocab, const float* max,
                             const std::int64_t* targets, std::int64_t vocab_start, float* partials,
                             cudaStream_t stream) {
-  row_sweep<1>(CePartials{logits, max, targets, vocab_start, vocab, partials}, tokens, vocab, stream,
-               "cross_entropy_partials");
+  sweep<CePartials, 1, false>({logits.dtype}, tokens, vocab, stream, "cross_entropy_partials", logits, max, targets,
+                              vocab_start, vocab, partials);
 }
 
 void cross_entropy_loss(const float* partials, const float* max, float* loss, std::int64_t tokens, cudaStream_t stream) {
@@ -680,8 +938,8 @@ void cross_entropy_loss(const float* partials, const float* max, float* loss, st
 void cross_entropy_backward(NormBuffer logits, std::int64_t tokens, std::int64_t vocab, const float* max,
                             const float* partials, const std::int64_t* targets, std::int64_t vocab_start,
                             const float* dloss, MutableNormBuffer dlogits, cudaStream_t stream) {
-  row_map(CeBackF{logits, max, partials, dloss, targets, vocab_start, dlogits}, tokens, vocab, stream,
-          "cross_entropy_backward");
+  map_rows<CeBackF>(vec_ok({logits, dlogits}, vocab), tokens, vocab, stream, "cross_entropy_backward", logits, max,
+                    partials, dloss, targets, vocab_start, dlogits);
 }
 
 }  // namespace cubesim::cuda

@@ -389,23 +389,24 @@ Tensor poisoned(Context& ctx, int r, Shape shape, DType d) {
 TEST(CudaRowwise, NormsEqualHostBits) {
   NEED_GPUS(1);
   std::mt19937_64 rng(19001);
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 7}, {33, 4097}, {70, 128}, {2, 300}};
+  // 128 and 1000 (with strided rows of n + 8): the 16-byte vector path of the y and dx passes.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 7}, {33, 4097}, {70, 128}, {2, 300}, {65, 1000}};
   for (auto [R, n] : shapes)
     for (DType d : {DType::f32, DType::bf16, DType::f16})
       for (bool strided : {false, true}) {
-        const auto xs = random_values(R * (n + 3), d, rng), dys = random_values(R * n, d, rng),
+        const auto xs = random_values(R * (n + 8), d, rng), dys = random_values(R * n, d, rng),
                    ws = random_values(n, d, rng), bs = random_values(n, d, rng);
         expect_same_on_gpu(
             [&](Context& ctx, int r, Outputs& out) {
-              // Strided: x and dx are columns [2, 2 + n) of [R, n + 3] tensors.
-              Tensor xb = ctx.from_host_f32(r, {R, n + 3}, d, xs);
-              Tensor x = strided ? xb.narrow(1, 2, n) : ctx.from_host_f32(r, {R, n}, d, std::vector<float>(xs.begin(), xs.begin() + R * n));
+              // Strided: x and dx are columns [8, 8 + n) of [R, n + 8] tensors.
+              Tensor xb = ctx.from_host_f32(r, {R, n + 8}, d, xs);
+              Tensor x = strided ? xb.narrow(1, 8, n) : ctx.from_host_f32(r, {R, n}, d, std::vector<float>(xs.begin(), xs.begin() + R * n));
               Tensor dy = ctx.from_host_f32(r, {R, n}, d, dys), w = ctx.from_host_f32(r, {n}, d, ws),
                      b = ctx.from_host_f32(r, {n}, d, bs);
               Tensor y = poisoned(ctx, r, {R, n}, d), rstd = poisoned(ctx, r, {R}, DType::f32),
                      mean = poisoned(ctx, r, {R}, DType::f32);
-              Tensor dxb = poisoned(ctx, r, {R, n + 3}, d);
-              Tensor dx = strided ? dxb.narrow(1, 2, n) : poisoned(ctx, r, {R, n}, d);
+              Tensor dxb = poisoned(ctx, r, {R, n + 8}, d);
+              Tensor dx = strided ? dxb.narrow(1, 8, n) : poisoned(ctx, r, {R, n}, d);
               Tensor dw = poisoned(ctx, r, {n}, d), db = poisoned(ctx, r, {n}, d);
               rms_norm(x, w, y, rstd, 1e-5f);
               out["rms y"] = y.to_host_bytes();
@@ -414,8 +415,8 @@ TEST(CudaRowwise, NormsEqualHostBits) {
               out["rms dx"] = dx.to_host_bytes();
               out["rms dw"] = dw.to_host_bytes();
               y = poisoned(ctx, r, {R, n}, d);
-              dxb = poisoned(ctx, r, {R, n + 3}, d);
-              dx = strided ? dxb.narrow(1, 2, n) : poisoned(ctx, r, {R, n}, d);
+              dxb = poisoned(ctx, r, {R, n + 8}, d);
+              dx = strided ? dxb.narrow(1, 8, n) : poisoned(ctx, r, {R, n}, d);
               dw = poisoned(ctx, r, {n}, d);
               rstd = poisoned(ctx, r, {R}, DType::f32);
               layer_norm(x, w, b, y, mean, rstd, 1e-5f);
@@ -440,7 +441,8 @@ TEST(CudaRowwise, SwigluAndRotaryEqualHostBits) {
   NEED_GPUS(1);
   std::mt19937_64 rng(19002);
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
-    for (auto [R, f] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 13}, {40, 4097}}) {
+    // f % 8 == 0: the 16-byte vector path; the others one element at a time.
+    for (auto [R, f] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 13}, {40, 4097}, {33, 264}}) {
       auto xs = random_values(R * 2 * f, d, rng);
       for (std::size_t i = 0; i < xs.size(); i += 5) xs[i] *= 20.0f;  // sigmoid's tails
       const auto dys = random_values(R * f, d, rng);
@@ -461,12 +463,13 @@ TEST(CudaRowwise, SwigluAndRotaryEqualHostBits) {
         {.batch = 3, .seq_q = 37, .seq_k = 37, .heads = 6, .kv_heads = 2, .head_dim = 64}};
     for (const auto& s : shapes) {
       const std::int64_t T = s.batch * s.seq_q, W = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
-      const auto xs = random_values(T * (W + 5), d, rng);
+      const auto xs = random_values(T * (W + 8), d, rng);
       expect_same_on_gpu(
           [&](Context& ctx, int r, Outputs& out) {
-            // The QKV as columns [5, 5 + W) of wider rows: strided, and the columns around untouched.
-            Tensor xb = ctx.from_host_f32(r, {T, W + 5}, d, xs);
-            Tensor qkv = xb.narrow(1, 5, W);
+            // The QKV as columns [8, 8 + W) of wider rows: strided, and the columns around untouched (head_dim
+            // 64: 16-byte vectors; the others one element at a time).
+            Tensor xb = ctx.from_host_f32(r, {T, W + 8}, d, xs);
+            Tensor qkv = xb.narrow(1, 8, W);
             rotary_qkv(s, qkv, 10000.0, false);
             out["forward"] = xb.to_host_bytes();
             rotary_qkv(s, qkv, 500.0, true);
@@ -482,8 +485,9 @@ TEST(CudaRowwise, EmbeddingAndCrossEntropyEqualHostBits) {
   std::mt19937_64 rng(19003);
   const std::int64_t start = 11;
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    // Multiples of 8 (H 256, V 1024): the 16-byte vector paths.
     for (auto [T, V, H] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1}, {40, 7, 13}, {37, 50, 4097},
-                           {70, 4097, 7}}) {
+                           {70, 4097, 7}, {33, 1024, 256}}) {
       // Ids and targets around the slice [start, start + V): some outside it, many repeated.
       std::uniform_int_distribution<std::int64_t> id(start - 3, start + V + 2);
       std::vector<std::int64_t> ids(static_cast<std::size_t>(T)), targets(ids.size());
