@@ -94,7 +94,7 @@ struct ElementwiseRequest {
 //   rms_norm             x, w -> out (y), rstd                 rms_norm_backward    x, w, dy, rstd -> out (dx), dw
 //   layer_norm           x, w, b -> out (y), mean, rstd        layer_norm_backward  x, w, dy, mean, rstd -> out (dx), dw, db
 //   swiglu               x -> out (y)                          swiglu_backward      x, dy -> out (dx)
-//   rotary               x (the fused QKV, in place; shape, rotary_base, inverse)
+//   rotary               x = out (the fused QKV, in place; shape, rotary_base, inverse)
 //   embedding            x (the weight slice), ids, vocab_start -> out
 //   embedding_backward   dy, ids, vocab_start -> out (dweight)
 //   cross_entropy_max    x (logits) -> out (max)
