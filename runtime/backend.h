@@ -8,7 +8,8 @@
 //
 // Hooks a backend may take over (each returns false by default, and the runtime then computes on
 // host values through Storage::read/write, which is always correct): gemm, reduce (the combining
-// step of the collective algorithms), elementwise (GELU, bias, copies, bias gradient) and
+// step of the collective algorithms), elementwise (GELU, bias, copies, bias gradient), attention,
+// rowwise (norms, SwiGLU, rotary, embedding, cross-entropy) and
 // collective (a whole collective, for backends with their own library: NCCL). Backends that measure
 // real time bracket each GEMM and collective with begin_region/end_region.
 #pragma once
@@ -83,6 +84,46 @@ struct ElementwiseRequest {
   const Tensor* y = nullptr;    // gelu_backward: dy; add: b; add_bias, bias_gelu: bias [cols]
   const Tensor* out = nullptr;  // bias_grad: db [cols], summed over rows in ascending order from +0.0f; bias_gelu: gelu(pre)
   const Tensor* pre = nullptr;  // bias_gelu: x + bias rounded to its dtype (may be x)
+};
+
+// The row-wise ops of runtime/ops.h (norms, SwiGLU, rotary, the vocabulary's kernels) for backends that
+// compute where the data lives. Values follow kernels/norm.h, kernels/elementwise.h, kernels/rotary.h
+// and kernels/vocab.h bit for bit (every reduction in their written order). Every tensor is on the
+// calling rank, 2-D ones with contiguous columns (rows may be strided), vectors and statistics
+// contiguous; runtime/ops.cpp has checked the shapes. Operands by kind (null where a kind has none):
+//   rms_norm             x, w -> out (y), rstd                 rms_norm_backward    x, w, dy, rstd -> out (dx), dw
+//   layer_norm           x, w, b -> out (y), mean, rstd        layer_norm_backward  x, w, dy, mean, rstd -> out (dx), dw, db
+//   swiglu               x -> out (y)                          swiglu_backward      x, dy -> out (dx)
+//   rotary               x = out (the fused QKV, in place; shape, rotary_base, inverse)
+//   embedding            x (the weight slice), ids, vocab_start -> out
+//   embedding_backward   dy, ids, vocab_start -> out (dweight)
+//   cross_entropy_max    x (logits) -> out (max)
+//   cross_entropy_partials  x (logits), max, ids (targets), vocab_start -> out (partials)
+//   cross_entropy_loss   partials, max -> out (loss)
+//   cross_entropy_backward  x (logits), max, partials, ids (targets), vocab_start, dy (dloss) -> out (dlogits)
+struct RowwiseRequest {
+  enum class Kind {
+    rms_norm, rms_norm_backward, layer_norm, layer_norm_backward, swiglu, swiglu_backward, rotary, embedding,
+    embedding_backward, cross_entropy_max, cross_entropy_partials, cross_entropy_loss, cross_entropy_backward
+  };
+  Kind kind = Kind::rms_norm;
+  const Tensor* x = nullptr;
+  const Tensor* w = nullptr;
+  const Tensor* b = nullptr;
+  const Tensor* dy = nullptr;
+  const Tensor* out = nullptr;
+  const Tensor* dw = nullptr;
+  const Tensor* db = nullptr;
+  const Tensor* mean = nullptr;
+  const Tensor* rstd = nullptr;
+  const Tensor* max = nullptr;
+  const Tensor* partials = nullptr;
+  float eps = 0;
+  std::span<const std::int64_t> ids{};
+  std::int64_t vocab_start = 0;
+  kernels::AttentionShape shape{};  // rotary
+  double rotary_base = 10000.0;
+  bool inverse = false;
 };
 
 // Attention (runtime/ops.h) for backends that compute where the data lives. Each operand is a
@@ -164,6 +205,7 @@ class Backend {
   // Computes the op where the data lives and returns true, or returns false (host values).
   virtual bool elementwise(const ElementwiseRequest& r) { return false; }
   virtual bool attention(const AttentionRequest& r) { return false; }
+  virtual bool rowwise(const RowwiseRequest& r) { return false; }
 
   // Runs the whole collective (values, on every member once all have called) and returns true; or
   // false, and the runtime runs the selected algorithm over Comm (copy + reduce).

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstdlib>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -14,6 +15,8 @@
 #include "kernels/cuda/attention_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise_cuda.h"
+#include "kernels/cuda/rowwise_cuda.h"
+#include "kernels/rotary.h"
 #include "runtime/backend_info.h"
 #include "runtime/errors.h"
 #include "runtime/nccl_library.h"
@@ -279,6 +282,10 @@ struct CudaBackend::Impl {
   }
 
   void issue(Rendezvous& v, const ProcessGroup& g);
+
+  // Rotary tables on the device, by (rank, positions, head_dim / 2, base): cos then sin, f32, as
+  // kernels::rotary_table computes them on the host (kept for the backend's life).
+  std::map<std::tuple<int, std::int64_t, std::int64_t, double>, std::shared_ptr<Storage>> rotary_tables;
 };
 
 CudaBackend::CudaBackend(int ranks, CudaBackendOptions opts) : impl_(std::make_unique<Impl>()) {
@@ -562,6 +569,109 @@ bool CudaBackend::attention(const AttentionRequest& r) {
   const auto ws = allocate(rank, cuda::attention_backward_workspace_bytes(r.shape), "attention workspace");
   cuda::attention_backward(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq), out(r.dk),
                            out(r.dv), kv_valid, static_cast<CudaStorage&>(*ws).ptr(), d.stream);
+  return true;
+}
+
+bool CudaBackend::rowwise(const RowwiseRequest& r) {
+  using K = RowwiseRequest::Kind;
+  const Tensor* all[] = {r.x, r.w, r.b, r.dy, r.out, r.dw, r.db, r.mean, r.rstd, r.max, r.partials};
+  if (!r.out || !impl_->opts.rowwise_kernels) return false;
+  const int rank = r.out->device();
+  for (const Tensor* t : all) {
+    if (t && (!as_cuda(t->storage()) || t->device() != rank || t->dim() > 2 ||
+              (t->dim() == 2 && t->cols() > 1 && t->strides()[1] != 1) || (t->dim() == 1 && !t->is_contiguous())))
+      return false;
+  }
+  Device& d = impl_->dev(rank);
+  d.use();
+  const auto nb = [](const Tensor* t) {
+    return kernels::MutableNormBuffer{dptr(*t), t->dtype(), t->dim() == 2 ? t->strides()[0] : 0};
+  };
+  const auto f32 = [](const Tensor* t) { return reinterpret_cast<float*>(dptr(*t)); };
+  // Host arrays on the device for this call: the caching allocator reuses the blocks in stream order.
+  std::vector<std::shared_ptr<Storage>> keep;
+  const auto upload = [&](const void* p, std::size_t bytes, const char* what) -> std::uint8_t* {
+    if (bytes == 0) return nullptr;
+    keep.push_back(allocate(rank, bytes, what));
+    auto* q = static_cast<CudaStorage&>(*keep.back()).ptr();
+    CUBESIM_CUDA_CHECK(cudaMemcpyAsync(q, p, bytes, cudaMemcpyHostToDevice, d.stream));
+    return q;
+  };
+  const auto ids = [&](const char* what) {
+    return reinterpret_cast<const std::int64_t*>(upload(r.ids.data(), r.ids.size_bytes(), what));
+  };
+  const auto scratch = [&](std::int64_t floats) {
+    keep.push_back(allocate(rank, static_cast<std::uint64_t>(std::max<std::int64_t>(floats, 1)) * 4, "norm scratch"));
+    return reinterpret_cast<float*>(static_cast<CudaStorage&>(*keep.back()).ptr());
+  };
+  const std::int64_t rows = r.x ? r.x->shape()[0] : 0, n = r.x && r.x->dim() == 2 ? r.x->shape()[1] : 0;
+  switch (r.kind) {
+    case K::rms_norm:
+      cuda::rms_norm_forward(nb(r.x), nb(r.w), nb(r.out), f32(r.rstd), rows, n, r.eps, d.stream);
+      break;
+    case K::rms_norm_backward:
+      cuda::rms_norm_backward(nb(r.x), nb(r.w), nb(r.dy), f32(r.rstd), nb(r.out), nb(r.dw), rows, n, scratch(rows),
+                              d.stream);
+      break;
+    case K::layer_norm:
+      cuda::layer_norm_forward(nb(r.x), nb(r.w), nb(r.b), nb(r.out), f32(r.mean), f32(r.rstd), rows, n, r.eps,
+                               d.stream);
+      break;
+    case K::layer_norm_backward:
+      cuda::layer_norm_backward(nb(r.x), nb(r.w), nb(r.dy), f32(r.mean), f32(r.rstd), nb(r.out), nb(r.dw), nb(r.db),
+                                rows, n, scratch(2 * rows), d.stream);
+      break;
+    case K::swiglu: cuda::swiglu(nb(r.x), nb(r.out), rows, n / 2, d.stream); break;
+    case K::swiglu_backward: cuda::swiglu_backward(nb(r.x), nb(r.dy), nb(r.out), rows, n / 2, d.stream); break;
+    case K::rotary: {
+      const kernels::AttentionShape& s = r.shape;
+      const std::int64_t g = s.heads / s.kv_heads, hd = s.head_dim, half = hd / 2;
+      auto& table = impl_->rotary_tables[{rank, s.seq_q, half, r.rotary_base}];
+      if (!table) {
+        const kernels::RotaryTable t = kernels::rotary_table(s.seq_q, hd, r.rotary_base);
+        std::vector<float> cs(t.cos);
+        cs.insert(cs.end(), t.sin.begin(), t.sin.end());
+        table = allocate(rank, cs.size() * 4, "rotary table");
+        CUBESIM_CUDA_CHECK(cudaMemcpyAsync(static_cast<CudaStorage&>(*table).ptr(), cs.data(), cs.size() * 4,
+                                           cudaMemcpyHostToDevice, d.stream));
+        CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d.stream));  // cs goes out of scope
+      }
+      const auto* cos = reinterpret_cast<const float*>(static_cast<CudaStorage&>(*table).ptr());
+      const float* sin = cos + s.seq_q * half;
+      std::uint8_t* base = dptr(*r.x);
+      const std::int64_t stride = r.x->strides()[0], es = static_cast<std::int64_t>(r.x->element_size());
+      cuda::rotary_apply(s, {base, r.x->dtype(), stride, (g + 2) * hd}, s.heads, g, cos, sin, r.inverse, d.stream);
+      cuda::rotary_apply(s, {base + g * hd * es, r.x->dtype(), stride, (g + 2) * hd}, s.kv_heads, 1, cos, sin,
+                         r.inverse, d.stream);
+      break;
+    }
+    case K::embedding:
+      cuda::embedding_forward(nb(r.x), rows, r.vocab_start, ids("embedding ids"), r.out->shape()[0], n, nb(r.out),
+                              d.stream);
+      break;
+    case K::embedding_backward: {
+      const cuda::EmbeddingGroups gr = cuda::embedding_groups(r.ids.data(), static_cast<std::int64_t>(r.ids.size()),
+                                                              r.out->shape()[0], r.vocab_start);
+      const auto* order = reinterpret_cast<const std::int64_t*>(upload(gr.order.data(), gr.order.size() * 8, "embedding order"));
+      const auto* rowv = reinterpret_cast<const std::int64_t*>(upload(gr.row.data(), gr.row.size() * 8, "embedding rows"));
+      const auto* begin = reinterpret_cast<const std::int64_t*>(upload(gr.begin.data(), gr.begin.size() * 8, "embedding groups"));
+      cuda::embedding_backward(nb(r.dy), r.out->shape()[1], r.out->shape()[0], order, rowv, begin,
+                               static_cast<std::int64_t>(gr.row.size()), nb(r.out), d.stream);
+      break;
+    }
+    case K::cross_entropy_max: cuda::cross_entropy_max(nb(r.x), rows, n, f32(r.out), d.stream); break;
+    case K::cross_entropy_partials:
+      cuda::cross_entropy_partials(nb(r.x), rows, n, f32(r.max), ids("cross-entropy targets"), r.vocab_start,
+                                   f32(r.out), d.stream);
+      break;
+    case K::cross_entropy_loss:
+      cuda::cross_entropy_loss(f32(r.partials), f32(r.max), f32(r.out), r.out->numel(), d.stream);
+      break;
+    case K::cross_entropy_backward:
+      cuda::cross_entropy_backward(nb(r.x), rows, n, f32(r.max), f32(r.partials), ids("cross-entropy targets"),
+                                   r.vocab_start, f32(r.dy), nb(r.out), d.stream);
+      break;
+  }
   return true;
 }
 

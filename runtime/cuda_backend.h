@@ -3,7 +3,8 @@
 // Rank r runs on GPU r, on one stream of its own. Tensors live in device memory from a caching
 // allocator (free lists by size class: a freed block is reused by the next allocation of its class
 // on that GPU, in stream order). Work is asynchronous: GEMMs (kernels/cuda det_gemm_cuda, exact or
-// tensor_core mode), elementwise ops, reductions and copies are enqueued on the rank's stream;
+// tensor_core mode), elementwise and row-wise ops (norms, SwiGLU, rotary, embedding, cross-entropy:
+// kernels/cuda/rowwise_cuda.h), attention, reductions and copies are enqueued on the rank's stream;
 // Storage::read/write (Tensor::to_host_*, from_host_*) synchronise that stream. A copy between
 // GPUs is a peer copy on the sender's stream, ordered after the receiver's earlier work and before
 // its later work by events, so every later access through the runtime sees the bytes landed.
@@ -54,6 +55,10 @@ struct CudaBackendOptions {
   // More ranks than GPUs: rank r on GPU r % GPUs, each rank with its own stream and allocator (for
   // tests of multi-rank code on one GPU; the runtime's collectives only, not NCCL; times shared).
   bool share_gpus = false;
+  // The row-wise ops (norms, SwiGLU, rotary, embedding, cross-entropy) on the GPU's kernels
+  // (kernels/cuda/rowwise_cuda.h); false: on host values, copied to the host and back (the same bits,
+  // slowly: for comparison, bench_rowwise_cuda).
+  bool rowwise_kernels = true;
 };
 
 // CUDA devices this process sees; 0 when there is no driver or GPU (never throws).
@@ -84,6 +89,7 @@ class CudaBackend final : public Backend {
   bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) override;
   bool elementwise(const ElementwiseRequest& r) override;
   bool attention(const AttentionRequest& r) override;
+  bool rowwise(const RowwiseRequest& r) override;
   std::uint64_t async_begin(int rank) override;
   void async_end(std::uint64_t token) override;
   void end_run() override;

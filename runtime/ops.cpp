@@ -371,6 +371,10 @@ void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
 
 std::vector<float> f32_of(const Tensor& t) { return t.to_host_f32(); }
 
+// The op where the backend runs it (values only: the runtime books the time), or false (host values).
+using RK = RowwiseRequest::Kind;
+bool on_backend(const char* op, const RowwiseRequest& r) { return Context::current(op).backend().rowwise(r); }
+
 // How the simulator prices attention until it runs it as PE tiles: the products as a GEMM's MACs
 // (m x n x k = rows x mean visible keys x MACs per score) with Q read once and K, V once per
 // 128-query tile, and the softmax's arithmetic on the vector unit.
@@ -653,13 +657,14 @@ void rotary_qkv(const kernels::AttentionShape& s, const Tensor& qkv, double base
   const std::int64_t tokens = s.batch * s.seq_q, g = s.heads / s.kv_heads, d = s.head_dim,
                      width = s.kv_heads * (g + 2) * d;
   check_operand(qkv, op, "qkv", tokens, width, "batch x seq, kv_heads x (heads / kv_heads + 2) x head_dim");
-  kernels::RotaryTable table;
   try {
-    table = kernels::rotary_table(s.seq_q, d, base);
+    kernels::rotary_table(1, d, base);  // checks head_dim and base (the table itself: where values are computed)
   } catch (const std::invalid_argument& e) {
     throw RuntimeError(fmt::format("{}: {}", op, e.what()));
   }
-  if (values(qkv)) {
+  if (values(qkv) && !on_backend(op, {.kind = RK::rotary, .x = &qkv, .out = &qkv, .shape = s, .rotary_base = base,
+                                       .inverse = inverse})) {
+    const kernels::RotaryTable table = kernels::rotary_table(s.seq_q, d, base);
     const Rows r = rows_of(qkv, true);
     auto* base_ptr = static_cast<std::uint8_t*>(r.data());
     const std::size_t es = dtype_size(qkv.dtype());
@@ -700,7 +705,7 @@ void account_norm(const Tensor& out, const char* name, double flops_per, std::ui
 void rms_norm(const Tensor& x, const Tensor& weight, const Tensor& y, const Tensor& rstd, float eps) {
   const char* op = "rms_norm";
   check_norm(op, x, {{&y, "y"}}, {{&weight, "weight"}}, {{&rstd, "rstd"}});
-  if (values(y)) {
+  if (values(y) && !on_backend(op, {.kind = RK::rms_norm, .x = &x, .w = &weight, .out = &y, .rstd = &rstd, .eps = eps})) {
     const Rows rx = rows_of(x, true), rw = rows_of(weight, true), ry = rows_of(y, false);
     std::vector<float> rs(static_cast<std::size_t>(x.shape()[0]));
     kernels::rms_norm_forward(rx.norm(), rw.norm(), ry.mnorm(), rs.data(), x.shape()[0], x.shape()[1], eps);
@@ -714,7 +719,8 @@ void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy, 
                        const Tensor& dweight) {
   const char* op = "rms_norm_backward";
   check_norm(op, x, {{&dy, "dy"}, {&dx, "dx"}}, {{&weight, "weight"}, {&dweight, "dweight"}}, {{&rstd, "rstd"}});
-  if (values(dx)) {
+  if (values(dx) && !on_backend(op, {.kind = RK::rms_norm_backward, .x = &x, .w = &weight, .dy = &dy, .out = &dx,
+                                     .dw = &dweight, .rstd = &rstd})) {
     const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rdy = rows_of(dy, true), rdx = rows_of(dx, false),
                rdw = rows_of(dweight, false);
     const std::vector<float> rs = f32_of(rstd);
@@ -730,7 +736,8 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const
                 const Tensor& rstd, float eps) {
   const char* op = "layer_norm";
   check_norm(op, x, {{&y, "y"}}, {{&weight, "weight"}, {&bias, "bias"}}, {{&mean, "mean"}, {&rstd, "rstd"}});
-  if (values(y)) {
+  if (values(y) && !on_backend(op, {.kind = RK::layer_norm, .x = &x, .w = &weight, .b = &bias, .out = &y, .mean = &mean,
+                                    .rstd = &rstd, .eps = eps})) {
     const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rb = rows_of(bias, true), ry = rows_of(y, false);
     std::vector<float> mu(static_cast<std::size_t>(x.shape()[0])), rs(mu.size());
     kernels::layer_norm_forward(rx.norm(), rw.norm(), rb.norm(), ry.mnorm(), mu.data(), rs.data(), x.shape()[0],
@@ -747,7 +754,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& dy
   const char* op = "layer_norm_backward";
   check_norm(op, x, {{&dy, "dy"}, {&dx, "dx"}}, {{&weight, "weight"}, {&dweight, "dweight"}, {&dbias, "dbias"}},
              {{&mean, "mean"}, {&rstd, "rstd"}});
-  if (values(dx)) {
+  if (values(dx) && !on_backend(op, {.kind = RK::layer_norm_backward, .x = &x, .w = &weight, .dy = &dy, .out = &dx,
+                                     .dw = &dweight, .db = &dbias, .mean = &mean, .rstd = &rstd})) {
     const Rows rx = rows_of(x, true), rw = rows_of(weight, true), rdy = rows_of(dy, true), rdx = rows_of(dx, false),
                rdw = rows_of(dweight, false), rdb = rows_of(dbias, false);
     const std::vector<float> mu = f32_of(mean), rs = f32_of(rstd);
@@ -781,7 +789,8 @@ void embedding(const Tensor& weight, std::int64_t vocab_start, std::span<const s
   const std::int64_t tokens = static_cast<std::int64_t>(ids.size()), hidden = weight.shape()[1];
   check_operand(out, op, "out", tokens, hidden, "one row per id, hidden");
   same_device(op, {&weight, &out});
-  if (values(out)) {
+  if (values(out) &&
+      !on_backend(op, {.kind = RK::embedding, .x = &weight, .out = &out, .ids = ids, .vocab_start = vocab_start})) {
     const Rows rw = rows_of(weight, true), ro = rows_of(out, false);
     kernels::embedding_forward(rw.norm(), weight.shape()[0], vocab_start, ids.data(), tokens, hidden, ro.mnorm());
     ro.store();
@@ -797,7 +806,8 @@ void embedding_backward(const Tensor& dy, std::span<const std::int64_t> ids, std
   const std::int64_t tokens = static_cast<std::int64_t>(ids.size()), hidden = dweight.shape()[1];
   check_operand(dy, op, "dy", tokens, hidden, "one row per id, hidden");
   same_device(op, {&dy, &dweight});
-  if (values(dweight)) {
+  if (values(dweight) && !on_backend(op, {.kind = RK::embedding_backward, .dy = &dy, .out = &dweight, .ids = ids,
+                                          .vocab_start = vocab_start})) {
     const Rows rd = rows_of(dy, true), rw = rows_of(dweight, false);
     kernels::embedding_backward(rd.norm(), ids.data(), tokens, hidden, dweight.shape()[0], vocab_start, rw.mnorm());
     rw.store();
@@ -812,7 +822,7 @@ void cross_entropy_max(const Tensor& logits, const Tensor& max) {
   check_rows2d(logits, op, "logits");
   check_stats(max, op, "max", logits.shape()[0], "one per row of the logits");
   same_device(op, {&logits, &max});
-  if (values(max)) {
+  if (values(max) && !on_backend(op, {.kind = RK::cross_entropy_max, .x = &logits, .out = &max})) {
     const Rows rl = rows_of(logits, true);
     std::vector<float> m(static_cast<std::size_t>(logits.shape()[0]));
     kernels::cross_entropy_max(rl.norm(), logits.shape()[0], logits.shape()[1], m.data());
@@ -832,7 +842,8 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& max, std::span<c
   check_stats(max, op, "max", tokens, "one per row of the logits");
   check_stats(partials, op, "partials", 2 * tokens, "two per row of the logits");
   same_device(op, {&logits, &max, &partials});
-  if (values(partials)) {
+  if (values(partials) && !on_backend(op, {.kind = RK::cross_entropy_partials, .x = &logits, .out = &partials,
+                                           .max = &max, .ids = targets, .vocab_start = vocab_start})) {
     const Rows rl = rows_of(logits, true);
     const std::vector<float> m = f32_of(max);
     std::vector<float> p(static_cast<std::size_t>(2 * tokens));
@@ -852,7 +863,8 @@ void cross_entropy_loss(const Tensor& partials, const Tensor& max, const Tensor&
   check_stats(partials, op, "partials", 2 * tokens, "two per token");
   check_stats(loss, op, "loss", tokens, "one per token");
   same_device(op, {&partials, &max, &loss});
-  if (values(loss)) {
+  if (values(loss) &&
+      !on_backend(op, {.kind = RK::cross_entropy_loss, .out = &loss, .max = &max, .partials = &partials})) {
     const std::vector<float> p = f32_of(partials), m = f32_of(max);
     std::vector<float> l(static_cast<std::size_t>(tokens));
     for (std::size_t t = 0; t < l.size(); ++t) l[t] = kernels::cross_entropy_loss(p[2 * t], m[t], p[2 * t + 1]);
@@ -875,7 +887,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& max, const Tenso
   check_stats(dloss, op, "dloss", tokens, "one per row of the logits");
   check_operand(dlogits, op, "dlogits", tokens, logits.shape()[1], "the logits' shape");
   same_device(op, {&logits, &max, &partials, &dloss, &dlogits});
-  if (values(dlogits)) {
+  if (values(dlogits) && !on_backend(op, {.kind = RK::cross_entropy_backward, .x = &logits, .dy = &dloss,
+                                          .out = &dlogits, .max = &max, .partials = &partials, .ids = targets,
+                                          .vocab_start = vocab_start})) {
     const Rows rl = rows_of(logits, true), rd = rows_of(dlogits, false);
     const std::vector<float> m = f32_of(max), p = f32_of(partials), dl = f32_of(dloss);
     kernels::cross_entropy_backward(rl.norm(), tokens, logits.shape()[1], m.data(), p.data(), targets.data(),
@@ -903,7 +917,7 @@ void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* 
 void swiglu(const Tensor& x, const Tensor& y) {
   const char* op = "swiglu";
   check_swiglu(op, x, y, "y");
-  if (values(y)) {
+  if (values(y) && !on_backend(op, {.kind = RK::swiglu, .x = &x, .out = &y})) {
     const Rows rx = rows_of(x, true), ry = rows_of(y, false);
     const std::int64_t rows = x.shape()[0], f = y.shape()[1];
     for (std::int64_t r = 0; r < rows; ++r)
@@ -924,7 +938,7 @@ void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   check_swiglu(op, x, dy, "dy");
   check_operand(dx, op, "dx", x.shape()[0], x.shape()[1], "x's shape");
   same_rank(x, dx, op);
-  if (values(dx)) {
+  if (values(dx) && !on_backend(op, {.kind = RK::swiglu_backward, .x = &x, .dy = &dy, .out = &dx})) {
     const Rows rx = rows_of(x, true), rd = rows_of(dy, true), ro = rows_of(dx, false);
     const std::int64_t rows = x.shape()[0], f = dy.shape()[1];
     for (std::int64_t r = 0; r < rows; ++r)

@@ -2,8 +2,10 @@
 //
 // Values are computed by the kernels (det_gemm, elementwise) on host copies of the operands, so
 // every backend that computes on the host gives the same bits; the backend then charges the
-// simulated time (the host charges nothing). Each op adds its time to the rank's compute timeline
-// and, when tracing, a span on the rank's "compute" track.
+// simulated time (the host charges nothing). A backend that computes where the data lives takes an
+// op first through its hook (Backend::gemm, elementwise, attention, rowwise: the cuda backend's
+// kernels, the same bits) and the host path runs only when it declines. Each op adds its time to the
+// rank's compute timeline and, when tracing, a span on the rank's "compute" track.
 //
 //   matmul(x, w.t(), &b, y);           // y[M,N] = x[M,K] · wᵀ + b, w stored [N,K] (a view, no copy)
 //   matmul(dy, w, nullptr, dx);        // backward, input:  dx = dy · w   (ascending n)

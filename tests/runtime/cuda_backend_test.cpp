@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -361,6 +362,170 @@ INSTANTIATE_TEST_SUITE_P(Gpus1to4, CudaMlp,
                                            MlpCase{2, true, true}, MlpCase{4, true, true}, MlpCase{1, false, false},
                                            MlpCase{2, false, false}, MlpCase{4, false, false}, MlpCase{4, true, false}),
                          [](const auto& info) { return info.param.name(); });
+
+// ---------------------------------------------------------------- the row-wise ops on the GPU
+// Norms, SwiGLU, rotary, the embedding and the cross-entropy pieces (kernels/cuda/rowwise_cuda.h) on
+// the cuda backend, bitwise the host's, on random data: rows of 1, 7, 128, 300 and 4097 columns
+// (chunks of the row and column sweeps cut anywhere), 1 to 70 rows (sweep blocks of 32 cut), every
+// dtype, strided rows; every output poisoned (NaN) first. `Each` runs one case on both backends.
+using Outputs = std::map<std::string, std::vector<std::uint8_t>>;
+
+void expect_same_on_gpu(const std::function<void(Context&, int, Outputs&)>& body, const std::string& what) {
+  Outputs want, got;
+  auto h = host_context(1);
+  h->spawn(1, [&](int r) { body(*h, r, want); });
+  auto g = cuda_ring(1);
+  g->spawn(1, [&](int r) { body(*g, r, got); });
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, bytes] : want) EXPECT_EQ(got.at(name), bytes) << what << " " << name;
+}
+
+Tensor poisoned(Context& ctx, int r, Shape shape, DType d) {
+  std::int64_t n = 1;
+  for (auto e : shape) n *= e;
+  return ctx.from_host_f32(r, shape, d, std::vector<float>(static_cast<std::size_t>(n), std::nanf("")));
+}
+
+TEST(CudaRowwise, NormsEqualHostBits) {
+  NEED_GPUS(1);
+  std::mt19937_64 rng(19001);
+  // 128 and 1000 (with strided rows of n + 8): the 16-byte vector path of the y and dx passes.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 7}, {33, 4097}, {70, 128}, {2, 300}, {65, 1000}};
+  for (auto [R, n] : shapes)
+    for (DType d : {DType::f32, DType::bf16, DType::f16})
+      for (bool strided : {false, true}) {
+        const auto xs = random_values(R * (n + 8), d, rng), dys = random_values(R * n, d, rng),
+                   ws = random_values(n, d, rng), bs = random_values(n, d, rng);
+        expect_same_on_gpu(
+            [&](Context& ctx, int r, Outputs& out) {
+              // Strided: x and dx are columns [8, 8 + n) of [R, n + 8] tensors.
+              Tensor xb = ctx.from_host_f32(r, {R, n + 8}, d, xs);
+              Tensor x = strided ? xb.narrow(1, 8, n) : ctx.from_host_f32(r, {R, n}, d, std::vector<float>(xs.begin(), xs.begin() + R * n));
+              Tensor dy = ctx.from_host_f32(r, {R, n}, d, dys), w = ctx.from_host_f32(r, {n}, d, ws),
+                     b = ctx.from_host_f32(r, {n}, d, bs);
+              Tensor y = poisoned(ctx, r, {R, n}, d), rstd = poisoned(ctx, r, {R}, DType::f32),
+                     mean = poisoned(ctx, r, {R}, DType::f32);
+              Tensor dxb = poisoned(ctx, r, {R, n + 8}, d);
+              Tensor dx = strided ? dxb.narrow(1, 8, n) : poisoned(ctx, r, {R, n}, d);
+              Tensor dw = poisoned(ctx, r, {n}, d), db = poisoned(ctx, r, {n}, d);
+              rms_norm(x, w, y, rstd, 1e-5f);
+              out["rms y"] = y.to_host_bytes();
+              out["rms rstd"] = rstd.to_host_bytes();
+              rms_norm_backward(x, w, dy, rstd, dx, dw);
+              out["rms dx"] = dx.to_host_bytes();
+              out["rms dw"] = dw.to_host_bytes();
+              y = poisoned(ctx, r, {R, n}, d);
+              dxb = poisoned(ctx, r, {R, n + 8}, d);
+              dx = strided ? dxb.narrow(1, 8, n) : poisoned(ctx, r, {R, n}, d);
+              dw = poisoned(ctx, r, {n}, d);
+              rstd = poisoned(ctx, r, {R}, DType::f32);
+              layer_norm(x, w, b, y, mean, rstd, 1e-5f);
+              out["ln y"] = y.to_host_bytes();
+              out["ln mean"] = mean.to_host_bytes();
+              out["ln rstd"] = rstd.to_host_bytes();
+              layer_norm_backward(x, w, dy, mean, rstd, dx, dw, db);
+              out["ln dx"] = dx.to_host_bytes();
+              out["ln dw"] = dw.to_host_bytes();
+              out["ln db"] = db.to_host_bytes();
+              out["dx's whole rows"] = dxb.to_host_bytes();  // the columns outside the view untouched
+              // In place: the backward's dx over dy (every element read before it is written).
+              Tensor dy2 = ctx.from_host_f32(r, {R, n}, d, dys);
+              rms_norm_backward(x, w, dy2, rstd, dy2, dw);
+              out["rms dx in place"] = dy2.to_host_bytes();
+            },
+            fmt::format("{} x {} {}{}", R, n, dtype_name(d), strided ? " strided" : ""));
+      }
+}
+
+TEST(CudaRowwise, SwigluAndRotaryEqualHostBits) {
+  NEED_GPUS(1);
+  std::mt19937_64 rng(19002);
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    // f % 8 == 0: the 16-byte vector path; the others one element at a time.
+    for (auto [R, f] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 13}, {40, 4097}, {33, 264}}) {
+      auto xs = random_values(R * 2 * f, d, rng);
+      for (std::size_t i = 0; i < xs.size(); i += 5) xs[i] *= 20.0f;  // sigmoid's tails
+      const auto dys = random_values(R * f, d, rng);
+      expect_same_on_gpu(
+          [&](Context& ctx, int r, Outputs& out) {
+            Tensor x = ctx.from_host_f32(r, {R, 2 * f}, d, xs), dy = ctx.from_host_f32(r, {R, f}, d, dys);
+            Tensor y = poisoned(ctx, r, {R, f}, d), dx = poisoned(ctx, r, {R, 2 * f}, d);
+            swiglu(x, y);
+            swiglu_backward(x, dy, dx);
+            out["y"] = y.to_host_bytes();
+            out["dx"] = dx.to_host_bytes();
+          },
+          fmt::format("swiglu {} x {} {}", R, f, dtype_name(d)));
+    }
+    const kernels::AttentionShape shapes[] = {
+        {.batch = 1, .seq_q = 1, .seq_k = 1, .heads = 1, .kv_heads = 1, .head_dim = 2},
+        {.batch = 2, .seq_q = 7, .seq_k = 7, .heads = 4, .kv_heads = 2, .head_dim = 6},
+        {.batch = 3, .seq_q = 37, .seq_k = 37, .heads = 6, .kv_heads = 2, .head_dim = 64}};
+    for (const auto& s : shapes) {
+      const std::int64_t T = s.batch * s.seq_q, W = s.kv_heads * (s.heads / s.kv_heads + 2) * s.head_dim;
+      const auto xs = random_values(T * (W + 8), d, rng);
+      expect_same_on_gpu(
+          [&](Context& ctx, int r, Outputs& out) {
+            // The QKV as columns [8, 8 + W) of wider rows: strided, and the columns around untouched (head_dim
+            // 64: 16-byte vectors; the others one element at a time).
+            Tensor xb = ctx.from_host_f32(r, {T, W + 8}, d, xs);
+            Tensor qkv = xb.narrow(1, 8, W);
+            rotary_qkv(s, qkv, 10000.0, false);
+            out["forward"] = xb.to_host_bytes();
+            rotary_qkv(s, qkv, 500.0, true);
+            out["inverse"] = xb.to_host_bytes();
+          },
+          fmt::format("rotary heads {} kv {} d {} seq {} {}", s.heads, s.kv_heads, s.head_dim, s.seq_q, dtype_name(d)));
+    }
+  }
+}
+
+TEST(CudaRowwise, EmbeddingAndCrossEntropyEqualHostBits) {
+  NEED_GPUS(1);
+  std::mt19937_64 rng(19003);
+  const std::int64_t start = 11;
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    // Multiples of 8 (H 256, V 1024): the 16-byte vector paths.
+    for (auto [T, V, H] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1}, {40, 7, 13}, {37, 50, 4097},
+                           {70, 4097, 7}, {33, 1024, 256}}) {
+      // Ids and targets around the slice [start, start + V): some outside it, many repeated.
+      std::uniform_int_distribution<std::int64_t> id(start - 3, start + V + 2);
+      std::vector<std::int64_t> ids(static_cast<std::size_t>(T)), targets(ids.size());
+      for (auto& v : ids) v = id(rng);
+      for (auto& v : targets) v = id(rng);
+      const auto ws = random_values(V * H, d, rng), dys = random_values(T * H, d, rng);
+      auto logits = random_values(T * V, d, rng);
+      for (auto& v : logits) v *= 8.0f;
+      // A -inf logit (its exponential 0); not a whole row of them, whose max -inf makes x − m NaN, and
+      // a NaN made by the hardware has its own payload (as in the reduce test).
+      if (V > 1) logits[0] = -std::numeric_limits<float>::infinity();
+      std::vector<float> dloss = random_values(T, DType::f32, rng);
+      expect_same_on_gpu(
+          [&](Context& ctx, int r, Outputs& out) {
+            Tensor w = ctx.from_host_f32(r, {V, H}, d, ws), dy = ctx.from_host_f32(r, {T, H}, d, dys);
+            Tensor e = poisoned(ctx, r, {T, H}, d), dw = poisoned(ctx, r, {V, H}, d);
+            embedding(w, start, ids, e);
+            embedding_backward(dy, ids, start, dw);
+            out["embedding"] = e.to_host_bytes();
+            out["embedding dw"] = dw.to_host_bytes();
+            Tensor lg = ctx.from_host_f32(r, {T, V}, d, logits), dl = ctx.from_host_f32(r, {T}, DType::f32, dloss);
+            Tensor mx = poisoned(ctx, r, {T}, DType::f32), part = poisoned(ctx, r, {2 * T}, DType::f32),
+                   loss = poisoned(ctx, r, {T}, DType::f32), dlg = poisoned(ctx, r, {T, V}, d);
+            cross_entropy_max(lg, mx);
+            cross_entropy_partials(lg, mx, targets, start, part);
+            cross_entropy_loss(part, mx, loss);
+            cross_entropy_backward(lg, mx, part, targets, start, dl, dlg);
+            out["max"] = mx.to_host_bytes();
+            out["partials"] = part.to_host_bytes();
+            out["loss"] = loss.to_host_bytes();
+            out["dlogits"] = dlg.to_host_bytes();
+            cross_entropy_backward(lg, mx, part, targets, start, dl, lg);  // in place
+            out["dlogits in place"] = lg.to_host_bytes();
+          },
+          fmt::format("{} tokens, slice {}, hidden {} {}", T, V, H, dtype_name(d)));
+    }
+  }
+}
 
 // ---------------------------------------------------------------- allocator, timing
 // The transformer layer and the GPT model with exact GEMMs, the GPU's exact attention kernels
