@@ -23,7 +23,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string>
+
 #include "kernels/attention.h"
+#include "kernels/attention_tc.h"
 
 namespace cubesim::cuda {
 
@@ -38,5 +41,28 @@ void attention_backward(const kernels::AttentionShape& s, kernels::AttentionBuff
                         kernels::AttentionBuffer dout, kernels::MutableAttentionBuffer dq,
                         kernels::MutableAttentionBuffer dk, kernels::MutableAttentionBuffer dv,
                         const std::int64_t* kv_valid, void* workspace, cudaStream_t stream);
+
+// The tensor_core mode (kernels/attention_tc.h): same arguments as above. attention_tc_unsupported
+// says why a call cannot run in it ("" when it can); the entry points throw std::invalid_argument with
+// that reason. The backward needs attention_tc_backward_workspace_bytes(s) of device memory.
+std::string attention_tc_unsupported(const kernels::AttentionShape& s, kernels::AttentionBuffer q,
+                                     kernels::AttentionBuffer k, kernels::AttentionBuffer v,
+                                     kernels::AttentionBuffer out);
+
+void attention_forward_tc(const kernels::AttentionShape& s, kernels::AttentionBuffer q, kernels::AttentionBuffer k,
+                          kernels::AttentionBuffer v, kernels::MutableAttentionBuffer out, float* stats,
+                          const std::int64_t* kv_valid, cudaStream_t stream);
+
+std::size_t attention_tc_backward_workspace_bytes(const kernels::AttentionShape& s);
+
+void attention_backward_tc(const kernels::AttentionShape& s, kernels::AttentionBuffer q, kernels::AttentionBuffer k,
+                           kernels::AttentionBuffer v, kernels::AttentionBuffer out, const float* stats,
+                           kernels::AttentionBuffer dout, kernels::MutableAttentionBuffer dq,
+                           kernels::MutableAttentionBuffer dk, kernels::MutableAttentionBuffer dv,
+                           const std::int64_t* kv_valid, void* workspace, cudaStream_t stream);
+
+// Benchmarks only: force the forward's (warps, 16-row tiles a warp) and the backward's warps a CTA
+// (0: the default, 4 x 2 and 4). Not thread-safe; every variant computes the same bits.
+void attention_tc_set_variant(int fwd_warps, int fwd_rows16, int bwd_warps);
 
 }  // namespace cubesim::cuda
