@@ -5,6 +5,7 @@
 //
 //   bench_attention_cuda [--json FILE] [--quick] [--batch 1,2] [--seq 4096] [--heads 32] [--kv-heads 8]
 //                        [--dim 128] [--full] [--f16] [--reps 20] [--variant FWD_WARPS,FWD_ROWS16,BWD_WARPS]
+//                        [--phases]  (also times the backward's kernels one at a time)
 //
 // FLOPs follow FlashAttention's convention, so TF/s compare with SDPA's: forward 4·b·h·s²·d (halved
 // when causal), backward 2.5 times that.
@@ -102,6 +103,7 @@ int main(int argc, char** argv) try {
   int seq = args.quick ? 1024 : 4096, heads = 32, kv_heads = 8, dim = 128, reps = args.quick ? 5 : 20;
   bool causal = true, f16 = false;
   std::vector<int> variant = {0, 0, 0};
+  bool phases = false;
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
     const std::string& a = args.rest[i];
     auto next = [&]() -> std::string {
@@ -117,6 +119,7 @@ int main(int argc, char** argv) try {
     else if (a == "--full") causal = false;
     else if (a == "--f16") f16 = true;
     else if (a == "--variant") variant = parse_list(next());
+    else if (a == "--phases") phases = true;
     else throw std::invalid_argument("bench_attention_cuda: unknown argument " + a);
   }
   if (variant.size() != 3) throw std::invalid_argument("bench_attention_cuda: --variant takes three numbers");
@@ -159,6 +162,17 @@ int main(int argc, char** argv) try {
     const double b_ms = median_ms(bwd, reps);
     CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
     const bool same = o1 == bytes(o) && q1 == bytes(dq) && k1 == bytes(dk) && v1 == bytes(dv);
+    if (phases) {  // the backward's kernels one at a time (prep runs in both)
+      cuda::attention_tc_set_variant(variant[0], variant[1], variant[2], 1);
+      const double dq_ms = median_ms(bwd, reps);
+      cuda::attention_tc_set_variant(variant[0], variant[1], variant[2], 2);
+      const double dkdv_ms = median_ms(bwd, reps);
+      cuda::attention_tc_set_variant(variant[0], variant[1], variant[2], 0);
+      const double prep_ms = median_ms(bwd, reps);
+      cuda::attention_tc_set_variant(variant[0], variant[1], variant[2], 3);
+      fmt::print("b{} backward phases: prep {:.3f} ms, prep+dq {:.3f} ms, prep+dkdv {:.3f} ms\n", b, prep_ms, dq_ms,
+                 dkdv_ms);
+    }
     const double flops = 4.0 * b * heads * double(seq) * seq * dim * (causal ? 0.5 : 1.0);
     const std::string shape = fmt::format("b{} s{} h{}/{} d{} {} {}", b, seq, heads, kv_heads, dim,
                                           causal ? "causal" : "full", f16 ? "f16" : "bf16");

@@ -49,6 +49,12 @@ std::string attention_tc_unsupported(const kernels::AttentionShape& s, kernels::
                                      kernels::AttentionBuffer k, kernels::AttentionBuffer v,
                                      kernels::AttentionBuffer out);
 
+std::string attention_tc_backward_unsupported(const kernels::AttentionShape& s, kernels::AttentionBuffer q,
+                                              kernels::AttentionBuffer k, kernels::AttentionBuffer v,
+                                              kernels::AttentionBuffer out, kernels::AttentionBuffer dout,
+                                              kernels::AttentionBuffer dq, kernels::AttentionBuffer dk,
+                                              kernels::AttentionBuffer dv);
+
 void attention_forward_tc(const kernels::AttentionShape& s, kernels::AttentionBuffer q, kernels::AttentionBuffer k,
                           kernels::AttentionBuffer v, kernels::MutableAttentionBuffer out, float* stats,
                           const std::int64_t* kv_valid, cudaStream_t stream);
@@ -61,8 +67,10 @@ void attention_backward_tc(const kernels::AttentionShape& s, kernels::AttentionB
                            kernels::MutableAttentionBuffer dk, kernels::MutableAttentionBuffer dv,
                            const std::int64_t* kv_valid, void* workspace, cudaStream_t stream);
 
-// Benchmarks only: force the forward's (warps, 16-row tiles a warp) and the backward's warps a CTA
-// (0: the default, 4 x 2 and 4). Not thread-safe; every variant computes the same bits.
-void attention_tc_set_variant(int fwd_warps, int fwd_rows16, int bwd_warps);
+// Benchmarks and tests only: force the forward's (warps, 16-row tiles a warp) and the backward's warps
+// a CTA (0: the default), and which backward kernels run (bit 0 dQ, bit 1 dK/dV; 3: both, anything
+// else leaves outputs unwritten: for timing a phase). Not thread-safe; every variant computes the
+// same bits.
+void attention_tc_set_variant(int fwd_warps, int fwd_rows16, int bwd_warps, int bwd_phases = 3);
 
 }  // namespace cubesim::cuda

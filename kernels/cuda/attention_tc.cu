@@ -176,22 +176,28 @@ __device__ __forceinline__ void load_tile(std::uint32_t dst, const char* base, s
   }
 }
 
-// ldmatrix addresses for lane l. A operand (16 rows from r0, k chunks kc, kc+1):
+// ldmatrix addresses for lane l. The k (or n) chunk enters only through an XOR of the address's bits
+// 5..7 with a compile-time constant and the row through an added multiple of 16 rows, so each
+// operand needs one register a lane (tile bases are 256-byte aligned; row starts and the chunk XOR
+// stay inside one row). A operand (16 rows from r0, k chunks kc, kc+1; kc even):
 template <int D>
 __device__ __forceinline__ std::uint32_t a_addr(std::uint32_t base, int r0, int kc, int lane) {
-  return base + swz<D>(r0 + (lane & 15), kc + (lane >> 4));
+  const std::uint32_t lb = base + swz<D>(lane & 15, lane >> 4);
+  return (lb ^ static_cast<std::uint32_t>(kc << 4)) + static_cast<std::uint32_t>(r0 * D * 2);
 }
 // B operand stored [n][k] (two n8 tiles from n0, k chunks kc, kc+1): regs {0,1} tile n0, {2,3} n0+8.
 template <int D>
 __device__ __forceinline__ std::uint32_t b_addr(std::uint32_t base, int n0, int kc, int lane) {
   const int i = lane >> 3;
-  return base + swz<D>(n0 + (lane & 7) + ((i >> 1) << 3), kc + (i & 1));
+  const std::uint32_t lb = base + swz<D>((lane & 7) + ((i >> 1) << 3), i & 1);
+  return (lb ^ static_cast<std::uint32_t>(kc << 4)) + static_cast<std::uint32_t>(n0 * D * 2);
 }
 // B operand stored [k][n] (k rows k0..k0+15, n chunks dc, dc+1), read transposed: {0,1} chunk dc.
 template <int D>
 __device__ __forceinline__ std::uint32_t bt_addr(std::uint32_t base, int k0, int dc, int lane) {
   const int i = lane >> 3;
-  return base + swz<D>(k0 + (lane & 7) + ((i & 1) << 3), dc + (i >> 1));
+  const std::uint32_t lb = base + swz<D>((lane & 7) + ((i & 1) << 3), i >> 1);
+  return (lb ^ static_cast<std::uint32_t>(dc << 4)) + static_cast<std::uint32_t>(k0 * D * 2);
 }
 
 __device__ __forceinline__ void store2(const Out& o, std::int64_t idx, float a, float b) {
@@ -219,6 +225,7 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
   constexpr int NT = NW * 32, BM = NW * MT * 16;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + 2 * kKB * D * 2;
+  int& cta_max_s = *reinterpret_cast<int*>(smem + BM * D * 2 + 4 * kKB * D * 2);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
@@ -233,18 +240,24 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
   const std::int64_t qrs = p.q.rs * esz, krs = p.k.rs * esz, vrs = p.v.rs * esz;
 
   // Each thread holds rows (mt, half): t0 + warp*16*MT + mt*16 + lane/4 + half*8.
-  int nk[MT][2];
-  int wmax = 0;
+  // Each thread holds rows (mt, half): t0 + warp*16*MT + mt*16 + lane/4 + half*8; their visible key
+  // counts are recomputed where needed (registers are the forward's limit).
+  const int wr0 = warp * 16 * MT;  // warp's first row in the tile
+  auto row_nk = [&](int mt, int hf) { return visible(p, klen, t0 + wr0 + mt * 16 + (lane >> 2) + hf * 8); };
+  int wmax = 0, wmin = 1 << 30;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      nk[mt][hf] = visible(p, klen, t0 + warp * 16 * MT + mt * 16 + (lane >> 2) + hf * 8);
-      wmax = max(wmax, nk[mt][hf]);
+      const int n = row_nk(mt, hf);
+      wmax = max(wmax, n);
+      wmin = min(wmin, n);
     }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
-  __shared__ int cta_max_s;
+  for (int o = 16; o > 0; o >>= 1) {
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+  }
   if (tid == 0) cta_max_s = 0;
   __syncthreads();
   if (lane == 0) atomicMax(&cta_max_s, wmax);  // an integer max: order-free
@@ -259,6 +272,7 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
 
   float acc[MT][D / 8][4];
   float m[MT][2], l[MT][2];
+  std::uint32_t qf[MT == 1 ? D / 16 : 1][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -266,7 +280,6 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.0f;
   }
-  const int wr0 = warp * 16 * MT;  // warp's first row in the tile
 
   for (int n = 0; n < nblk; ++n) {
     const int buf = n & 1, j0 = n * kKB;
@@ -286,11 +299,24 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+      if constexpr (MT == 1) {  // one 16-row tile a warp: Q's fragments stay in registers
+        if (n == 0) {
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], a_addr<D>(sQ, wr0, 2 * kk, lane));
+        }
+      }
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         std::uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr<D>(sQ, wr0 + mt * 16, 2 * kk, lane));
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (MT == 1) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[mt][i] = qf[kk][i];
+          } else {
+            ldsm_x4(a[mt], a_addr<D>(sQ, wr0 + mt * 16, 2 * kk, lane));
+          }
+        }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           std::uint32_t bb[4];
@@ -308,17 +334,20 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
         float cr[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int lim = nk[mt][hf] - j0;
+          if (j0 + kKB > wmin) {  // some row of the warp does not see the whole block
+            const int lim = row_nk(mt, hf) - j0;
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = nt * 8 + 2 * (lane & 3) + e;
+                float& x = s[mt][nt][hf * 2 + e];
+                x = col < lim ? x : -INFINITY;
+              }
+          }
           float mx = -INFINITY;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = nt * 8 + 2 * (lane & 3) + e;
-              float& x = s[mt][nt][hf * 2 + e];
-              x = col < lim ? x : -INFINITY;
-              mx = fmaxf(mx, x);
-            }
+          for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float mo = m[mt][hf], mn = fmaxf(mo, mx);
@@ -381,7 +410,7 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
       ls = ls + __shfl_xor_sync(0xffffffffu, ls, 2);
       const int t = t0 + wr0 + mt * 16 + (lane >> 2) + hf * 8;
       if (t >= p.seq_q) continue;
-      const bool none = nk[mt][hf] == 0;
+      const bool none = row_nk(mt, hf) == 0;
       const float inv = none ? 0.0f : 1.0f / ls;
       const std::int64_t row =
           (static_cast<std::int64_t>(b) * p.seq_q + t) * p.o.rs + head_off(p.o.gs, h, p.o.per_group, D);
@@ -440,6 +469,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dq_kernel(Params p) {
   constexpr int NT = NW * 32, BM = NW * 16;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t sQ = smem_u32(smem), sO = sQ + BM * D * 2, sK = sO + BM * D * 2, sV = sK + 2 * kKB * D * 2;
+  int& cta_max_s = *reinterpret_cast<int*>(smem + 2 * BM * D * 2 + 4 * kKB * D * 2);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
@@ -456,19 +486,22 @@ __global__ void __launch_bounds__(NW * 32, 1) dq_kernel(Params p) {
 
   int nk[2];
   float lse[2], dl[2];
-  int wmax = 0;
+  int wmax = 0, wmin = 1 << 30;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int t = t0 + warp * 16 + (lane >> 2) + hf * 8;
     nk[hf] = visible(p, klen, t);
     wmax = max(wmax, nk[hf]);
+    wmin = min(wmin, nk[hf]);
     const std::int64_t at = (static_cast<std::int64_t>(b) * p.heads + h) * p.seq_q + (t < p.seq_q ? t : 0);
     lse[hf] = nk[hf] ? p.lse2[at] : INFINITY;
     dl[hf] = nk[hf] ? p.delta[at] : 0.0f;
   }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
-  __shared__ int cta_max_s;
+  for (int o = 16; o > 0; o >>= 1) {
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+  }
   if (tid == 0) cta_max_s = 0;
   __syncthreads();
   if (lane == 0) atomicMax(&cta_max_s, wmax);
@@ -523,12 +556,13 @@ __global__ void __launch_bounds__(NW * 32, 1) dq_kernel(Params p) {
         }
       }
       std::uint32_t da[4][4];
+      const bool part = j0 + kKB > wmin;  // some row of the warp does not see the whole block
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int hf = i >> 1, col = nt * 8 + 2 * (lane & 3) + (i & 1);
-          const bool vis = j0 + col < nk[hf];
+          const bool vis = !part || j0 + col < nk[hf];
           const float pr = vis ? ex2(fmaf(s[nt][i], p.scale_log2, -lse[hf])) : 0.0f;
           dp[nt][i] = vis ? pr * (dp[nt][i] - dl[hf]) : 0.0f;
         }
@@ -633,6 +667,9 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(Params p) {
     }
     __syncthreads();
     const std::uint32_t qt = sQ + buf * kQB * D * 2, ot = sO + buf * kQB * D * 2;
+    // Every query of the block sees every key of the tile (visible keys grow with t inside qend):
+    const int tq0 = (qb0 + it % per_head) * kQB;
+    const bool full = tq0 + kQB <= qend && visible(p, klen, tq0) >= j0 + BN;
     const float* lse = f_lse + buf * kQB;
     const float* dl = f_d + buf * kQB;
     const int* nkq = f_nk + buf * kQB;
@@ -657,7 +694,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = nt * 8 + 2 * (lane & 3) + (i & 1);
-        const bool vis = key[i >> 1] < nkq[col];
+        const bool vis = full || key[i >> 1] < nkq[col];
         s[nt][i] = vis ? ex2(fmaf(s[nt][i], p.scale_log2, -lse[col])) : 0.0f;
       }
     {  // dV += Pᵀ·dO
@@ -740,7 +777,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(Params p) {
 // ---- host side --------------------------------------------------------------------------------
 
 // Variants (warps, rows a warp) chosen per head size; attention_tc_set_variant overrides (bench).
-int g_fwd_nw = 0, g_fwd_mt = 0, g_bwd_nw = 0;
+int g_fwd_nw = 0, g_fwd_mt = 0, g_bwd_nw = 0, g_bwd_phases = 3;
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 
@@ -782,7 +819,7 @@ void set_smem(const void* kernel, std::size_t bytes) {
 template <bool F16, int D, int NW, int MT>
 void launch_forward(const Params& p, cudaStream_t st) {
   constexpr int BM = NW * MT * 16;
-  const std::size_t smem = static_cast<std::size_t>(BM * D * 2 + 4 * kKB * D * 2);
+  const std::size_t smem = static_cast<std::size_t>(BM * D * 2 + 4 * kKB * D * 2 + 16);
   auto* k = forward_kernel<F16, D, NW, MT>;
   set_smem(reinterpret_cast<const void*>(k), smem);
   const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
@@ -801,16 +838,16 @@ void forward_d(const Params& p, cudaStream_t st) {
 
 template <bool F16, int D, int NW>
 void launch_backward(const Params& p, cudaStream_t st) {
-  {
+  if (g_bwd_phases & 1) {
     constexpr int BM = NW * 16;
-    const std::size_t smem = static_cast<std::size_t>(2 * BM * D * 2 + 4 * kKB * D * 2);
+    const std::size_t smem = static_cast<std::size_t>(2 * BM * D * 2 + 4 * kKB * D * 2 + 16);
     auto* k = dq_kernel<F16, D, NW>;
     set_smem(reinterpret_cast<const void*>(k), smem);
     const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
     k<<<grid, NW * 32, smem, st>>>(p);
     CUBESIM_CUDA_CHECK_LAUNCH("attention tc dq_kernel");
   }
-  {
+  if (g_bwd_phases & 2) {
     constexpr int BN = NW * 16;
     const std::size_t smem = static_cast<std::size_t>(2 * BN * D * 2 + 4 * kQB * D * 2 + 6 * kQB * 4);
     auto* k = dkdv_kernel<F16, D, NW>;
@@ -830,10 +867,11 @@ void backward_d(const Params& p, cudaStream_t st) {
 
 }  // namespace
 
-void attention_tc_set_variant(int fwd_warps, int fwd_rows16, int bwd_warps) {
+void attention_tc_set_variant(int fwd_warps, int fwd_rows16, int bwd_warps, int bwd_phases) {
   g_fwd_nw = fwd_warps;
   g_fwd_mt = fwd_rows16;
   g_bwd_nw = bwd_warps;
+  g_bwd_phases = bwd_phases;
 }
 
 std::string attention_tc_unsupported(const kernels::AttentionShape& s, kernels::AttentionBuffer q,
@@ -851,6 +889,20 @@ std::string attention_tc_unsupported(const kernels::AttentionShape& s, kernels::
     if (std::string why = check_operand(what, b, mma_op, q.dtype); !why.empty()) return why;
   }
   return "";
+}
+
+std::string attention_tc_backward_unsupported(const kernels::AttentionShape& s, kernels::AttentionBuffer q,
+                                              kernels::AttentionBuffer k, kernels::AttentionBuffer v,
+                                              kernels::AttentionBuffer out, kernels::AttentionBuffer dout,
+                                              kernels::AttentionBuffer dq, kernels::AttentionBuffer dk,
+                                              kernels::AttentionBuffer dv) {
+  std::string why = attention_tc_unsupported(s, q, k, v, out);
+  const std::tuple<const char*, kernels::AttentionBuffer, bool> grads[] = {
+      {"dout", dout, true}, {"dq", dq, false}, {"dk", dk, false}, {"dv", dv, false}};
+  for (const auto& [what, b, mma_op] : grads) {
+    if (why.empty()) why = check_operand(what, b, mma_op, q.dtype);
+  }
+  return why;
 }
 
 std::size_t attention_tc_backward_workspace_bytes(const kernels::AttentionShape& s) {
@@ -897,12 +949,7 @@ void attention_backward_tc(const kernels::AttentionShape& a, kernels::AttentionB
   for (const auto& [what, b] : qs) kernels::check_attention_buffer(what, b, a.heads, G, a.head_dim);
   const std::pair<const char*, kernels::AttentionBuffer> ks[] = {{"k", k}, {"v", v}, {"dk", dk}, {"dv", dv}};
   for (const auto& [what, b] : ks) kernels::check_attention_buffer(what, b, a.kv_heads, 1, a.head_dim);
-  std::string why = attention_tc_unsupported(a, q, k, v, out);
-  const std::tuple<const char*, kernels::AttentionBuffer, bool> grads[] = {
-      {"dout", dout, true}, {"dq", dq, false}, {"dk", dk, false}, {"dv", dv, false}};
-  for (const auto& [what, b, mma_op] : grads) {
-    if (why.empty()) why = check_operand(what, b, mma_op, q.dtype);
-  }
+  const std::string why = attention_tc_backward_unsupported(a, q, k, v, out, dout, dq, dk, dv);
   if (!why.empty()) throw std::invalid_argument("attention backward (cuda tensor_core): " + why);
   if (stats == nullptr || workspace == nullptr) {
     throw std::invalid_argument("attention backward (cuda tensor_core): stats and workspace must be device memory");

@@ -472,8 +472,12 @@ inline std::vector<AttentionCase> attention_tc_cases() {
           const Heads& h = hs[(seq + (causal ? 1 : 0) + (bwd ? 2 : 0)) % 4];
           AttentionCase c{.backward = bwd, .batch = 3, .seq = seq, .heads = h.heads, .kv_heads = h.kv, .head_dim = h.d,
                           .causal = causal, .in = io.in, .out = io.out, .layout = Layout::row_major};
-          for (AttnCheck k : {AttnCheck::accuracy, AttnCheck::batch_size, AttnCheck::repeat})
+          for (AttnCheck k : {AttnCheck::accuracy, AttnCheck::batch_size, AttnCheck::repeat}) {
+            // One key: the true dQ and dK are exactly 0 (p = 1, dp = D), so no relative error exists;
+            // the exact mode's table pins that case bitwise.
+            if (k == AttnCheck::accuracy && bwd && seq == 1) continue;
             cases.push_back([&] { auto x = c; x.check = k; return x; }());
+          }
           if (seq >= 63) {
             for (AttnCheck k : {AttnCheck::batch_position, AttnCheck::other_sequences, AttnCheck::padding}) {
               if (k == AttnCheck::padding && !causal) continue;
