@@ -427,6 +427,285 @@ __global__ void __launch_bounds__(NW * 32, 1) forward_kernel(Params p) {
     }
 }
 
+// ---- forward on sm_90a: wgmma -----------------------------------------------------------------
+// NWG warpgroups of 64 query rows: S = Q·Kᵀ by wgmma m64n64k16 (Q and K k-major in shared memory),
+// softmax in registers, O += P·V by wgmma m64nDk16 with P from registers (the same fragments as
+// mma.sync's A) and V MN-major in shared memory. Tiles are laid out as the MMA's 128-byte swizzle
+// wants: [D/64 column blocks][rows][128 bytes], chunk c of row r at c ^ (r % 8), bases 1024-aligned.
+// wgmma with A from registers (the m16n8k16 A-fragment layout, one 16-row slice a warp) and B from
+// shared memory: d += a*b; TB: B's transpose immediate (1: MN-major).
+template <bool F16, int TB>
+__device__ __forceinline__ void wgmma_rs64(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (F16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TB));
+  }
+#else
+  __trap();
+#endif
+}
+
+template <bool F16, int TB>
+__device__ __forceinline__ void wgmma_rs128(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (F16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TB));
+  }
+#else
+  __trap();
+#endif
+}
+
+// wgmma with A and B k-major in shared memory (S = Q·Kᵀ, 64 keys): d += a*b.
+template <bool F16>
+__device__ __forceinline__ void wgmma_ss64(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (F16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Registers an in-flight wgmma reads or writes: kept where they are until the wait (the compiler
+// sees the asm as their last use/definition, not the hardware's).
+template <int N>
+__device__ __forceinline__ void keep(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void keep(std::uint32_t (&r)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+template <bool F16, int D>
+__device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b) {
+  if constexpr (D == 128) {
+    wgmma_rs128<F16, 1>(d, a, desc_b);
+  } else {
+    wgmma_rs64<F16, 1>(d, a, desc_b);
+  }
+}
+__device__ __forceinline__ std::uint32_t align1024(const void* p) { return (smem_u32(p) + 1023u) & ~1023u; }
+// k-major operand, 128-byte swizzle: 8-row atoms 1024 bytes apart (as det_gemm_tc.cu).
+__device__ __forceinline__ std::uint64_t desc_k(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>(1) << 16) |
+         (static_cast<std::uint64_t>(1024 >> 4) << 32) | (static_cast<std::uint64_t>(1) << 62);
+}
+// MN-major operand: boxes of 64 MN-contiguous elements x 64 k rows (leading offset one box, 8 KB),
+// 8-row atoms 1024 bytes apart, 128-byte swizzle.
+__device__ __forceinline__ std::uint64_t desc_mn(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>(8192 >> 4) << 16) |
+         (static_cast<std::uint64_t>(1024 >> 4) << 32) | (static_cast<std::uint64_t>(1) << 62);
+}
+template <int R>
+__device__ __forceinline__ std::uint32_t wsw(int r, int c) {
+  return static_cast<std::uint32_t>((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+template <int R, int D, int NT>
+__device__ __forceinline__ void load_tile_w(std::uint32_t dst, const char* base, std::int64_t rs_bytes, int row0,
+                                            int lim, int tid) {
+  constexpr int CH = D / 8;
+#pragma unroll 4
+  for (int i = tid; i < R * CH; i += NT) {
+    const int r = i / CH, c = i % CH, row = row0 + r;
+    const bool ok = row < lim;
+    cp_async16(dst + wsw<R>(r, c), ok ? base + row * rs_bytes + c * 16 : base, ok);
+  }
+}
+
+template <bool F16, int D, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
+  constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + NWG * TILE, sV = sK + 2 * TILE;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+  const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
+  const int klen = key_len(p, b), qend = query_end(p, klen);
+  const char* qb = static_cast<const char*>(p.q.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_q * p.q.rs + head_off(p.q.gs, h, p.q.per_group, D)) * 2;
+  const char* kb = static_cast<const char*>(p.k.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.k.rs + head_off(p.k.gs, g, 1, D)) * 2;
+  const char* vb = static_cast<const char*>(p.v.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.v.rs + head_off(p.v.gs, g, 1, D)) * 2;
+  const std::int64_t krs = p.k.rs * 2, vrs = p.v.rs * 2;
+  // Visible keys grow with the row inside [0, qend) and are 0 past it: the warpgroup's (and the
+  // CTA's) extremes come from its first and last rows.
+  const int r0 = t0 + wg * 64, last = min(r0 + 63, qend - 1), lastc = min(t0 + BM - 1, qend - 1);
+  const int wgmax = last >= r0 ? visible(p, klen, last) : 0;
+  const int wgmin = r0 + 63 < qend ? visible(p, klen, r0) : 0;
+  const int nblk = ((lastc >= t0 ? visible(p, klen, lastc) : 0) + kKB - 1) / kKB;
+#pragma unroll
+  for (int w = 0; w < NWG; ++w) load_tile_w<64, D, NT>(sQ + w * TILE, qb, p.q.rs * 2, t0 + w * 64, qend, tid);
+  if (nblk > 0) {
+    load_tile_w<64, D, NT>(sK, kb, krs, 0, klen, tid);
+    load_tile_w<64, D, NT>(sV, vb, vrs, 0, klen, tid);
+  }
+  cp_commit();
+
+  float acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int myrow = r0 + wq * 16 + (lane >> 2);  // and myrow + 8
+  const std::uint32_t qt = sQ + wg * TILE;
+
+  for (int n = 0; n < nblk; ++n) {
+    const int buf = n & 1, j0 = n * kKB;
+    if (n + 1 < nblk) {
+      load_tile_w<64, D, NT>(sK + (buf ^ 1) * TILE, kb, krs, j0 + kKB, klen, tid);
+      load_tile_w<64, D, NT>(sV + (buf ^ 1) * TILE, vb, vrs, j0 + kKB, klen, tid);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async bytes -> the MMA's reads
+    __syncthreads();
+    if (j0 < wgmax) {  // the warpgroup's rows see some key of this block
+      const std::uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wgmma_ss64<F16>(s, desc_k(qt + off), desc_k(kt + off));
+      }
+      wg_commit();
+      wg_wait0();
+      keep(s);
+      // s[4c + r]: row myrow + 8 (r / 2), key j0 + 8c + 2 (lane % 4) + r % 2.
+      float cr[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        if (j0 + kKB > wgmin) {
+          const int lim = visible(p, klen, myrow + hf * 8) - j0;
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = c * 8 + 2 * (lane & 3) + e;
+              float& x = s[4 * c + 2 * hf + e];
+              x = col < lim ? x : -INFINITY;
+            }
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hf], s[4 * c + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mo = m[hf], mn = fmaxf(mo, mx);
+        const float mcn = mn == -INFINITY ? 0.0f : (mn * p.scale) * kLog2e;
+        const float mco = (mo * p.scale) * kLog2e;
+        const float c = mn == mo ? 1.0f : ex2(mco - mcn);
+        float sum = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[4 * cc + 2 * hf + e];
+            x = ex2(fmaf(x, p.scale_log2, -mcn));
+            sum += x;
+          }
+        l[hf] = l[hf] * c + sum;
+        m[hf] = mn;
+        cr[hf] = c;
+      }
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        acc[4 * i] *= cr[0];
+        acc[4 * i + 1] *= cr[0];
+        acc[4 * i + 2] *= cr[1];
+        acc[4 * i + 3] *= cr[1];
+      }
+      std::uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack<F16>(s[8 * kk], s[8 * kk + 1]);
+        pa[kk][1] = pack<F16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack<F16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack<F16>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      keep(acc);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<F16, D>(acc, pa[kk], desc_mn(vt + kk * 16 * 128));
+      wg_commit();
+      wg_wait0();
+      keep(acc);
+      keep(pa);
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float ls = l[hf] + __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    ls = ls + __shfl_xor_sync(0xffffffffu, ls, 2);
+    const int t = myrow + hf * 8;
+    if (t >= p.seq_q) continue;
+    const bool none = visible(p, klen, t) == 0;
+    const float inv = none ? 0.0f : 1.0f / ls;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(b) * p.seq_q + t) * p.o.rs + head_off(p.o.gs, h, p.o.per_group, D);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int e = i * 8 + 2 * (lane & 3);
+      store2(p.o, row + e, acc[4 * i + 2 * hf] * inv + 0.0f, acc[4 * i + 2 * hf + 1] * inv + 0.0f);
+    }
+    if ((lane & 3) == 0) {
+      float* st = p.stats + ((static_cast<std::int64_t>(b) * p.seq_q + t) * p.heads + h) * 2;
+      st[0] = none ? -INFINITY : m[hf] * p.scale;
+      st[1] = none ? 0.0f : ls;
+    }
+  }
+}
+
 // ---- backward: D and lse ----------------------------------------------------------------------
 // One warp per (token, head): D = Σ dO·O (each lane its elements ascending, then a fixed butterfly),
 // lse2 = m·log2(e) + log2(l) (+inf for a row that sees no key, with D = 0).
@@ -774,6 +1053,266 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(Params p) {
   }
 }
 
+// ---- backward on sm_90a: wgmma ----------------------------------------------------------------
+// dq_wg_kernel: NWG warpgroups of 64 query rows; S = Q·Kᵀ and dP = dO·Vᵀ by SS wgmma (k-major),
+// dQ += dS·K by RS wgmma (K MN-major). dkdv_wg_kernel: NWG warpgroups of 64 keys; Sᵀ = K·Qᵀ and
+// dPᵀ = V·dOᵀ by SS wgmma, dV += Pᵀ·dO and dK += dSᵀ·Q by RS wgmma (dO, Q MN-major). Same blocks,
+// orders, masks and roundings as dq_kernel and dkdv_kernel.
+template <bool F16, int D, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1) dq_wg_kernel(Params p) {
+  constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t sQ = align1024(smem), sO = sQ + NWG * TILE, sK = sO + NWG * TILE, sV = sK + 2 * TILE;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+  const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
+  const int klen = key_len(p, b), qend = query_end(p, klen);
+  const char* qb = static_cast<const char*>(p.q.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_q * p.q.rs + head_off(p.q.gs, h, p.q.per_group, D)) * 2;
+  const char* ob = static_cast<const char*>(p.dout.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_q * p.dout.rs + head_off(p.dout.gs, h, p.dout.per_group, D)) * 2;
+  const char* kb = static_cast<const char*>(p.k.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.k.rs + head_off(p.k.gs, g, 1, D)) * 2;
+  const char* vb = static_cast<const char*>(p.v.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.v.rs + head_off(p.v.gs, g, 1, D)) * 2;
+  const std::int64_t krs = p.k.rs * 2, vrs = p.v.rs * 2;
+  const int r0 = t0 + wg * 64, last = min(r0 + 63, qend - 1), lastc = min(t0 + BM - 1, qend - 1);
+  const int wgmax = last >= r0 ? visible(p, klen, last) : 0;
+  const int wgmin = r0 + 63 < qend ? visible(p, klen, r0) : 0;
+  const int nblk = ((lastc >= t0 ? visible(p, klen, lastc) : 0) + kKB - 1) / kKB;
+  const int myrow = r0 + wq * 16 + (lane >> 2);
+  int nk[2];
+  float lse[2], dl[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int t = myrow + hf * 8;
+    nk[hf] = visible(p, klen, t);
+    const std::int64_t at = (static_cast<std::int64_t>(b) * p.heads + h) * p.seq_q + (t < p.seq_q ? t : 0);
+    lse[hf] = nk[hf] ? p.lse2[at] : INFINITY;
+    dl[hf] = nk[hf] ? p.delta[at] : 0.0f;
+  }
+#pragma unroll
+  for (int w = 0; w < NWG; ++w) {
+    load_tile_w<64, D, NT>(sQ + w * TILE, qb, p.q.rs * 2, t0 + w * 64, qend, tid);
+    load_tile_w<64, D, NT>(sO + w * TILE, ob, p.dout.rs * 2, t0 + w * 64, qend, tid);
+  }
+  if (nblk > 0) {
+    load_tile_w<64, D, NT>(sK, kb, krs, 0, klen, tid);
+    load_tile_w<64, D, NT>(sV, vb, vrs, 0, klen, tid);
+  }
+  cp_commit();
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+  const std::uint32_t qt = sQ + wg * TILE, ot = sO + wg * TILE;
+  for (int n = 0; n < nblk; ++n) {
+    const int buf = n & 1, j0 = n * kKB;
+    if (n + 1 < nblk) {
+      load_tile_w<64, D, NT>(sK + (buf ^ 1) * TILE, kb, krs, j0 + kKB, klen, tid);
+      load_tile_w<64, D, NT>(sV + (buf ^ 1) * TILE, vb, vrs, j0 + kKB, klen, tid);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (j0 < wgmax) {
+      const std::uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
+      float s[32], dp[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wgmma_ss64<F16>(s, desc_k(qt + off), desc_k(kt + off));
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wgmma_ss64<F16>(dp, desc_k(ot + off), desc_k(vt + off));
+      }
+      wg_commit();
+      wg_wait0();
+      keep(s);
+      keep(dp);
+      const bool part = j0 + kKB > wgmin;
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int hf = i >> 1, col = c * 8 + 2 * (lane & 3) + (i & 1);
+          const bool vis = !part || j0 + col < nk[hf];
+          const float pr = vis ? ex2(fmaf(s[4 * c + i], p.scale_log2, -lse[hf])) : 0.0f;
+          dp[4 * c + i] = vis ? pr * (dp[4 * c + i] - dl[hf]) : 0.0f;
+        }
+      std::uint32_t da[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) da[kk][i] = pack<F16>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+      keep(dq);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<F16, D>(dq, da[kk], desc_mn(kt + kk * 16 * 128));
+      wg_commit();
+      wg_wait0();
+      keep(dq);
+      keep(da);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int t = myrow + hf * 8;
+    if (t >= p.seq_q) continue;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(b) * p.seq_q + t) * p.dq.rs + head_off(p.dq.gs, h, p.dq.per_group, D);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int e = i * 8 + 2 * (lane & 3);
+      store2(p.dq, row + e, dq[4 * i + 2 * hf] * p.scale + 0.0f, dq[4 * i + 2 * hf + 1] * p.scale + 0.0f);
+    }
+  }
+}
+
+template <bool F16, int D, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1) dkdv_wg_kernel(Params p) {
+  constexpr int NT = NWG * 128, BN = NWG * 64, TILE = 64 * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t sK = align1024(smem), sV = sK + NWG * TILE, sQ = sV + NWG * TILE, sO = sQ + 2 * TILE;
+  float* f_lse = reinterpret_cast<float*>(smem + (sO + 2 * TILE - smem_u32(smem)));  // [2][kQB]
+  float* f_d = f_lse + 2 * kQB;                                                      // [2][kQB]
+  int* f_nk = reinterpret_cast<int*>(f_d + 2 * kQB);                                 // [2][kQB]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+  const int b = blockIdx.x / p.kv_heads, g = blockIdx.x % p.kv_heads;
+  const int j0 = blockIdx.y * BN;
+  const int klen = key_len(p, b), qend = query_end(p, klen);
+  const char* kb = static_cast<const char*>(p.k.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.k.rs + head_off(p.k.gs, g, 1, D)) * 2;
+  const char* vb = static_cast<const char*>(p.v.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.v.rs + head_off(p.v.gs, g, 1, D)) * 2;
+  int qlo = 0;
+  if (p.causal) qlo = max(0, j0 - p.q_offset);
+  const int qb0 = j0 < klen ? qlo / kQB : 0;
+  const int qb1 = j0 < klen && qlo < qend ? (qend + kQB - 1) / kQB : qb0;
+  const int per_head = qb1 - qb0, total = per_head * p.group;
+
+  auto issue = [&](int it, int buf) {
+    const int h = g * p.group + it / per_head, t0 = (qb0 + it % per_head) * kQB;
+    const char* qb = static_cast<const char*>(p.q.p) +
+                     (static_cast<std::int64_t>(b) * p.seq_q * p.q.rs + head_off(p.q.gs, h, p.q.per_group, D)) * 2;
+    const char* ob = static_cast<const char*>(p.dout.p) +
+                     (static_cast<std::int64_t>(b) * p.seq_q * p.dout.rs + head_off(p.dout.gs, h, p.dout.per_group, D)) * 2;
+    load_tile_w<kQB, D, NT>(sQ + buf * TILE, qb, p.q.rs * 2, t0, qend, tid);
+    load_tile_w<kQB, D, NT>(sO + buf * TILE, ob, p.dout.rs * 2, t0, qend, tid);
+    for (int i = tid; i < kQB; i += NT) {
+      const int t = t0 + i, n = visible(p, klen, t);
+      const std::int64_t at = (static_cast<std::int64_t>(b) * p.heads + h) * p.seq_q + (t < p.seq_q ? t : 0);
+      f_nk[buf * kQB + i] = n;
+      f_lse[buf * kQB + i] = n ? p.lse2[at] : INFINITY;
+      f_d[buf * kQB + i] = n ? p.delta[at] : 0.0f;
+    }
+  };
+#pragma unroll
+  for (int w = 0; w < NWG; ++w) {
+    load_tile_w<64, D, NT>(sK + w * TILE, kb, p.k.rs * 2, j0 + w * 64, klen, tid);
+    load_tile_w<64, D, NT>(sV + w * TILE, vb, p.v.rs * 2, j0 + w * 64, klen, tid);
+  }
+  if (total > 0) issue(0, 0);
+  cp_commit();
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  const int key0 = j0 + wg * 64 + wq * 16 + (lane >> 2);  // and key0 + 8
+  const std::uint32_t kt = sK + wg * TILE, vt = sV + wg * TILE;
+
+  for (int it = 0; it < total; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < total) {
+      issue(it + 1, buf ^ 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const std::uint32_t qt = sQ + buf * TILE, ot = sO + buf * TILE;
+    const int tq0 = (qb0 + it % per_head) * kQB;
+    const bool full = tq0 + kQB <= qend && visible(p, klen, tq0) >= j0 + BN;
+    const float* lse = f_lse + buf * kQB;
+    const float* dl = f_d + buf * kQB;
+    const int* nkq = f_nk + buf * kQB;
+    float s[32], dp[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = dp[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+      wgmma_ss64<F16>(s, desc_k(kt + off), desc_k(qt + off));
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+      wgmma_ss64<F16>(dp, desc_k(vt + off), desc_k(ot + off));
+    }
+    wg_commit();
+    wg_wait0();
+    keep(s);
+    keep(dp);
+    // Pᵀ and dSᵀ (rows keys, columns queries), masked by select.
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = c * 8 + 2 * (lane & 3) + (i & 1);
+        const bool vis = full || key0 + (i >> 1) * 8 < nkq[col];
+        const float pr = vis ? ex2(fmaf(s[4 * c + i], p.scale_log2, -lse[col])) : 0.0f;
+        s[4 * c + i] = pr;
+        dp[4 * c + i] = pr * (dp[4 * c + i] - dl[col]);  // p = 0 where invisible, D finite
+      }
+    std::uint32_t pa[4][4], da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        pa[kk][i] = pack<F16>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+        da[kk][i] = pack<F16>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+      }
+    keep(dv);
+    keep(dk);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<F16, D>(dv, pa[kk], desc_mn(ot + kk * 16 * 128));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<F16, D>(dk, da[kk], desc_mn(qt + kk * 16 * 128));
+    wg_commit();
+    wg_wait0();
+    keep(dv);
+    keep(dk);
+    keep(pa);
+    keep(da);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int j = key0 + hf * 8;
+    if (j >= p.seq_k) continue;
+    const std::int64_t rk = (static_cast<std::int64_t>(b) * p.seq_k + j) * p.dk.rs + head_off(p.dk.gs, g, 1, D);
+    const std::int64_t rv = (static_cast<std::int64_t>(b) * p.seq_k + j) * p.dv.rs + head_off(p.dv.gs, g, 1, D);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int e = i * 8 + 2 * (lane & 3);
+      store2(p.dk, rk + e, dk[4 * i + 2 * hf] * p.scale + 0.0f, dk[4 * i + 2 * hf + 1] * p.scale + 0.0f);
+      store2(p.dv, rv + e, dv[4 * i + 2 * hf] + 0.0f, dv[4 * i + 2 * hf + 1] + 0.0f);
+    }
+  }
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 // Variants (warps, rows a warp) chosen per head size; attention_tc_set_variant overrides (bench).
@@ -827,8 +1366,24 @@ void launch_forward(const Params& p, cudaStream_t st) {
   CUBESIM_CUDA_CHECK_LAUNCH("attention tc forward_kernel");
 }
 
+template <bool F16, int D, int NWG>
+void launch_forward_wg(const Params& p, cudaStream_t st) {
+  constexpr int BM = NWG * 64;
+  const std::size_t smem = static_cast<std::size_t>((NWG + 4) * 64 * D * 2 + 1024);
+  auto* k = forward_wg_kernel<F16, D, NWG>;
+  set_smem(reinterpret_cast<const void*>(k), smem);
+  const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
+  k<<<grid, NWG * 128, smem, st>>>(p);
+  CUBESIM_CUDA_CHECK_LAUNCH("attention tc forward_wg_kernel");
+}
+
 template <bool F16, int D>
 void forward_d(const Params& p, cudaStream_t st) {
+  // wgmma (64 rows a warpgroup; the default, 3 warpgroups): fwd_rows16 4 with 8 or 12 warps.
+  if (g_fwd_mt == 4 || g_fwd_mt == 0) {
+    if (g_fwd_nw == 8) return launch_forward_wg<F16, D, 2>(p, st);
+    return launch_forward_wg<F16, D, 3>(p, st);
+  }
   // Defaults: 8 warps x 16 rows at head_dim 128 (4 x 32 spills there), 4 warps x 32 rows at 64.
   const int nw = g_fwd_nw ? g_fwd_nw : (D == 128 ? 8 : 4), mt = g_fwd_mt ? g_fwd_mt : (D == 128 ? 1 : 2);
   if (nw == 8 && mt == 1) return launch_forward<F16, D, 8, 1>(p, st);
@@ -858,9 +1413,35 @@ void launch_backward(const Params& p, cudaStream_t st) {
   }
 }
 
+template <bool F16, int D, int NWG_DKDV>
+void launch_backward_wg(const Params& p, cudaStream_t st) {
+  constexpr int TILE = 64 * D * 2;
+  if (g_bwd_phases & 1) {
+    constexpr int NWG = 2, BM = NWG * 64;
+    const std::size_t smem = static_cast<std::size_t>((2 * NWG + 4) * TILE + 1024);
+    auto* k = dq_wg_kernel<F16, D, NWG>;
+    set_smem(reinterpret_cast<const void*>(k), smem);
+    const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
+    k<<<grid, NWG * 128, smem, st>>>(p);
+    CUBESIM_CUDA_CHECK_LAUNCH("attention tc dq_wg_kernel");
+  }
+  if (g_bwd_phases & 2) {
+    constexpr int NWG = NWG_DKDV, BN = NWG * 64;
+    const std::size_t smem = static_cast<std::size_t>((2 * NWG + 4) * TILE + 1024 + 6 * kQB * 4);
+    auto* k = dkdv_wg_kernel<F16, D, NWG>;
+    set_smem(reinterpret_cast<const void*>(k), smem);
+    const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), static_cast<unsigned>((p.seq_k + BN - 1) / BN));
+    k<<<grid, NWG * 128, smem, st>>>(p);
+    CUBESIM_CUDA_CHECK_LAUNCH("attention tc dkdv_wg_kernel");
+  }
+}
+
 template <bool F16, int D>
 void backward_d(const Params& p, cudaStream_t st) {
-  const int nw = g_bwd_nw ? g_bwd_nw : 4;
+  // wgmma (the default): bwd_warps 0, 1 or 2 (warpgroups a dK/dV tile); mma.sync: 4 or 8 warps.
+  if (g_bwd_nw == 2) return launch_backward_wg<F16, D, 2>(p, st);
+  if (g_bwd_nw == 0 || g_bwd_nw == 1) return launch_backward_wg<F16, D, 1>(p, st);
+  const int nw = g_bwd_nw;
   if (nw == 8) return launch_backward<F16, D, 8>(p, st);
   return launch_backward<F16, D, 4>(p, st);
 }

@@ -140,8 +140,10 @@ TEST(AttentionTc, RefusesWhatItCannotRun) {
             "");
 }
 
-// Every kernel variant (forward tiles of 8 x 16, 4 x 16 and 4 x 32 rows; backward tiles of 4 and 8
-// warps) gives the same bits: the tile shape never enters an element's arithmetic.
+// Every kernel variant (forward: wgmma with 2 or 3 warpgroups of 64 rows, mma.sync tiles of 8 x 16,
+// 4 x 16 and 4 x 32 rows; backward: wgmma with dK/dV tiles of 1 or 2 warpgroups, mma.sync with 4 or
+// 8 warps) gives the same bits: the tile shape and the MMA instruction never enter an element's
+// arithmetic.
 TEST(AttentionTc, EveryVariantGivesTheSameBits) {
   if (const std::string why = no_gpu(); !why.empty()) GTEST_SKIP() << why;
   const AttentionBackend be = cuda_attention(true);
@@ -151,7 +153,7 @@ TEST(AttentionTc, EveryVariantGivesTheSameBits) {
     const AttnInputs in = attn_inputs(c, c.batch, c.seq, c.seq, 77 + static_cast<std::uint64_t>(d));
     cuda::attention_tc_set_variant(0, 0, 0);
     const AttnResults want = attn_run(be, c, c.shape(c.batch), in);
-    const int variants[][3] = {{8, 1, 8}, {4, 1, 4}, {4, 2, 8}};
+    const int variants[][3] = {{8, 4, 8}, {12, 4, 4}, {8, 1, 2}, {4, 1, 1}, {4, 2, 8}};
     for (const auto& v : variants) {
       cuda::attention_tc_set_variant(v[0], v[1], v[2]);
       const AttnResults got = attn_run(be, c, c.shape(c.batch), in, 1);
