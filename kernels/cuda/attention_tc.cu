@@ -556,11 +556,14 @@ __device__ __forceinline__ void load_tile_w(std::uint32_t dst, const char* base,
   }
 }
 
-template <bool F16, int D, int NWG>
+template <bool F16, int D, int NWG, int STAGES>
 __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
   constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
-  const std::uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + NWG * TILE, sV = sK + 2 * TILE;
+  // K and V in STAGES buffers: block n in buffer n % STAGES; with 3, one barrier a block suffices
+  // (block n + 1's loads go to the buffer block n - 2 used, which every warpgroup left before the
+  // barrier of block n - 1), and warpgroups drift up to a block apart.
+  const std::uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + NWG * TILE, sV = sK + STAGES * TILE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
@@ -594,10 +597,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
   const std::uint32_t qt = sQ + wg * TILE;
 
   for (int n = 0; n < nblk; ++n) {
-    const int buf = n & 1, j0 = n * kKB;
+    const int buf = n % STAGES, j0 = n * kKB;
     if (n + 1 < nblk) {
-      load_tile_w<64, D, NT>(sK + (buf ^ 1) * TILE, kb, krs, j0 + kKB, klen, tid);
-      load_tile_w<64, D, NT>(sV + (buf ^ 1) * TILE, vb, vrs, j0 + kKB, klen, tid);
+      const int nb = (n + 1) % STAGES;
+      load_tile_w<64, D, NT>(sK + nb * TILE, kb, krs, j0 + kKB, klen, tid);
+      load_tile_w<64, D, NT>(sV + nb * TILE, vb, vrs, j0 + kKB, klen, tid);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -656,12 +660,14 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
         m[hf] = mn;
         cr[hf] = c;
       }
+      if (__any_sync(0xffffffffu, cr[0] != 1.0f || cr[1] != 1.0f)) {  // x·1 = x: skipping it changes no bit
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        acc[4 * i] *= cr[0];
-        acc[4 * i + 1] *= cr[0];
-        acc[4 * i + 2] *= cr[1];
-        acc[4 * i + 3] *= cr[1];
+        for (int i = 0; i < D / 8; ++i) {
+          acc[4 * i] *= cr[0];
+          acc[4 * i + 1] *= cr[0];
+          acc[4 * i + 2] *= cr[1];
+          acc[4 * i + 3] *= cr[1];
+        }
       }
       std::uint32_t pa[4][4];
 #pragma unroll
@@ -680,7 +686,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
       keep(acc);
       keep(pa);
     }
-    __syncthreads();
+    if constexpr (STAGES == 2) __syncthreads();
   }
 
 #pragma unroll
@@ -1058,11 +1064,11 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(Params p) {
 // dQ += dS·K by RS wgmma (K MN-major). dkdv_wg_kernel: NWG warpgroups of 64 keys; Sᵀ = K·Qᵀ and
 // dPᵀ = V·dOᵀ by SS wgmma, dV += Pᵀ·dO and dK += dSᵀ·Q by RS wgmma (dO, Q MN-major). Same blocks,
 // orders, masks and roundings as dq_kernel and dkdv_kernel.
-template <bool F16, int D, int NWG>
+template <bool F16, int D, int NWG, int STAGES>
 __global__ void __launch_bounds__(NWG * 128, 1) dq_wg_kernel(Params p) {
   constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
-  const std::uint32_t sQ = align1024(smem), sO = sQ + NWG * TILE, sK = sO + NWG * TILE, sV = sK + 2 * TILE;
+  const std::uint32_t sQ = align1024(smem), sO = sQ + NWG * TILE, sK = sO + NWG * TILE, sV = sK + STAGES * TILE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
   const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
@@ -1105,11 +1111,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) dq_wg_kernel(Params p) {
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
   const std::uint32_t qt = sQ + wg * TILE, ot = sO + wg * TILE;
-  for (int n = 0; n < nblk; ++n) {
-    const int buf = n & 1, j0 = n * kKB;
+  for (int n = 0; n < nblk; ++n) {  // K, V in STAGES buffers, as forward_wg_kernel
+    const int buf = n % STAGES, j0 = n * kKB;
     if (n + 1 < nblk) {
-      load_tile_w<64, D, NT>(sK + (buf ^ 1) * TILE, kb, krs, j0 + kKB, klen, tid);
-      load_tile_w<64, D, NT>(sV + (buf ^ 1) * TILE, vb, vrs, j0 + kKB, klen, tid);
+      const int nb = (n + 1) % STAGES;
+      load_tile_w<64, D, NT>(sK + nb * TILE, kb, krs, j0 + kKB, klen, tid);
+      load_tile_w<64, D, NT>(sV + nb * TILE, vb, vrs, j0 + kKB, klen, tid);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -1161,7 +1168,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) dq_wg_kernel(Params p) {
       keep(dq);
       keep(da);
     }
-    __syncthreads();
+    if constexpr (STAGES == 2) __syncthreads();
   }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -1366,11 +1373,11 @@ void launch_forward(const Params& p, cudaStream_t st) {
   CUBESIM_CUDA_CHECK_LAUNCH("attention tc forward_kernel");
 }
 
-template <bool F16, int D, int NWG>
+template <bool F16, int D, int NWG, int STAGES>
 void launch_forward_wg(const Params& p, cudaStream_t st) {
   constexpr int BM = NWG * 64;
-  const std::size_t smem = static_cast<std::size_t>((NWG + 4) * 64 * D * 2 + 1024);
-  auto* k = forward_wg_kernel<F16, D, NWG>;
+  const std::size_t smem = static_cast<std::size_t>((NWG + 2 * STAGES) * 64 * D * 2 + 1024);
+  auto* k = forward_wg_kernel<F16, D, NWG, STAGES>;
   set_smem(reinterpret_cast<const void*>(k), smem);
   const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
   k<<<grid, NWG * 128, smem, st>>>(p);
@@ -1381,8 +1388,9 @@ template <bool F16, int D>
 void forward_d(const Params& p, cudaStream_t st) {
   // wgmma (64 rows a warpgroup; the default, 3 warpgroups): fwd_rows16 4 with 8 or 12 warps.
   if (g_fwd_mt == 4 || g_fwd_mt == 0) {
-    if (g_fwd_nw == 8) return launch_forward_wg<F16, D, 2>(p, st);
-    return launch_forward_wg<F16, D, 3>(p, st);
+    if (g_fwd_nw == 8) return launch_forward_wg<F16, D, 2, 3>(p, st);
+    if (g_fwd_nw == 13) return launch_forward_wg<F16, D, 3, 2>(p, st);  // two stages (A/B)
+    return launch_forward_wg<F16, D, 3, 3>(p, st);
   }
   // Defaults: 8 warps x 16 rows at head_dim 128 (4 x 32 spills there), 4 warps x 32 rows at 64.
   const int nw = g_fwd_nw ? g_fwd_nw : (D == 128 ? 8 : 4), mt = g_fwd_mt ? g_fwd_mt : (D == 128 ? 1 : 2);
@@ -1417,9 +1425,9 @@ template <bool F16, int D, int NWG_DKDV>
 void launch_backward_wg(const Params& p, cudaStream_t st) {
   constexpr int TILE = 64 * D * 2;
   if (g_bwd_phases & 1) {
-    constexpr int NWG = 2, BM = NWG * 64;
-    const std::size_t smem = static_cast<std::size_t>((2 * NWG + 4) * TILE + 1024);
-    auto* k = dq_wg_kernel<F16, D, NWG>;
+    constexpr int NWG = 2, BM = NWG * 64, STAGES = 3;
+    const std::size_t smem = static_cast<std::size_t>((2 * NWG + 2 * STAGES) * TILE + 1024);
+    auto* k = dq_wg_kernel<F16, D, NWG, STAGES>;
     set_smem(reinterpret_cast<const void*>(k), smem);
     const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
     k<<<grid, NWG * 128, smem, st>>>(p);
