@@ -11,8 +11,10 @@
 // all f16; outputs (out, dq, dk, dv) f32, bf16 or f16; every buffer's base, row stride and group
 // stride multiples of 16 bytes.
 //
-// The numerics (sums are the tensor cores' m16n8k16 MMA: each k16 step's internal order is the
-// hardware's, the steps in ascending k on one f32 accumulator starting from +0):
+// The numerics (sums are the tensor cores' MMA, k16 steps: each step's internal order is the
+// hardware's, the steps in ascending k on one f32 accumulator starting from +0; wgmma on sm_90a and
+// mma.sync m16n8k16 give the same bits, pinned by a test, so the instruction and the tile shape are
+// not part of the definition):
 // - Scores s_j = dot(q, k_j) over the head dimension in k16 steps ascending. c = scale·log2(e)
 //   rounded to f32; exponentials are ex2.approx (2^x).
 // - Forward: online softmax over FIXED blocks of kAttentionTcKeyBlock = 64 keys from key 0, ascending;
@@ -23,6 +25,7 @@
 //   end as (l0 + l1) + (l2 + l3)); acc = acc·c + P·V where P is ROUNDED TO THE OPERAND DTYPE (bf16 or
 //   f16) before the MMA, as FlashAttention does (l sums the unrounded p).
 //   out = acc · (1 / l) + 0 (no negative zero); stats: m = max(s)·scale and l, as attention.h.
+//   (acc·c is skipped where c = 1: the same bits.)
 // - Backward, with D = Σ_e dO·O in f32 (each of 32 lanes its head_dim/32 elements ascending, then a
 //   butterfly) and lse2 = m·log2(e) + log2(l) per (token, head):
 //     p = 2^(s·c − lse2); dp = dot(dO_t, v_j) (k16 steps); ds = p·(dp − D)

@@ -16,13 +16,21 @@
 // blocks of 64: threads compute the block's scores in parallel (each a sequential fma chain over the
 // head dimension, as the contract orders it), one thread per row keeps the running max and sum, and
 // threads over (row, element) carry the accumulators across the block's keys (or queries) in order.
+//
+// The tensor_core mode (kernels/attention_tc.h; attention_tc.cu) takes the same arguments:
+//
+//   if (cuda::attention_tc_unsupported(s, q, k, v, out).empty())
+//     cuda::attention_forward_tc(s, q, k, v, out, stats, kv_valid, stream);
+//   cuda::attention_backward_tc(s, q, k, v, out, stats, dout, dq, dk, dv, kv_valid, workspace, stream);
+//
+// FlashAttention-2-style kernels on the tensor cores (wgmma on sm_90a), head_dim 64 or 128, bf16 or
+// f16 operands, 16-byte rows; the backward needs attention_tc_backward_workspace_bytes(s).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-
 #include <string>
 
 #include "kernels/attention.h"

@@ -1,6 +1,8 @@
-// attention_tc.cu — the attention contract's tensor_core mode (kernels/attention_tc.h) on sm_80+ tensor
-// cores: FlashAttention-2-style kernels with mma.sync m16n8k16 (bf16 or f16 operands, f32 accumulators),
-// ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
+// attention_tc.cu — the attention contract's tensor_core mode (kernels/attention_tc.h) on tensor cores:
+// FlashAttention-2-style kernels, bf16 or f16 operands, f32 accumulators, cp.async tiles in
+// XOR-swizzled shared memory. Two instruction paths that give the same bits (a test pins it):
+// wgmma on sm_90a (forward_wg_kernel, dq_wg_kernel, dkdv_wg_kernel: the defaults), and mma.sync
+// m16n8k16 with ldmatrix (forward_kernel, dq_kernel, dkdv_kernel: variants, attention_tc_set_variant).
 //
 // Kernels (one CTA works on one (sequence, head) or (sequence, kv head) and one tile):
 //   forward_kernel  a tile of BM query rows (warps of 16 x MT rows) walks the 64-key blocks from key 0
@@ -712,6 +714,175 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
   }
 }
 
+// The same forward with the next block's S = Q·Kᵀ issued before this block's softmax (the tensor
+// cores work on it while the warpgroup computes exponentials): s and sn alternate. Same operations
+// on every element in the same order: the same bits.
+template <bool F16, int D, int NWG>
+__global__ void __launch_bounds__(NWG * 128, 1) forward_wgp_kernel(Params p) {
+  constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2, STAGES = 3;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + NWG * TILE, sV = sK + STAGES * TILE;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+  const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, g = h / p.group;
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * BM;
+  const int klen = key_len(p, b), qend = query_end(p, klen);
+  const char* qb = static_cast<const char*>(p.q.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_q * p.q.rs + head_off(p.q.gs, h, p.q.per_group, D)) * 2;
+  const char* kb = static_cast<const char*>(p.k.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.k.rs + head_off(p.k.gs, g, 1, D)) * 2;
+  const char* vb = static_cast<const char*>(p.v.p) +
+                   (static_cast<std::int64_t>(b) * p.seq_k * p.v.rs + head_off(p.v.gs, g, 1, D)) * 2;
+  const std::int64_t krs = p.k.rs * 2, vrs = p.v.rs * 2;
+  const int r0 = t0 + wg * 64, last = min(r0 + 63, qend - 1), lastc = min(t0 + BM - 1, qend - 1);
+  const int wgmax = last >= r0 ? visible(p, klen, last) : 0;
+  const int wgmin = r0 + 63 < qend ? visible(p, klen, r0) : 0;
+  const int nblk = ((lastc >= t0 ? visible(p, klen, lastc) : 0) + kKB - 1) / kKB;
+#pragma unroll
+  for (int w = 0; w < NWG; ++w) load_tile_w<64, D, NT>(sQ + w * TILE, qb, p.q.rs * 2, t0 + w * 64, qend, tid);
+  if (nblk > 0) {
+    load_tile_w<64, D, NT>(sK, kb, krs, 0, klen, tid);
+    load_tile_w<64, D, NT>(sV, vb, vrs, 0, klen, tid);
+  }
+  cp_commit();
+  if (nblk > 1) {
+    load_tile_w<64, D, NT>(sK + TILE, kb, krs, kKB, klen, tid);
+    load_tile_w<64, D, NT>(sV + TILE, vb, vrs, kKB, klen, tid);
+  }
+  cp_commit();
+  cp_wait<1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  float acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int myrow = r0 + wq * 16 + (lane >> 2);
+  const std::uint32_t qt = sQ + wg * TILE;
+  auto issue_s = [&](float (&d)[32], int n) {
+    const std::uint32_t kt = sK + (n % STAGES) * TILE;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+      wgmma_ss64<F16>(d, desc_k(qt + off), desc_k(kt + off));
+    }
+    wg_commit();
+  };
+  float s[32], sn[32];
+  if (nblk > 0 && 0 < wgmax) {
+    issue_s(s, 0);
+    wg_wait0();
+    keep(s);
+  }
+  for (int n = 0; n < nblk; ++n) {
+    const int j0 = n * kKB;
+    cp_wait<0>();  // block n + 1's tiles
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // every warpgroup is past block n - 1: its buffer takes block n + 2
+    if (n + 2 < nblk) {
+      const int nb = (n + 2) % STAGES;
+      load_tile_w<64, D, NT>(sK + nb * TILE, kb, krs, j0 + 2 * kKB, klen, tid);
+      load_tile_w<64, D, NT>(sV + nb * TILE, vb, vrs, j0 + 2 * kKB, klen, tid);
+    }
+    cp_commit();
+    if (j0 < wgmax) {
+      const bool next = n + 1 < nblk && j0 + kKB < wgmax;
+      if (next) issue_s(sn, n + 1);
+      const std::uint32_t vt = sV + (n % STAGES) * TILE;
+      // s[4c + r]: row myrow + 8 (r / 2), key j0 + 8c + 2 (lane % 4) + r % 2.
+      float cr[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        if (j0 + kKB > wgmin) {
+          const int lim = visible(p, klen, myrow + hf * 8) - j0;
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = c * 8 + 2 * (lane & 3) + e;
+              float& x = s[4 * c + 2 * hf + e];
+              x = col < lim ? x : -INFINITY;
+            }
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hf], s[4 * c + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mo = m[hf], mn = fmaxf(mo, mx);
+        const float mcn = mn == -INFINITY ? 0.0f : (mn * p.scale) * kLog2e;
+        const float mco = (mo * p.scale) * kLog2e;
+        const float c = mn == mo ? 1.0f : ex2(mco - mcn);
+        float sum = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[4 * cc + 2 * hf + e];
+            x = ex2(fmaf(x, p.scale_log2, -mcn));
+            sum += x;
+          }
+        l[hf] = l[hf] * c + sum;
+        m[hf] = mn;
+        cr[hf] = c;
+      }
+      if (__any_sync(0xffffffffu, cr[0] != 1.0f || cr[1] != 1.0f)) {  // x·1 = x: skipping it changes no bit
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          acc[4 * i] *= cr[0];
+          acc[4 * i + 1] *= cr[0];
+          acc[4 * i + 2] *= cr[1];
+          acc[4 * i + 3] *= cr[1];
+        }
+      }
+      std::uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack<F16>(s[8 * kk], s[8 * kk + 1]);
+        pa[kk][1] = pack<F16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack<F16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack<F16>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      keep(acc);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs<F16, D>(acc, pa[kk], desc_mn(vt + kk * 16 * 128));
+      wg_commit();
+      wg_wait0();
+      keep(acc);
+      keep(pa);
+      keep(sn);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = sn[i];
+    }
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float ls = l[hf] + __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    ls = ls + __shfl_xor_sync(0xffffffffu, ls, 2);
+    const int t = myrow + hf * 8;
+    if (t >= p.seq_q) continue;
+    const bool none = visible(p, klen, t) == 0;
+    const float inv = none ? 0.0f : 1.0f / ls;
+    const std::int64_t row =
+        (static_cast<std::int64_t>(b) * p.seq_q + t) * p.o.rs + head_off(p.o.gs, h, p.o.per_group, D);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int e = i * 8 + 2 * (lane & 3);
+      store2(p.o, row + e, acc[4 * i + 2 * hf] * inv + 0.0f, acc[4 * i + 2 * hf + 1] * inv + 0.0f);
+    }
+    if ((lane & 3) == 0) {
+      float* st = p.stats + ((static_cast<std::int64_t>(b) * p.seq_q + t) * p.heads + h) * 2;
+      st[0] = none ? -INFINITY : m[hf] * p.scale;
+      st[1] = none ? 0.0f : ls;
+    }
+  }
+}
+
 // ---- backward: D and lse ----------------------------------------------------------------------
 // One warp per (token, head): D = Σ dO·O (each lane its elements ascending, then a fixed butterfly),
 // lse2 = m·log2(e) + log2(l) (+inf for a row that sees no key, with D = 0).
@@ -1384,8 +1555,24 @@ void launch_forward_wg(const Params& p, cudaStream_t st) {
   CUBESIM_CUDA_CHECK_LAUNCH("attention tc forward_wg_kernel");
 }
 
+template <bool F16, int D, int NWG>
+void launch_forward_wgp(const Params& p, cudaStream_t st) {
+  constexpr int BM = NWG * 64;
+  const std::size_t smem = static_cast<std::size_t>((NWG + 6) * 64 * D * 2 + 1024);
+  auto* k = forward_wgp_kernel<F16, D, NWG>;
+  set_smem(reinterpret_cast<const void*>(k), smem);
+  const dim3 grid(static_cast<unsigned>(p.batch * p.heads), static_cast<unsigned>((p.seq_q + BM - 1) / BM));
+  k<<<grid, NWG * 128, smem, st>>>(p);
+  CUBESIM_CUDA_CHECK_LAUNCH("attention tc forward_wgp_kernel");
+}
+
 template <bool F16, int D>
 void forward_d(const Params& p, cudaStream_t st) {
+  // wgmma with the next S issued before the softmax: fwd_rows16 5 with 8 or 12 warps.
+  if (g_fwd_mt == 5) {
+    if (g_fwd_nw == 12) return launch_forward_wgp<F16, D, 3>(p, st);
+    return launch_forward_wgp<F16, D, 2>(p, st);
+  }
   // wgmma (64 rows a warpgroup; the default, 3 warpgroups): fwd_rows16 4 with 8 or 12 warps.
   if (g_fwd_mt == 4 || g_fwd_mt == 0) {
     if (g_fwd_nw == 8) return launch_forward_wg<F16, D, 2, 3>(p, st);

@@ -57,12 +57,14 @@ MutableAttentionBuffer on(MutableAttentionBuffer b, const OnDevice& d) {
   return {d.dev(), b.dtype, b.row_stride, b.group_stride};
 }
 
-AttentionBackend cuda_attention(bool tc) {
+// tc: the tensor_core mode, with the forward variant (fwd_warps, fwd_rows16) of
+// attention_tc_set_variant (0, 0: the default).
+AttentionBackend cuda_attention(bool tc, int fwd_warps = 0, int fwd_rows16 = 0) {
   AttentionBackend be;
-  be.name = tc ? "cuda_tc" : "cuda_exact";
+  be.name = tc ? (fwd_rows16 == 5 ? "cuda_tc_pipe" : "cuda_tc") : "cuda_exact";
   be.unavailable = no_gpu;
   if (tc) be.tolerance = attn_tc_tolerance;
-  be.forward = [tc](const AttentionShape& s, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v,
+  be.forward = [tc, fwd_warps, fwd_rows16](const AttentionShape& s, AttentionBuffer q, AttentionBuffer k, AttentionBuffer v,
                   MutableAttentionBuffer o, float* stats, const std::int64_t* kv_valid) {
     const std::int64_t G = s.heads / s.kv_heads, tq = s.batch * s.seq_q, tk = s.batch * s.seq_k, d = s.head_dim;
     OnDevice dq(q.data, extent(q, tq, s.heads, G, d)), dk(k.data, extent(k, tk, s.kv_heads, 1, d)),
@@ -71,8 +73,10 @@ AttentionBackend cuda_attention(bool tc) {
         dkv(kv_valid, kv_valid ? sizeof(std::int64_t) * static_cast<std::size_t>(s.batch) : 0);
     const auto* kvd = kv_valid ? static_cast<const std::int64_t*>(dkv.dev()) : nullptr;
     if (tc) {
+      cuda::attention_tc_set_variant(fwd_warps, fwd_rows16, 0);
       cuda::attention_forward_tc(s, on(q, dq), on(k, dk), on(v, dv), on(o, dout), static_cast<float*>(dst.dev()), kvd,
                                  nullptr);
+      cuda::attention_tc_set_variant(0, 0, 0);
     } else {
       cuda::attention_forward(s, on(q, dq), on(k, dk), on(v, dv), on(o, dout), static_cast<float*>(dst.dev()), kvd,
                               nullptr);
@@ -112,7 +116,7 @@ AttentionBackend cuda_attention(bool tc) {
 }
 
 INSTANTIATE_ATTENTION_CONTRACT(Cuda, ::testing::Values(cuda_attention(false)));
-INSTANTIATE_ATTENTION_CASES(CudaTc, ::testing::Values(cuda_attention(true)),
+INSTANTIATE_ATTENTION_CASES(CudaTc, ::testing::Values(cuda_attention(true), cuda_attention(true, 12, 5)),
                             ::cubesim::kernels::testing::attention_tc_cases());
 
 // What the tensor_core mode does not take is refused with the reason, before any device work (runs
@@ -140,7 +144,8 @@ TEST(AttentionTc, RefusesWhatItCannotRun) {
             "");
 }
 
-// Every kernel variant (forward: wgmma with 2 or 3 warpgroups of 64 rows, mma.sync tiles of 8 x 16,
+// Every kernel variant (forward: wgmma with 2 or 3 warpgroups of 64 rows, 2 or 3 K/V stages, with or
+// without the next block's S issued before the softmax; mma.sync tiles of 8 x 16,
 // 4 x 16 and 4 x 32 rows; backward: wgmma with dK/dV tiles of 1 or 2 warpgroups, mma.sync with 4 or
 // 8 warps) gives the same bits: the tile shape and the MMA instruction never enter an element's
 // arithmetic.
@@ -153,7 +158,7 @@ TEST(AttentionTc, EveryVariantGivesTheSameBits) {
     const AttnInputs in = attn_inputs(c, c.batch, c.seq, c.seq, 77 + static_cast<std::uint64_t>(d));
     cuda::attention_tc_set_variant(0, 0, 0);
     const AttnResults want = attn_run(be, c, c.shape(c.batch), in);
-    const int variants[][3] = {{8, 4, 8}, {12, 4, 4}, {8, 1, 2}, {4, 1, 1}, {4, 2, 8}};
+    const int variants[][3] = {{12, 5, 0}, {8, 5, 1}, {8, 4, 8}, {13, 4, 2}, {12, 4, 4}, {8, 1, 2}, {4, 1, 1}, {4, 2, 8}};
     for (const auto& v : variants) {
       cuda::attention_tc_set_variant(v[0], v[1], v[2]);
       const AttnResults got = attn_run(be, c, c.shape(c.batch), in, 1);
