@@ -25,7 +25,6 @@
 //   end as (l0 + l1) + (l2 + l3)); acc = acc·c + P·V where P is ROUNDED TO THE OPERAND DTYPE (bf16 or
 //   f16) before the MMA, as FlashAttention does (l sums the unrounded p).
 //   out = acc · (1 / l) + 0 (no negative zero); stats: m = max(s)·scale and l, as attention.h.
-//   (acc·c is skipped where c = 1: the same bits.)
 // - Backward, with D = Σ_e dO·O in f32 (each of 32 lanes its head_dim/32 elements ascending, then a
 //   butterfly) and lse2 = m·log2(e) + log2(l) per (token, head):
 //     p = 2^(s·c − lse2); dp = dot(dO_t, v_j) (k16 steps); ds = p·(dp − D)

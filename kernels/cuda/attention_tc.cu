@@ -662,14 +662,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
         m[hf] = mn;
         cr[hf] = c;
       }
-      if (__any_sync(0xffffffffu, cr[0] != 1.0f || cr[1] != 1.0f)) {  // x·1 = x: skipping it changes no bit
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          acc[4 * i] *= cr[0];
-          acc[4 * i + 1] *= cr[0];
-          acc[4 * i + 2] *= cr[1];
-          acc[4 * i + 3] *= cr[1];
-        }
+      for (int i = 0; i < D / 8; ++i) {
+        acc[4 * i] *= cr[0];
+        acc[4 * i + 1] *= cr[0];
+        acc[4 * i + 2] *= cr[1];
+        acc[4 * i + 3] *= cr[1];
       }
       std::uint32_t pa[4][4];
 #pragma unroll
@@ -829,14 +827,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wgp_kernel(Params p) {
         m[hf] = mn;
         cr[hf] = c;
       }
-      if (__any_sync(0xffffffffu, cr[0] != 1.0f || cr[1] != 1.0f)) {  // x·1 = x: skipping it changes no bit
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          acc[4 * i] *= cr[0];
-          acc[4 * i + 1] *= cr[0];
-          acc[4 * i + 2] *= cr[1];
-          acc[4 * i + 3] *= cr[1];
-        }
+      for (int i = 0; i < D / 8; ++i) {
+        acc[4 * i] *= cr[0];
+        acc[4 * i + 1] *= cr[0];
+        acc[4 * i + 2] *= cr[1];
+        acc[4 * i + 3] *= cr[1];
       }
       std::uint32_t pa[4][4];
 #pragma unroll
