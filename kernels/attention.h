@@ -39,6 +39,8 @@
 // same alone or in any batch, at any batch position, with padding keys of any value, and its queries
 // computed in chunks (chunked prefill, q_offset) equal the whole; the backward is the same for a
 // sequence alone or in a batch.
+// A faster mode with its own numerics (the GPU's tensor cores, within tolerance of f64, still
+// batch-invariant and deterministic) is attention_tc.h.
 #pragma once
 
 #include <cstdint>

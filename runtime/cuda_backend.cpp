@@ -561,14 +561,34 @@ bool CudaBackend::attention(const AttentionRequest& r) {
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(p, r.kv_valid.data(), r.kv_valid.size_bytes(), cudaMemcpyHostToDevice, d.stream));
     kv_valid = reinterpret_cast<const std::int64_t*>(p);
   }
+  // tensor_core GEMMs: attention in its tensor_core mode too (kernels/attention_tc.h) where the call
+  // fits it (head_dim 64/128, bf16/f16 operands, 16-byte rows), else the exact kernels.
+  const bool tc = impl_->opts.gemm_mode == cuda::GemmMode::tensor_core &&
+                  (r.backward ? cuda::attention_tc_backward_unsupported(r.shape, in(r.q), in(r.k), in(r.v), in(r.out),
+                                                                         in(r.dout), in(r.dq), in(r.dk), in(r.dv))
+                              : cuda::attention_tc_unsupported(r.shape, in(r.q), in(r.k), in(r.v), in(r.out)))
+                      .empty();
   if (!r.backward) {
-    cuda::attention_forward(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, kv_valid, d.stream);
+    if (tc) {
+      cuda::attention_forward_tc(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, kv_valid, d.stream);
+    } else {
+      cuda::attention_forward(r.shape, in(r.q), in(r.k), in(r.v), out(r.out), stats, kv_valid, d.stream);
+    }
     return true;
   }
   // The workspace goes back to the caching allocator at once: it reuses blocks in stream order.
-  const auto ws = allocate(rank, cuda::attention_backward_workspace_bytes(r.shape), "attention workspace");
-  cuda::attention_backward(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq), out(r.dk),
-                           out(r.dv), kv_valid, static_cast<CudaStorage&>(*ws).ptr(), d.stream);
+  const auto ws = allocate(rank,
+                           tc ? cuda::attention_tc_backward_workspace_bytes(r.shape)
+                              : cuda::attention_backward_workspace_bytes(r.shape),
+                           "attention workspace");
+  void* w = static_cast<CudaStorage&>(*ws).ptr();
+  if (tc) {
+    cuda::attention_backward_tc(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq),
+                                out(r.dk), out(r.dv), kv_valid, w, d.stream);
+  } else {
+    cuda::attention_backward(r.shape, in(r.q), in(r.k), in(r.v), in(r.out), stats, in(r.dout), out(r.dq), out(r.dk),
+                             out(r.dv), kv_valid, w, d.stream);
+  }
   return true;
 }
 

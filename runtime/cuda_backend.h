@@ -8,6 +8,10 @@
 // Storage::read/write (Tensor::to_host_*, from_host_*) synchronise that stream. A copy between
 // GPUs is a peer copy on the sender's stream, ordered after the receiver's earlier work and before
 // its later work by events, so every later access through the runtime sees the bytes landed.
+// Attention (Backend::attention) runs kernels/cuda/attention_cuda.h: the exact kernels (the host's
+// bits) with exact GEMMs; with gemm_mode tensor_core, the tensor_core attention (kernels/
+// attention_tc.h: FlashAttention-2-style, batch-invariant, within tolerance of f64) wherever the call
+// fits it (head_dim 64 or 128, bf16 or f16 operands, 16-byte rows), else the exact kernels.
 //
 // Collectives, two ways (CudaBackendOptions::collectives):
 //   ring  the runtime's own algorithms (ring by default; any Algorithm) over peer copies and

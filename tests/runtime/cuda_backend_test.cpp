@@ -6,6 +6,7 @@
 // Every test that needs GPUs skips when fewer are present, so CI (no GPU) compiles and skips.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -583,6 +584,52 @@ TEST(CudaTransformer, PaddedAttentionEqualsTheHostsBits) {
     });
   }
   EXPECT_EQ(got, want);
+}
+
+// With tensor_core GEMMs the backend's attention is the tensor_core mode (kernels/attention_tc.h) on
+// the fused QKV (group_stride) with right padding: within tolerance of the host's exact attention,
+// and a padded sequence's rows bitwise the same in a batch of three as alone.
+TEST(CudaTransformer, TensorCoreAttentionOnTheFusedQkv) {
+  NEED_GPUS(1);
+  constexpr std::int64_t S = 136, G = 2, d = 64, heads = 4, kv = 2, w = kv * (G + 2) * d;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nrm(0.0f, 1.0f);
+  std::vector<float> x(3 * S * w), dy(3 * S * heads * d);
+  for (auto& v : x) v = nrm(rng);
+  for (auto& v : dy) v = nrm(rng);
+  auto run = [&](const Factory& f, std::int64_t batch, std::vector<std::int64_t> lengths) {
+    const kernels::AttentionShape s{.batch = batch, .seq_q = S, .seq_k = S, .heads = heads, .kv_heads = kv, .head_dim = d};
+    std::vector<std::vector<float>> out;
+    auto ctx = f(1);
+    ctx->spawn(1, [&](int r) {
+      const std::vector<float> xs(x.begin(), x.begin() + batch * S * w), dys(dy.begin(), dy.begin() + batch * S * heads * d);
+      Tensor X = ctx->from_host_f32(r, {batch * S, w}, DType::bf16, xs),
+             DY = ctx->from_host_f32(r, {batch * S, heads * d}, DType::bf16, dys);
+      Tensor O = ctx->empty(r, {batch * S, heads * d}, DType::bf16), St = ctx->empty(r, {batch * S, 2 * heads}, DType::f32),
+             DX = ctx->empty(r, {batch * S, w}, DType::bf16);
+      attention_qkv(s, X, O, St, lengths);
+      attention_qkv_backward(s, X, O, St, DY, DX, lengths);
+      out = {O.to_host_f32(), DX.to_host_f32()};
+    });
+    return out;
+  };
+  const Factory tc = cuda_with(cuda::GemmMode::tensor_core, CudaCollectives::ring);
+  const auto got = run(tc, 3, {100, 136, 1}), want = run(host_context, 3, {100, 136, 1});
+  for (std::size_t i = 0; i < 2; ++i) {
+    double num = 0, den = 0;
+    for (std::size_t e = 0; e < got[i].size(); ++e) {
+      num += (double(got[i][e]) - want[i][e]) * (double(got[i][e]) - want[i][e]);
+      den += double(want[i][e]) * want[i][e];
+    }
+    EXPECT_LE(std::sqrt(num / den), i == 0 ? 2e-2 : 5e-2) << (i == 0 ? "O" : "dX");
+  }
+  const auto alone = run(tc, 1, {100});
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::size_t row = i == 0 ? heads * d : w;
+    for (std::size_t e = 0; e < 100 * row; ++e)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(alone[i][e]), std::bit_cast<std::uint32_t>(got[i][e]))
+          << (i == 0 ? "O" : "dX") << " element " << e;
+  }
 }
 
 TEST(CudaBackendAllocator, ReusesFreedBlocksBySizeClass) {
