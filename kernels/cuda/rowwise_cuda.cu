@@ -4,8 +4,8 @@
 //   col_sweep   a chain per column (Σ over rows ascending: the weight gradients), the same with 32
 //               columns and chunks of kColRows rows;
 //   row_map     one thread per element of a [rows, n] grid, with per-row and per-column operands.
-// Each op is a small functor: load (a chunk element's terms), step (one link of the chain), finish
-// (the row's or column's results), or load/store for row_map. The arithmetic in them is the host's,
+// Each op is a small functor: fetch (a chunk element's loads, nothing else) and prep (its terms from
+// them), step (one link of the chain), finish (the row's or column's results); or load/store for row_map. The arithmetic in them is the host's,
 // line for line, through kernels/elementwise.h's det_* (the non-contracting intrinsics on the device).
 #include "kernels/cuda/rowwise_cuda.h"
 
@@ -101,19 +101,26 @@ __global__ void __launch_bounds__(kSweepThreads) row_sweep_kernel(Op op, std::in
   auto tile = [&](int buf, int k, int r, int c) -> float& { return smem[((buf * NT + k) * kChains + r) * P + c]; };
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * kChains;
   const int tid = threadIdx.x, wl = tid / 32 - 1, lane = tid % 32;
-  // Every load of a chunk is issued before any lands in the tile: all of them in flight together.
+  // Every load of a chunk is issued before any is used: at clamped (always valid) indices and with no
+  // branch between them, so that all are in flight together; then the terms are made (prep) and what
+  // lies outside the rows and columns is dropped.
   auto load_chunk = [&](std::int64_t j0, int buf) {
     float v[kRowsPer][kColsPer][NT];
 #pragma unroll
     for (int a = 0; a < kRowsPer; ++a) {
+      const std::int64_t r = std::min<std::int64_t>(r0 + std::min(wl + a * kLoaderWarps, kChains - 1), rows - 1);
+#pragma unroll
+      for (int c = 0; c < kColsPer; ++c) op.fetch(r, std::min<std::int64_t>(j0 + lane + 32 * c, n - 1), v[a][c]);
+    }
+#pragma unroll
+    for (int a = 0; a < kRowsPer; ++a) {
       const int rr = wl + a * kLoaderWarps;
-      const std::int64_t r = r0 + rr;
+      const std::int64_t r = std::min<std::int64_t>(r0 + std::min(rr, kChains - 1), rows - 1);
 #pragma unroll
       for (int c = 0; c < kColsPer; ++c) {
         const std::int64_t j = j0 + lane + 32 * c;
-        if (rr < kChains && r < rows && j < n) {
-          op.load(r, j, v[a][c]);
-        } else {
+        op.prep(r, std::min<std::int64_t>(j, n - 1), v[a][c]);
+        if (!(r0 + rr < rows && j < n)) {
 #pragma unroll
           for (int k = 0; k < NT; ++k) v[a][c][k] = 0.0f;
         }
@@ -190,16 +197,20 @@ __global__ void __launch_bounds__(kSweepThreads) col_sweep_kernel(Op op, std::in
   auto tile = [&](int buf, int k, int r, int c) -> float& { return smem[((buf * NT + k) * R + r) * kChains + c]; };
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kChains;
   const int tid = threadIdx.x, wl = tid / 32 - 1, lane = tid % 32;
+  // As the row sweep's: clamped loads first, all in flight together, then the terms.
   auto load_chunk = [&](std::int64_t q0, int buf) {
-    const std::int64_t j = c0 + lane;
+    const std::int64_t jc = std::min<std::int64_t>(c0 + lane, n - 1);
     float v[kRowsPer][NT];
 #pragma unroll
     for (int a = 0; a < kRowsPer; ++a) {
+      op.fetch(std::min<std::int64_t>(q0 + std::min(wl + a * kLoaderWarps, R - 1), rows - 1), jc, v[a]);
+    }
+#pragma unroll
+    for (int a = 0; a < kRowsPer; ++a) {
       const int rr = wl + a * kLoaderWarps;
-      const std::int64_t r = q0 + rr;
-      if (rr < R && r < rows && j < n) {
-        op.load(r, j, v[a]);
-      } else {
+      const std::int64_t r = std::min<std::int64_t>(q0 + std::min(rr, R - 1), rows - 1);
+      op.prep(r, jc, v[a]);
+      if (!(q0 + rr < rows && c0 + lane < n)) {
 #pragma unroll
         for (int k = 0; k < NT; ++k) v[a][k] = 0.0f;
       }
@@ -349,18 +360,16 @@ __device__ __forceinline__ void putv(MutableNormBuffer b, std::int64_t r, std::i
 // in flight together and an output aliasing an input reads the old values.
 template <int W, class F>
 __global__ void __launch_bounds__(kMapThreads) row_map_kernel(F f, std::int64_t rows, std::int64_t n) {
-  constexpr int kUnroll = W == 1 ? 8 : 2;
+  constexpr int kUnroll = W == 1 ? 8 : 4;
   constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * kUnroll;
   const std::int64_t groups = n / W;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (std::int64_t q0 = blockIdx.x * kSpan + threadIdx.x; q0 < groups;
          q0 += static_cast<std::int64_t>(gridDim.x) * kSpan) {
       typename F::In in[kUnroll];
+      // At clamped (valid) groups and with no branch: the loads in flight together.
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const std::int64_t q = q0 + u * kMapThreads;
-        if (q < groups) in[u] = f.load(r, q * W);
-      }
+      for (int u = 0; u < kUnroll; ++u) in[u] = f.load(r, std::min<std::int64_t>(q0 + u * kMapThreads, groups - 1) * W);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const std::int64_t q = q0 + u * kMapThreads;
@@ -373,7 +382,7 @@ __global__ void __launch_bounds__(kMapThreads) row_map_kernel(F f, std::int64_t 
 template <int W, class F>
 void row_map(const F& f, std::int64_t rows, std::int64_t n, cudaStream_t stream, const char* name) {
   if (rows <= 0 || n <= 0) return;
-  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * (W == 1 ? 8 : 2);
+  constexpr std::int64_t kSpan = static_cast<std::int64_t>(kMapThreads) * (W == 1 ? 8 : 4);
   const std::int64_t groups = n / W;
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((groups + kSpan - 1) / kSpan, 1024)),
                   static_cast<unsigned>(std::min<std::int64_t>(rows, 65535)));
@@ -412,7 +421,8 @@ struct RmsStats {
   float fn, eps;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void prep(std::int64_t, std::int64_t, float (&)[1]) const {}
   __device__ void step(State& s, const float (&v)[1]) const { s = det_fma(v[0], v[0], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
     rstd[r] = det_div(1.0f, det_sqrt(det_add(det_div(s, fn), eps)));
@@ -451,10 +461,11 @@ struct RmsBackStats {
   float fn;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = det_mul(at_t<T>(dy, r, j), vec_t<T>(w, j));
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[2]) const {
+    v[0] = at_t<T>(dy, r, j);
     v[1] = at_t<T>(x, r, j);
   }
+  __device__ void prep(std::int64_t, std::int64_t j, float (&v)[2]) const { v[0] = det_mul(v[0], vec_t<T>(w, j)); }
   __device__ void step(State& s, const float (&v)[2]) const { s = det_fma(v[0], v[1], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
     const float rs = rstd[r];
@@ -468,10 +479,11 @@ struct RmsDw {
   MutableNormBuffer dw;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[2]) const {
     v[0] = at_t<T>(dy, r, j);
-    v[1] = det_mul(at_t<T>(x, r, j), rstd[r]);
+    v[1] = at_t<T>(x, r, j);
   }
+  __device__ void prep(std::int64_t r, std::int64_t, float (&v)[2]) const { v[1] = det_mul(v[1], rstd[r]); }
   __device__ void step(State& s, const float (&v)[2]) const { s = det_fma(v[0], v[1], s); }
   __device__ void finish(std::int64_t j, const State& s) const { put(dw, 0, j, s); }
 };
@@ -508,7 +520,8 @@ struct LnMean {
   float fn;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void prep(std::int64_t, std::int64_t, float (&)[1]) const {}
   __device__ void step(State& s, const float (&v)[1]) const { s = det_add(s, v[0]); }
   __device__ void finish(std::int64_t r, const State& s) const { mean[r] = det_div(s, fn); }
 };
@@ -520,7 +533,8 @@ struct LnVar {
   float fn, eps;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_add(at_t<T>(x, r, j), -mean[r]); }
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void prep(std::int64_t r, std::int64_t, float (&v)[1]) const { v[0] = det_add(v[0], -mean[r]); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_fma(v[0], v[0], s); }
   __device__ void finish(std::int64_t r, const State& s) const {
     rstd[r] = det_div(1.0f, det_sqrt(det_add(det_div(s, fn), eps)));
@@ -553,11 +567,6 @@ struct LnY {
 // LayerNorm backward: g_j = dy_j·w_j; a = (Σ_j g_j) / n; c = (Σ_j g_j·x̂_j) / n;
 // dx_j = r·((g_j − a) − x̂_j·c); dw_j = Σ_rows dy_j·x̂_j; db_j = Σ_rows dy_j.
 template <int T>
-__device__ __forceinline__ float x_hat(NormBuffer x, const float* mean, const float* rstd, std::int64_t r,
-                                       std::int64_t j) {
-  return det_mul(det_add(at_t<T>(x, r, j), -mean[r]), rstd[r]);
-}
-template <int T>
 struct LnBackStats {
   NormBuffer x, w, dy;
   const float *mean, *rstd;
@@ -566,9 +575,13 @@ struct LnBackStats {
   float fn;
   using State = Pair;  // Σ g, Σ g·x̂
   __device__ void init(State& s) const { s = {0.0f, 0.0f}; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
-    v[0] = det_mul(at_t<T>(dy, r, j), vec_t<T>(w, j));
-    v[1] = x_hat<T>(x, mean, rstd, r, j);
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[2]) const {
+    v[0] = at_t<T>(dy, r, j);
+    v[1] = at_t<T>(x, r, j);
+  }
+  __device__ void prep(std::int64_t r, std::int64_t j, float (&v)[2]) const {
+    v[0] = det_mul(v[0], vec_t<T>(w, j));
+    v[1] = det_mul(det_add(v[1], -mean[r]), rstd[r]);  // x̂
   }
   __device__ void step(State& s, const float (&v)[2]) const {
     s.a = det_add(s.a, v[0]);
@@ -586,9 +599,12 @@ struct LnDwDb {
   MutableNormBuffer dw, db;
   using State = Pair;  // Σ dy·x̂, Σ dy
   __device__ void init(State& s) const { s = {0.0f, 0.0f}; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[2]) const {
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[2]) const {
     v[0] = at_t<T>(dy, r, j);
-    v[1] = x_hat<T>(x, mean, rstd, r, j);
+    v[1] = at_t<T>(x, r, j);
+  }
+  __device__ void prep(std::int64_t r, std::int64_t, float (&v)[2]) const {
+    v[1] = det_mul(det_add(v[1], -mean[r]), rstd[r]);  // x̂
   }
   __device__ void step(State& s, const float (&v)[2]) const {
     s.a = det_fma(v[0], v[1], s.a);
@@ -769,7 +785,8 @@ struct CeMax {
   float* max;
   using State = float;
   __device__ void init(State& s) const { s = -INFINITY; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void prep(std::int64_t, std::int64_t, float (&)[1]) const {}
   __device__ void step(State& m, const float (&v)[1]) const {
     if (v[0] > m || v[0] != v[0]) m = v[0];  // NaN wins, as on the host
   }
@@ -784,7 +801,8 @@ struct CePartials {
   float* partials;
   using State = float;
   __device__ void init(State& s) const { s = 0.0f; }
-  __device__ void load(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = det_exp(det_add(at_t<T>(x, r, j), -max[r])); }
+  __device__ void fetch(std::int64_t r, std::int64_t j, float (&v)[1]) const { v[0] = at_t<T>(x, r, j); }
+  __device__ void prep(std::int64_t r, std::int64_t, float (&v)[1]) const { v[0] = det_exp(det_add(v[0], -max[r])); }
   __device__ void step(State& s, const float (&v)[1]) const { s = det_add(s, v[0]); }
   __device__ void finish(std::int64_t r, const State& s) const {
     partials[2 * r] = s;
