@@ -6,13 +6,52 @@ residual. bf16, one sequence. Times the step with CUDA events (median of --iters
 prints one JSON line (and writes it to --json).
 
     python3 benches/torch_transformer_layer.py --seq 4096 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336
+
+Tensor parallel (tp 2, 4, ...; Megatron's layout without sequence parallelism): launched by torchrun,
+each rank holds heads / tp query heads with their kv_heads / tp groups (the fused QKV's rows), ffn / tp
+of the MLP, the output projection's and fc2's matching input columns; Megatron's two conjugate
+operators around each block (identity forward / all-reduce backward before the column linear,
+all-reduce forward / identity backward after the row linear) over NCCL. Rank 0 prints the JSON line.
+
+    torchrun --nproc_per_node 4 benches/torch_transformer_layer.py --seq 4096
 """
 import argparse
 import json
+import os
 import statistics
 
 import torch
 import torch.nn.functional as F
+
+_TP_GROUP = None
+
+
+class _CopyToTp(torch.autograd.Function):
+    """Before a column-parallel linear: the input as is; its gradient summed over the tp ranks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        torch.distributed.all_reduce(g, group=_TP_GROUP)
+        return g
+
+
+class _ReduceFromTp(torch.autograd.Function):
+    """After a row-parallel linear: the partial outputs summed over the tp ranks; the gradient as is."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        torch.distributed.all_reduce(x, group=_TP_GROUP)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 def rms_norm(x, w, eps=1e-5):
@@ -62,17 +101,29 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="also split one step's GPU kernel time into GEMMs, attention and the rest (torch.profiler)")
     a = ap.parse_args()
-    torch.manual_seed(0)
+    tp = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if tp > 1:
+        global _TP_GROUP
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl")
+        _TP_GROUP = torch.distributed.group.WORLD
+        if a.heads % tp or a.kv_heads % tp or a.ffn % tp:
+            raise SystemExit(f"tp {tp} must divide heads {a.heads}, kv-heads {a.kv_heads} and ffn {a.ffn}")
+    torch.manual_seed(rank)
     dt, dev = torch.bfloat16, "cuda"
-    H, nh, ng, S, B = a.hidden, a.heads, a.kv_heads, a.seq, a.batch
-    d = H // nh
+    H, S, B = a.hidden, a.seq, a.batch
+    d = H // a.heads
+    nh, ng, ffn = a.heads // tp, a.kv_heads // tp, a.ffn // tp  # this rank's share
+    copy_to = _CopyToTp.apply if tp > 1 else (lambda t: t)
+    reduce_from = _ReduceFromTp.apply if tp > 1 else (lambda t: t)
 
     def param(*shape, std=0.02):
         return (torch.randn(*shape, device=dev, dtype=dt) * std).requires_grad_()
 
     w_n1, w_n2 = param(H, std=1.0), param(H, std=1.0)
     w_qkv, w_o = param((nh + 2 * ng) * d, H), param(H, nh * d)
-    w_1, w_2 = param(2 * a.ffn, H), param(H, a.ffn)
+    w_1, w_2 = param(2 * ffn, H), param(H, ffn)
     x = torch.randn(B, S, H, device=dev, dtype=dt, requires_grad=True)
     dy = torch.randn(B, S, H, device=dev, dtype=dt) * 0.1
     inv = 10000.0 ** (-torch.arange(0, d // 2, device=dev, dtype=torch.float64) * 2 / d)
@@ -80,16 +131,16 @@ def main():
     cos, sin = ang.cos().float(), ang.sin().float()
 
     def layer(x):
-        h = rms_norm(x, w_n1)
+        h = copy_to(rms_norm(x, w_n1))
         qkv = F.linear(h, w_qkv)
         q, k, v = qkv.split([nh * d, ng * d, ng * d], -1)
         q = rope(q.view(B, S, nh, d).transpose(1, 2), cos, sin)
         k = rope(k.view(B, S, ng, d).transpose(1, 2), cos, sin)
         v = v.view(B, S, ng, d).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + F.linear(o.transpose(1, 2).reshape(B, S, nh * d), w_o)
-        g, u = F.linear(rms_norm(x, w_n2), w_1).chunk(2, -1)
-        return x + F.linear(F.silu(g) * u, w_2)
+        x = x + reduce_from(F.linear(o.transpose(1, 2).reshape(B, S, nh * d), w_o))
+        g, u = F.linear(copy_to(rms_norm(x, w_n2)), w_1).chunk(2, -1)
+        return x + reduce_from(F.linear(F.silu(g) * u, w_2))
 
     def step():
         y = layer(x)
@@ -107,9 +158,18 @@ def main():
         torch.cuda.synchronize()
         times.append(e0.elapsed_time(e1) / 1e3)
     split = profile_split(step) if a.profile else None
+    if tp > 1:  # every rank's median; the step is as slow as its slowest rank
+        med = torch.tensor([statistics.median(times)], device=dev)
+        torch.distributed.all_reduce(med, op=torch.distributed.ReduceOp.MAX)
+        times_med = med.item()
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return
+    else:
+        times_med = statistics.median(times)
     r = {"bench": "torch_transformer_layer", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-         "seq": S, "batch": B, "hidden": H, "heads": nh, "kv_heads": ng, "ffn": a.ffn,
-         "step_ms_median": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+         "tp": tp, "seq": S, "batch": B, "hidden": H, "heads": a.heads, "kv_heads": a.kv_heads, "ffn": a.ffn,
+         "step_ms_median": 1e3 * times_med, "step_ms_min": 1e3 * min(times),
          "kernel_ms": split}
     print(json.dumps(r))
     if a.json:
