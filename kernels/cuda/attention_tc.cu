@@ -558,6 +558,67 @@ __device__ __forceinline__ void load_tile_w(std::uint32_t dst, const char* base,
   }
 }
 
+// One 64-key block of the wgmma forwards' online softmax, for this thread's two rows (myrow and
+// myrow + 8) of its warpgroup: s[4c + r] holds row myrow + 8 (r / 2), key j0 + 8c + 2 (lane % 4) + r % 2.
+// Masks keys past each row's visible count (where the block reaches past the warpgroup's first row's),
+// updates the running max m and sum l, rescales acc, and packs P (rounded to the dtype) for the PV MMA.
+// The default and the pipelined forward share it, so their bits are the same by construction.
+template <bool F16, int D>
+__device__ __forceinline__ void softmax_block(const Params& p, int klen, int myrow, int lane, int j0, int wgmin,
+                                              float (&s)[32], float (&m)[2], float (&l)[2], float (&acc)[D / 2],
+                                              std::uint32_t (&pa)[4][4]) {
+  float cr[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    if (j0 + kKB > wgmin) {
+      const int lim = visible(p, klen, myrow + hf * 8) - j0;
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = c * 8 + 2 * (lane & 3) + e;
+          float& x = s[4 * c + 2 * hf + e];
+          x = col < lim ? x : -INFINITY;
+        }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hf], s[4 * c + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mo = m[hf], mn = fmaxf(mo, mx);
+    const float mcn = mn == -INFINITY ? 0.0f : (mn * p.scale) * kLog2e;
+    const float mco = (mo * p.scale) * kLog2e;
+    const float c = mn == mo ? 1.0f : ex2(mco - mcn);
+    float sum = 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * cc + 2 * hf + e];
+        x = ex2(fmaf(x, p.scale_log2, -mcn));
+        sum += x;
+      }
+    l[hf] = l[hf] * c + sum;
+    m[hf] = mn;
+    cr[hf] = c;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    acc[4 * i] *= cr[0];
+    acc[4 * i + 1] *= cr[0];
+    acc[4 * i + 2] *= cr[1];
+    acc[4 * i + 3] *= cr[1];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = pack<F16>(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = pack<F16>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack<F16>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack<F16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
 template <bool F16, int D, int NWG, int STAGES>
 __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
   constexpr int NT = NWG * 128, BM = NWG * 64, TILE = 64 * D * 2;
@@ -625,58 +686,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wg_kernel(Params p) {
       wg_commit();
       wg_wait0();
       keep(s);
-      // s[4c + r]: row myrow + 8 (r / 2), key j0 + 8c + 2 (lane % 4) + r % 2.
-      float cr[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        if (j0 + kKB > wgmin) {
-          const int lim = visible(p, klen, myrow + hf * 8) - j0;
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = c * 8 + 2 * (lane & 3) + e;
-              float& x = s[4 * c + 2 * hf + e];
-              x = col < lim ? x : -INFINITY;
-            }
-        }
-        float mx = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hf], s[4 * c + 2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mo = m[hf], mn = fmaxf(mo, mx);
-        const float mcn = mn == -INFINITY ? 0.0f : (mn * p.scale) * kLog2e;
-        const float mco = (mo * p.scale) * kLog2e;
-        const float c = mn == mo ? 1.0f : ex2(mco - mcn);
-        float sum = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < 8; ++cc)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * cc + 2 * hf + e];
-            x = ex2(fmaf(x, p.scale_log2, -mcn));
-            sum += x;
-          }
-        l[hf] = l[hf] * c + sum;
-        m[hf] = mn;
-        cr[hf] = c;
-      }
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        acc[4 * i] *= cr[0];
-        acc[4 * i + 1] *= cr[0];
-        acc[4 * i + 2] *= cr[1];
-        acc[4 * i + 3] *= cr[1];
-      }
       std::uint32_t pa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack<F16>(s[8 * kk], s[8 * kk + 1]);
-        pa[kk][1] = pack<F16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack<F16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack<F16>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      softmax_block<F16, D>(p, klen, myrow, lane, j0, wgmin, s, m, l, acc, pa);
       keep(acc);
       wg_fence();
 #pragma unroll
@@ -790,58 +801,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) forward_wgp_kernel(Params p) {
       const bool next = n + 1 < nblk && j0 + kKB < wgmax;
       if (next) issue_s(sn, n + 1);
       const std::uint32_t vt = sV + (n % STAGES) * TILE;
-      // s[4c + r]: row myrow + 8 (r / 2), key j0 + 8c + 2 (lane % 4) + r % 2.
-      float cr[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        if (j0 + kKB > wgmin) {
-          const int lim = visible(p, klen, myrow + hf * 8) - j0;
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = c * 8 + 2 * (lane & 3) + e;
-              float& x = s[4 * c + 2 * hf + e];
-              x = col < lim ? x : -INFINITY;
-            }
-        }
-        float mx = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * hf], s[4 * c + 2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mo = m[hf], mn = fmaxf(mo, mx);
-        const float mcn = mn == -INFINITY ? 0.0f : (mn * p.scale) * kLog2e;
-        const float mco = (mo * p.scale) * kLog2e;
-        const float c = mn == mo ? 1.0f : ex2(mco - mcn);
-        float sum = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < 8; ++cc)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * cc + 2 * hf + e];
-            x = ex2(fmaf(x, p.scale_log2, -mcn));
-            sum += x;
-          }
-        l[hf] = l[hf] * c + sum;
-        m[hf] = mn;
-        cr[hf] = c;
-      }
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        acc[4 * i] *= cr[0];
-        acc[4 * i + 1] *= cr[0];
-        acc[4 * i + 2] *= cr[1];
-        acc[4 * i + 3] *= cr[1];
-      }
       std::uint32_t pa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack<F16>(s[8 * kk], s[8 * kk + 1]);
-        pa[kk][1] = pack<F16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack<F16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack<F16>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      softmax_block<F16, D>(p, klen, myrow, lane, j0, wgmin, s, m, l, acc, pa);
       keep(acc);
       wg_fence();
 #pragma unroll
