@@ -143,15 +143,38 @@ GPTModel::GPTModel(rt::Context& ctx, GptOptions o)
   if (o.tie_embeddings) lm_head.weight = embedding.weight;  // one tensor: [vocab / tp, hidden] both
 }
 
-rt::Tensor GPTModel::forward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets) {
+rt::Tensor GPTModel::forward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets,
+                             std::span<const std::int64_t> lengths) {
   if (ids.size() != targets.size() || ids.empty() || static_cast<std::int64_t>(ids.size()) % opts.seq != 0) {
     throw rt::RuntimeError(fmt::format("GPTModel.forward: {} ids and {} targets; give batch x seq (seq {}) of each",
                                        ids.size(), targets.size(), opts.seq));
   }
+  const std::int64_t batch = static_cast<std::int64_t>(ids.size()) / opts.seq;
+  if (!lengths.empty()) {
+    if (static_cast<std::int64_t>(lengths.size()) != batch) {
+      throw rt::RuntimeError(fmt::format("GPTModel.forward: {} lengths for a batch of {} sequences; give one length "
+                                         "(real tokens, right padding) per sequence",
+                                         lengths.size(), batch));
+    }
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      if (lengths[b] < 1 || lengths[b] > opts.seq) {
+        throw rt::RuntimeError(fmt::format("GPTModel.forward: sequence {} has length {}; valid lengths are 1 to seq {}",
+                                           b, lengths[b], opts.seq));
+      }
+    }
+  }
+  lengths_.assign(lengths.begin(), lengths.end());
   rt::Tensor h = embedding.forward(ids);
-  for (auto& l : layers) h = l->forward(h);
+  for (auto& l : layers) h = l->forward(h, lengths_);
   const rt::Tensor logits = lm_head.forward(final_norm.forward(h)).output;
   loss = loss_fn.forward(logits, embedding.vocab_start, opts.vocab, targets);
+  if (!lengths_.empty() && !ctx_.backend().timing_only()) {
+    // The loss mask: padding tokens report 0 (their losses were computed like any other token's).
+    std::vector<float> v = loss.to_host_f32();
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = lengths_[static_cast<std::size_t>(b)]; t < opts.seq; ++t) v[static_cast<std::size_t>(b * opts.seq + t)] = 0.0f;
+    loss.copy_from_host_f32(v.data(), loss.numel());
+  }
   return loss;
 }
 
@@ -160,7 +183,15 @@ void GPTModel::backward() {
   const std::int64_t tokens = loss.numel();
   rt::Tensor dloss = ctx_.empty(rank_, {tokens}, DType::f32, "dloss");
   if (!ctx_.backend().timing_only()) {
-    const std::vector<float> v(static_cast<std::size_t>(tokens), 1.0f / static_cast<float>(tokens));
+    // d(mean over the real tokens): 1 / real tokens on each, 0 on padding (no padding: every token).
+    std::int64_t real = tokens;
+    if (!lengths_.empty()) {
+      real = 0;
+      for (const std::int64_t n : lengths_) real += n;
+    }
+    std::vector<float> v(static_cast<std::size_t>(tokens), 1.0f / static_cast<float>(real));
+    for (std::size_t b = 0; b < lengths_.size(); ++b)
+      for (std::int64_t t = lengths_[b]; t < opts.seq; ++t) v[b * static_cast<std::size_t>(opts.seq) + static_cast<std::size_t>(t)] = 0.0f;
     dloss.copy_from_host_f32(v.data(), tokens);
   }
   rt::Tensor dh = final_norm.backward(lm_head.backward(loss_fn.backward(dloss)));

@@ -10,6 +10,10 @@
 //     not in its slice) all-reduced (sum) together; loss = log S − (x_target − max) per token
 //     (kernels/vocab.h). The backward needs no communication.
 //   GPTModel: loss = mean over tokens of the per-token losses; backward from d(loss) = 1/tokens.
+//     With right padding (forward's lengths: each sequence's real tokens), Megatron's loss mask: the
+//     mean is over the real tokens only, padding tokens' losses are reported as 0 and give no
+//     gradient, and every layer's attention ignores padding keys; a sequence's real tokens' losses
+//     are then bitwise those it gives alone (unpadded, at its own length).
 //
 //   tp::GPTModel gpt(ctx, {.vocab = 1024, .hidden = 256, .heads = 8, .kv_heads = 2, .ffn = 1024,
 //                          .seq = 128, .layers = 2});
@@ -99,7 +103,10 @@ class GPTModel {
  public:
   GPTModel(rt::Context& ctx, GptOptions o);
   // ids, targets: batch x seq token ids each (targets: the next tokens). The per-token losses.
-  rt::Tensor forward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets);
+  // lengths: each sequence's real tokens, in [1, seq] (right padding: the ids and targets after them
+  // are padding, any valid id); empty: none padded.
+  rt::Tensor forward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets,
+                     std::span<const std::int64_t> lengths = {});
   void backward();  // from d(mean loss); sets every weight_grad (embedding: + the LM head's when tied)
 
   GptOptions opts;
@@ -113,6 +120,7 @@ class GPTModel {
  private:
   rt::Context& ctx_;
   int rank_;
+  std::vector<std::int64_t> lengths_;  // the forward's right padding (empty: none)
 };
 
 }  // namespace cubesim::tp

@@ -143,14 +143,15 @@ kernels::AttentionShape ParallelAttention::shape(std::int64_t rows) const {
           .kv_heads = groups_per_rank, .head_dim = opts.head_dim(), .causal = opts.causal};
 }
 
-rt::Tensor ParallelAttention::forward(const rt::Tensor& x) {
+rt::Tensor ParallelAttention::forward(const rt::Tensor& x, std::span<const std::int64_t> lengths) {
+  lengths_.assign(lengths.begin(), lengths.end());  // checked by attention_qkv against the batch and seq
   qkv_output = qkv.forward(x).output;
   const std::int64_t rows = qkv_output.size(0);
   const kernels::AttentionShape s = shape(rows);
   if (opts.rotary) rt::rotary_qkv(s, qkv_output, opts.rotary_base, false);
   context = ctx_.empty(rank_, {rows, heads_per_rank * opts.head_dim()}, opts.dtype, "attention context");
   stats_ = ctx_.empty(rank_, {rows, 2 * heads_per_rank}, DType::f32, "attention stats");
-  rt::attention_qkv(s, qkv_output, context, stats_);
+  rt::attention_qkv(s, qkv_output, context, stats_, lengths_);
   return proj.forward(context).output;
 }
 
@@ -159,7 +160,7 @@ rt::Tensor ParallelAttention::backward(const rt::Tensor& dy) {
   const rt::Tensor dctx = proj.backward(dy);
   rt::Tensor dqkv = like(ctx_, rank_, qkv_output, "attention dqkv");
   const kernels::AttentionShape s = shape(qkv_output.size(0));
-  rt::attention_qkv_backward(s, qkv_output, context, stats_, dctx, dqkv);
+  rt::attention_qkv_backward(s, qkv_output, context, stats_, dctx, dqkv, lengths_);
   if (opts.rotary) rt::rotary_qkv(s, dqkv, opts.rotary_base, true);
   return qkv.backward(dqkv);
 }
@@ -192,8 +193,8 @@ TransformerLayer::TransformerLayer(rt::Context& ctx, TransformerLayerOptions o)
       ctx_(ctx),
       rank_(rt::Context::current_rank("TransformerLayer")) {}
 
-rt::Tensor TransformerLayer::forward(const rt::Tensor& x) {
-  const rt::Tensor a = attention.forward(input_norm.forward(x));
+rt::Tensor TransformerLayer::forward(const rt::Tensor& x, std::span<const std::int64_t> lengths) {
+  const rt::Tensor a = attention.forward(input_norm.forward(x), lengths);
   rt::Tensor h = like(ctx_, rank_, x, "residual");
   rt::add(x, a, h);
   const rt::Tensor m = mlp.forward(post_attention_norm.forward(h));

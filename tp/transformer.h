@@ -27,7 +27,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "runtime/context.h"
@@ -83,10 +85,14 @@ struct AttentionOptions {
   std::int64_t head_dim() const { return hidden / heads; }
 };
 
+// Right padding: forward(x, lengths) takes each sequence's real tokens (one length in [0, seq] per
+// sequence; empty: none padded). Padding keys are never attended to and padding queries' context rows
+// are 0 (kernels/attention.h's kv_valid), so a sequence's real rows are bitwise those it gives alone;
+// backward uses the same lengths.
 class ParallelAttention {
  public:
   ParallelAttention(rt::Context& ctx, AttentionOptions o);
-  rt::Tensor forward(const rt::Tensor& x);
+  rt::Tensor forward(const rt::Tensor& x, std::span<const std::int64_t> lengths = {});
   rt::Tensor backward(const rt::Tensor& dy);
 
   AttentionOptions opts;
@@ -101,6 +107,7 @@ class ParallelAttention {
   rt::Context& ctx_;
   int rank_;
   rt::Tensor stats_;
+  std::vector<std::int64_t> lengths_;  // the forward's right padding (empty: none)
 };
 
 struct TransformerLayerOptions {
@@ -126,7 +133,8 @@ struct TransformerLayerOptions {
 class TransformerLayer {
  public:
   TransformerLayer(rt::Context& ctx, TransformerLayerOptions o);
-  rt::Tensor forward(const rt::Tensor& x);
+  // lengths: each sequence's real tokens (right padding, ParallelAttention); empty: none padded.
+  rt::Tensor forward(const rt::Tensor& x, std::span<const std::int64_t> lengths = {});
   rt::Tensor backward(const rt::Tensor& dy);
 
   TransformerLayerOptions opts;

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <utility>
 
 #include "runtime/errors.h"
 #include "runtime/sim_backend.h"
@@ -167,6 +170,67 @@ std::string error_of(int tp, TransformerLayerOptions lo, std::int64_t batch = 1)
     return e.what();
   }
   return "no error";
+}
+
+// Right padding through the layer (forward's lengths), full (non-causal) attention, where a real query
+// would otherwise see the padding keys: a padded sequence's real rows, forward and input gradient, are
+// bitwise those it gives alone at its own length; garbage (huge values) in the padding rows changes none.
+TEST(TpTransformerPadding, RealRowsGiveTheirBitsAloneWhateverThePaddingHolds) {
+  const int tp = 2;
+  const std::int64_t S = 20, H = 32;
+  const std::vector<std::int64_t> lengths{20, 7, 12};
+  const std::int64_t B = static_cast<std::int64_t>(lengths.size());
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(B * S * H)), dy(x.size());
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : dy) v = 0.1f * nd(rng);
+  for (const bool sim : {false, true}) {
+    // Runs the layer of seq `seq` on rows [rows, H] of x and dy with `lens`; rank 0's y and dx.
+    auto run = [&](std::int64_t seq, const std::vector<float>& xs, const std::vector<float>& dys,
+                   const std::vector<std::int64_t>& lens) {
+      auto ctx = make(sim, tp);
+      std::pair<std::vector<float>, std::vector<float>> out;
+      const std::int64_t rows = static_cast<std::int64_t>(xs.size()) / H;
+      ctx->spawn(tp, [&](int r) {
+        initialize_model_parallel(tp);
+        TransformerLayer layer(*ctx, {.hidden = H, .heads = 4, .kv_heads = 2, .ffn = 64, .seq = seq,
+                                      .norm = NormKind::rms_norm, .swiglu = true, .rotary = true, .causal = false,
+                                      .dtype = DType::f32, .seed = 11});
+        const rt::Tensor xt = ctx->from_host_f32(r, {rows, H}, DType::f32, xs);
+        const rt::Tensor dyt = ctx->from_host_f32(r, {rows, H}, DType::f32, dys);
+        const rt::Tensor y = layer.forward(xt, lens);
+        const rt::Tensor dx = layer.backward(dyt);
+        if (r == 0) out = {y.to_host_f32(), dx.to_host_f32()};
+        destroy_model_parallel();
+      });
+      return out;
+    };
+    // dy is 0 on padding rows (the loss mask's effect), so padding gives no gradient either.
+    std::vector<float> dyp = dy;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = lengths[static_cast<std::size_t>(b)]; t < S; ++t)
+        for (std::int64_t c = 0; c < H; ++c) dyp[static_cast<std::size_t>((b * S + t) * H + c)] = 0.0f;
+    const auto padded = run(S, x, dyp, lengths);
+    std::vector<float> x2 = x;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = lengths[static_cast<std::size_t>(b)]; t < S; ++t)
+        for (std::int64_t c = 0; c < H; ++c) x2[static_cast<std::size_t>((b * S + t) * H + c)] = 1e6f * nd(rng);
+    const auto padded2 = run(S, x2, dyp, lengths);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t n = lengths[static_cast<std::size_t>(b)];
+      const auto first = static_cast<std::size_t>(b * S * H), count = static_cast<std::size_t>(n * H);
+      const std::vector<float> xs(x.begin() + first, x.begin() + first + count);
+      const std::vector<float> dys(dy.begin() + first, dy.begin() + first + count);
+      const auto alone = run(n, xs, dys, {});
+      for (const auto* p : {&padded, &padded2}) {
+        EXPECT_EQ(std::memcmp(p->first.data() + first, alone.first.data(), count * sizeof(float)), 0)
+            << "y of sequence " << b << (sim ? " (sim)" : " (host)");
+        EXPECT_EQ(std::memcmp(p->second.data() + first, alone.second.data(), count * sizeof(float)), 0)
+            << "dx of sequence " << b << (sim ? " (sim)" : " (host)");
+      }
+    }
+  }
 }
 
 TEST(TpTransformerErrors, NameTheSizesAndTheValidChoices) {
