@@ -10,8 +10,10 @@
 // traffic (every input read once, every output written once).
 //
 //   bench_rowwise_cuda [--json FILE] [--quick] [--seq N] [--hidden N] [--ffn N] [--heads N] [--kv-heads N]
-//                      [--vocab N] [--iters N] [--no-host] [--no-layer]
-// JSON: device, rows (op, bytes, gpu_us, gpu_gbps, of_copy, host_us), layer (gpu_ms, host_ms).
+//                      [--vocab N] [--iters N] [--no-host] [--no-layer] [--tp N]
+// --tp N: the layer step on N GPUs (NCCL; without sequence parallelism, as the PyTorch reference
+// `torchrun --nproc_per_node N benches/torch_transformer_layer.py`).
+// JSON: device, rows (op, bytes, gpu_us, gpu_gbps, of_copy, host_us), layer (tp, gpu_ms, host_ms).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -21,6 +23,7 @@
 #include "bench_util.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/ops.h"
+#include "sim/core/barrier.h"
 #include "tp/parallel_state.h"
 #include "tp/transformer.h"
 
@@ -113,27 +116,40 @@ std::vector<OpTime> time_ops(bool gpu, const Sizes& z, int iters) {
   return out;
 }
 
-// The layer step (forward + backward) in ms: the median of `iters` after one warm-up.
-double time_layer(bool gpu, const Sizes& z, int iters) {
+// The layer step (forward + backward) in ms on tp GPUs (NCCL between them; Megatron's layout without
+// sequence parallelism, as benches/torch_transformer_layer.py under torchrun): the median of `iters`
+// after one warm-up, each step timed from every GPU drained to every GPU drained.
+double time_layer(bool gpu, const Sizes& z, int iters, int tp = 1) {
   rt::ContextOptions co;
-  co.world_size = 1;
-  auto ctx = rt::make_cuda_context(co, {.gemm_mode = cuda::GemmMode::tensor_core, .rowwise_kernels = gpu});
+  co.world_size = tp;
+  auto ctx = rt::make_cuda_context(co, {.gemm_mode = cuda::GemmMode::tensor_core,
+                                        .collectives = tp > 1 ? rt::CudaCollectives::nccl : rt::CudaCollectives::ring,
+                                        .rowwise_kernels = gpu});
   auto& be = static_cast<rt::CudaBackend&>(ctx->backend());
   std::vector<double> ms;
-  ctx->spawn(1, [&](int r) {
-    tp::initialize_model_parallel(1);
+  sim::Barrier step_start(static_cast<std::size_t>(tp), "step start"), step_end(static_cast<std::size_t>(tp), "step end");
+  ctx->spawn(tp, [&](int r) {
+    tp::initialize_model_parallel(tp);
     tp::TransformerLayer layer(*ctx, {.hidden = z.hidden, .heads = z.heads, .kv_heads = z.kv_heads, .ffn = z.ffn,
                                       .seq = z.tokens, .norm = tp::NormKind::rms_norm, .swiglu = true, .rotary = true,
                                       .bias = false, .dtype = DType::bf16, .seed = 7});
     const rt::Tensor x = ctx->from_host_f32(r, {z.tokens, z.hidden}, DType::bf16, noise(z.tokens * z.hidden, 11));
     const rt::Tensor dy = ctx->from_host_f32(r, {z.tokens, z.hidden}, DType::bf16, noise(z.tokens * z.hidden, 12, 0.1f));
+    double t0 = 0;
     for (int i = 0; i <= iters; ++i) {
-      be.synchronize();
-      const double t0 = wall_seconds();
+      step_start.arrive_and_wait();  // the ranks run in turn on one thread: the last to arrive starts the clock
+      if (r == 0) {
+        be.synchronize();
+        t0 = wall_seconds();
+      }
+      step_start.arrive_and_wait();
       layer.forward(x);
       layer.backward(dy);
-      be.synchronize();
-      if (i > 0) ms.push_back(1e3 * (wall_seconds() - t0));
+      step_end.arrive_and_wait();
+      if (r == 0) {
+        be.synchronize();
+        if (i > 0) ms.push_back(1e3 * (wall_seconds() - t0));
+      }
     }
     tp::destroy_model_parallel();
   });
@@ -148,6 +164,7 @@ int main(int argc, char** argv) {
   Sizes z;
   int iters = 20;
   bool host = true, layer = true;
+  int layer_tp = 1;  // --tp N: the layer step on N GPUs
   try {
     for (std::size_t i = 0; i < args.rest.size(); ++i) {
       const std::string& a = args.rest[i];
@@ -164,18 +181,25 @@ int main(int argc, char** argv) {
       else if (a == "--iters") iters = static_cast<int>(next());
       else if (a == "--no-host") host = false;
       else if (a == "--no-layer") layer = false;
+      else if (a == "--tp") layer_tp = static_cast<int>(next());
       else throw std::invalid_argument("unknown argument '" + a + "'");
     }
     if (iters < 1) throw std::invalid_argument("--iters must be at least 1");
+    if (layer_tp < 1) throw std::invalid_argument("--tp must be at least 1");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_rowwise_cuda: {} (valid: --json FILE, --quick, --seq N, --hidden N, --ffn N, --heads N, "
-                       "--kv-heads N, --vocab N, --iters N, --no-host, --no-layer)\n", e.what());
+                       "--kv-heads N, --vocab N, --iters N, --no-host, --no-layer, --tp N)\n", e.what());
     return 2;
   }
   if (args.quick) z = {.tokens = 256, .hidden = 512, .ffn = 1024, .heads = 8, .kv_heads = 2, .vocab = 1000};
   if (rt::cuda_device_count() < 1) {
     fmt::print(stderr, "bench_rowwise_cuda: no usable GPU ({})\n", rt::cuda_unavailable_reason());
     return 3;
+  }
+  if (layer && layer_tp > rt::cuda_device_count()) {
+    fmt::print(stderr, "bench_rowwise_cuda: --tp {} needs {} GPUs; this machine has {}\n", layer_tp, layer_tp,
+               rt::cuda_device_count());
+    return 2;
   }
   std::string device;
   {
@@ -206,13 +230,13 @@ int main(int argc, char** argv) {
              z.heads, z.kv_heads, z.vocab);
   t.print();
   if (layer) {
-    const double g = time_layer(true, z, std::max(3, iters));
-    const double h = host ? time_layer(false, z, 1) : -1;
+    const double g = time_layer(true, z, std::max(3, iters), layer_tp);
+    const double h = host ? time_layer(false, z, 1, layer_tp) : -1;
     // tensor_core mode: the tensor-core attention (kernels/attention_tc.h) wherever the call fits it.
-    fmt::print("layer step (forward + backward, tensor-core GEMMs and attention): {:.2f} ms with the row-wise "
+    fmt::print("layer step (forward + backward, tensor-core GEMMs and attention, tp {}): {:.2f} ms with the row-wise "
                "kernels, {} on the host path\n",
-               g, h < 0 ? "-" : fmt::format("{:.2f} ms", h));
-    out["layer"] = {{"gpu_ms", g}, {"host_ms", h}};
+               layer_tp, g, h < 0 ? "-" : fmt::format("{:.2f} ms", h));
+    out["layer"] = {{"tp", layer_tp}, {"gpu_ms", g}, {"host_ms", h}};
   }
   write_json(args, out);
   return 0;
