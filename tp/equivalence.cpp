@@ -136,7 +136,8 @@ Split gpt_split(std::string name) {
 }
 
 Run run_gpt(rt::Context& ctx, const GptCheckOptions& o, int tp) {
-  GptStepOptions so{.model = o.model, .batch = o.batch, .tp = tp, .data_seed = o.data_seed, .collect = Collect::all};
+  GptStepOptions so{.model = o.model, .batch = o.batch, .tp = tp, .data_seed = o.data_seed, .collect = Collect::all,
+                    .lengths = o.lengths};
   const GptStepResult step = run_gpt_step(ctx, so);
   Run run;
   run.report = step.report;
@@ -219,8 +220,13 @@ EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions&
   Run tpr = run_gpt(ctx, o, o.tp);
   rep.run = tpr.report;
   double sum = 0;
-  for (float l : tpr.full.at("loss")) sum += l;
-  rep.mean_loss = sum / static_cast<double>(tpr.full.at("loss").size());
+  for (float l : tpr.full.at("loss")) sum += l;  // padding tokens report 0
+  std::int64_t real = static_cast<std::int64_t>(tpr.full.at("loss").size());
+  if (!o.lengths.empty()) {
+    real = 0;
+    for (const std::int64_t n : o.lengths) real += n;
+  }
+  rep.mean_loss = sum / static_cast<double>(real);
   rt::Context host1(rt::ContextOptions{.world_size = 1});
   GptCheckOptions ro = o;
   ro.model.sequence_parallel = false;

@@ -64,6 +64,7 @@ struct GptCheckOptions {
   std::int64_t batch = 1;
   int tp = 1;
   std::uint64_t data_seed = 99;
+  std::vector<std::int64_t> lengths = {};  // right padding per sequence (GptStepOptions::lengths); empty: none
 };
 double gpt_tolerance(DType d, int tp, int layers);  // layers x tp_tolerance (bf16 tp 4, 2 layers: 0.0625; measured <= 0.008)
 EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions& o);

@@ -45,12 +45,17 @@ GptStepResult run_gpt_step(rt::Context& ctx, const GptStepOptions& o) {
   res.report = ctx.spawn(o.tp, [&](int rank) {
     initialize_model_parallel(o.tp);
     GPTModel gpt(ctx, mo);
-    const rt::Tensor loss = gpt.forward(ids, targets);
+    const rt::Tensor loss = gpt.forward(ids, targets, o.lengths);
     gpt.backward();
     if (values && rank == 0) {
       double sum = 0;
-      for (float l : loss.to_host_f32()) sum += l;
-      res.mean_loss = sum / static_cast<double>(loss.numel());
+      for (float l : loss.to_host_f32()) sum += l;  // padding tokens report 0
+      std::int64_t real = loss.numel();
+      if (!o.lengths.empty()) {
+        real = 0;
+        for (const std::int64_t n : o.lengths) real += n;
+      }
+      res.mean_loss = sum / static_cast<double>(real);
     }
     if (o.collect != Collect::none) {
       auto& m = res.tensors[static_cast<std::size_t>(rank)];

@@ -31,6 +31,9 @@ struct GptStepOptions {
   int tp = 1;
   std::uint64_t data_seed = 99;
   Collect collect = Collect::none;
+  // Right padding: each sequence's real tokens (GPTModel::forward's lengths, the loss mask); empty:
+  // none padded. mean_loss is then over the real tokens.
+  std::vector<std::int64_t> lengths = {};
 };
 
 struct GptStepResult {

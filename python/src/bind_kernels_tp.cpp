@@ -324,10 +324,11 @@ void check_gpt_algorithm(const rt::Context& ctx, int tpsize, bool sp, const char
   const py::object &tp_arg, const py::object &batch, const py::object &vocab, const py::object &hidden,          \
       const py::object &heads, const py::object &kv_heads, const py::object &ffn, const py::object &seq,         \
       const py::object &layers, const std::string &norm, const std::string &dtype, const std::string &gelu,      \
-      bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object &seed, const py::object &data_seed
+      bool swiglu, bool rotary, bool bias, bool sp, bool tie, const py::object &seed, const py::object &data_seed,  \
+      const py::object &lengths
 #define GPT_ARG_NAMES                                                                                           \
   tp_arg, batch, vocab, hidden, heads, kv_heads, ffn, seq, layers, norm, dtype, gelu, swiglu, rotary, bias, sp, tie, \
-      seed, data_seed
+      seed, data_seed, lengths
 
 tp::GptStepOptions gpt_step_args(const rt::Context& ctx, const char* who, GPT_ARGS) {
   tp::GptStepOptions o;
@@ -336,6 +337,7 @@ tp::GptStepOptions gpt_step_args(const rt::Context& ctx, const char* who, GPT_AR
   o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
   o.batch = int_arg(batch, "batch", 1, kI64Max);
   o.data_seed = u64_arg(data_seed, "data_seed");
+  if (!lengths.is_none()) o.lengths = shape_arg(lengths, "lengths");  // GPTModel checks each against seq
   check_gpt_algorithm(ctx, o.tp, sp && o.tp > 1, who);
   return o;
 }
@@ -665,14 +667,16 @@ void bind_kernels_tp(py::module_& m) {
       py::arg("kv_heads") = py::none(), py::arg("ffn") = 1024, py::arg("seq") = 128, py::arg("layers") = 2,
       py::arg("norm") = "layer_norm", py::arg("dtype") = "bf16", py::arg("gelu") = "tanh", py::arg("swiglu") = false,
       py::arg("rotary") = false, py::arg("bias") = true, py::arg("sequence_parallel") = false,
-      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99);
+      py::arg("tie_embeddings") = true, py::arg("seed") = 1234, py::arg("data_seed") = 99,
+      py::arg("lengths") = py::none());
   std::apply(
       [&](auto... kw) {
         t.def(
             "check_gpt_equivalence",
             [](const CtxPtr& ctx, GPT_ARGS) {
               const tp::GptStepOptions so = gpt_step_args(*ctx, "check_gpt_equivalence", GPT_ARG_NAMES);
-              const tp::GptCheckOptions o{.model = so.model, .batch = so.batch, .tp = so.tp, .data_seed = so.data_seed};
+              const tp::GptCheckOptions o{.model = so.model, .batch = so.batch, .tp = so.tp, .data_seed = so.data_seed,
+                                          .lengths = so.lengths};
               tp::EquivalenceReport rep;
               {
                 ReleaseGil nogil;
@@ -685,7 +689,8 @@ void bind_kernels_tp(py::module_& m) {
             "cross-entropy; forward and backward) with tp ranks on ctx, the unsharded model on the host and, when ctx "
             "is not the host, the same tp program on the host, and compares the per-token loss and every gradient: "
             "bitwise at tp 1, within gpt_tolerance above (everything is downstream of a sum of tp partials), bitwise "
-            "against the host replay and across ranks. kv_heads: query groups (None: heads). The GIL is released "
+            "against the host replay and across ranks. kv_heads: query groups (None: heads); lengths: right padding "
+            "per sequence (None: none). The GIL is released "
             "while it runs.");
         t.def(
             "run_gpt",
@@ -702,7 +707,8 @@ void bind_kernels_tp(py::module_& m) {
             },
             py::arg("ctx"), py::kw_only(), kw...,
             "One GPTModel forward and backward with tp ranks on ctx (tp::run_gpt_step: seeded random tokens), for "
-            "its RunReport and mean loss. The GIL is released while it runs.");
+            "its RunReport and mean loss. lengths: each sequence's real tokens (right padding with Megatron's loss "
+            "mask: the mean over real tokens; None: none padded). The GIL is released while it runs.");
       },
       gpt_kwargs);
   t.def("gpt_tolerance", [](const std::string& d, int p, int layers) { return tp::gpt_tolerance(dtype_arg(d), p, layers); },

@@ -71,3 +71,23 @@ def test_api_check_gpt_equivalence_on_the_host_and_its_errors():
         cs.tp.check_gpt_equivalence(ctx, tp=2, vocab=63, hidden=32, heads=4, ffn=64, seq=8, layers=1)
     with pytest.raises(ValueError, match="layers"):
         cs.tp.run_gpt(ctx, tp=1, layers=0)
+
+
+def test_api_gpt_with_right_padding_masks_the_loss_and_checks_equivalence():
+    # lengths: each sequence's real tokens; the loss is the mean over them (Megatron's loss mask).
+    sim = cs.Context("sim", topology="mesh4x4", world_size=2)
+    kw = dict(tp=2, batch=3, vocab=64, hidden=32, heads=4, kv_heads=2, ffn=64, seq=24, layers=1, norm="rms_norm",
+              dtype="bf16", rotary=True, swiglu=True)
+    rep = cs.tp.check_gpt_equivalence(sim, lengths=[24, 9, 16], **kw)
+    assert rep.passed, [c for c in rep.checks if not c.passed]
+    assert any(c.against == "host replay" for c in rep.checks)
+    assert abs(rep.mean_loss - math.log(64)) < 0.15 * math.log(64)
+    padded = cs.tp.run_gpt(sim, lengths=[24, 9, 16], **kw).mean_loss
+    full = cs.tp.run_gpt(sim, **kw).mean_loss
+    assert padded == rep.mean_loss and padded != full
+    with pytest.raises(cs.RankError, match="sequence 1 has length 25; valid lengths are 1 to seq 24"):
+        cs.tp.run_gpt(sim, lengths=[24, 25, 3], **kw)
+    with pytest.raises(cs.RankError, match="2 lengths for a batch of 3 sequences"):
+        cs.tp.run_gpt(sim, lengths=[24, 5], **kw)
+    with pytest.raises(ValueError, match=r"lengths\[1\]"):
+        cs.tp.run_gpt(sim, lengths=[24, -1, 3], **kw)
