@@ -435,6 +435,18 @@ def cmd_run(args):
             raise UsageError(f"--heads {args.heads}: must divide --hidden {args.hidden} (head size = hidden / heads)")
         if args.kv_heads and args.heads % args.kv_heads:
             raise UsageError(f"--kv-heads {args.kv_heads}: must divide --heads {args.heads} (query groups)")
+        if args.lengths is not None:
+            try:
+                args.lengths = [int(x) for x in args.lengths.split(",")]
+            except ValueError:
+                raise UsageError(f"--lengths {args.lengths}: give one length per sequence, comma-separated "
+                                 f"(e.g. --lengths {','.join([str(args.seq)] * args.batch)})") from None
+            if len(args.lengths) != args.batch:
+                raise UsageError(f"--lengths: {len(args.lengths)} lengths for --batch {args.batch}; give one per "
+                                 "sequence")
+            bad = [n for n in args.lengths if not 1 <= n <= args.seq]
+            if bad:
+                raise UsageError(f"--lengths: {bad[0]} is outside 1..--seq {args.seq} (each sequence's real tokens)")
     sets = parse_sets(args.set)
     sim = backend["simulates"]
     topo = None
@@ -499,7 +511,8 @@ def cmd_run(args):
                      kv_heads=args.kv_heads, ffn=args.ffn, seq=args.seq, layers=args.layers, norm=args.norm,
                      dtype=args.dtype, gelu=args.gelu, swiglu=args.swiglu, rotary=args.rotary, bias=not args.no_bias,
                      sequence_parallel=args.sequence_parallel,
-                     tie_embeddings=not args.untie_embeddings, seed=args.seed, data_seed=args.data_seed)
+                     tie_embeddings=not args.untie_embeddings, seed=args.seed, data_seed=args.data_seed,
+                     lengths=args.lengths)
     where = f"{tp} rank{'s' if tp > 1 else ''} on " + (f"'{topo.name}'" if topo else args.backend)
     with Progress(f"{MODEL_NAMES[args.model]} forward+backward, {where}"):
         if gpt and args.timing_only:
@@ -606,6 +619,7 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
             f"{g['dtype']}"
             f"{', bias' if g['bias'] else ', no bias'}{', tied embeddings' if g['tie_embeddings'] else ''}"
             f"{', sequence parallel' if g['sequence_parallel'] else ''}"
+            f"{', right padding ' + ','.join(map(str, g['lengths'])) + ' real tokens' if g.get('lengths') else ''}"
         )
     else:
         m = result["mlp"]
@@ -1293,6 +1307,9 @@ def build_parser():
                    help="SwiGLU MLP (silu(gate)·up, the Llama MLP; fc1 twice as wide) instead of GELU")
     g.add_argument("--rotary", action="store_true",
                    help="rotary position embeddings on the query and key heads (RoPE, as GPT-NeoX and Llama)")
+    g.add_argument("--lengths", default=None, metavar="L1,L2,...",
+                   help="right padding: each sequence's real tokens (1..--seq), one per --batch; the loss is the mean "
+                        "over real tokens (Megatron's loss mask)")
     g.add_argument("--untie-embeddings", action="store_true",
                    help="an LM head of its own (default: tied to the embedding, as Megatron's GPT)")
     run.add_argument("--algorithm", default="ring", choices=[a["name"] for a in cs.algorithms()],

@@ -52,6 +52,9 @@ def test_timing_only_gpt_takes_the_functional_runs_time(capsys, tmp_path):
      "here: 1, 2"),
     (["--heads", "6"], "--heads 6: must divide --hidden 64"),
     (["--kv-heads", "3"], "--kv-heads 3: must divide --heads 8"),
+    (["--batch", "2", "--lengths", "72"], "--lengths: 1 lengths for --batch 2; give one per sequence"),
+    (["--batch", "2", "--lengths", "72,73"], "--lengths: 73 is outside 1..--seq 72"),
+    (["--lengths", "x"], "--lengths x: give one length per sequence, comma-separated (e.g. --lengths 72)"),
 ])
 def test_run_gpt_refuses_sizes_naming_the_valid_choices(capsys, argv, message):
     args = SMALL + argv  # later flags win
@@ -91,3 +94,14 @@ def test_api_gpt_with_right_padding_masks_the_loss_and_checks_equivalence():
         cs.tp.run_gpt(sim, lengths=[24, 5], **kw)
     with pytest.raises(ValueError, match=r"lengths\[1\]"):
         cs.tp.run_gpt(sim, lengths=[24, -1, 3], **kw)
+
+
+def test_run_gpt_with_right_padding(capsys, tmp_path):
+    path = tmp_path / "gpt.json"
+    rc, out, err = run_cli(capsys, "run", "--model", "gpt", "--topology", "ring4", "--tp", "2", "--batch", "2",
+                           "--lengths", "72,30", *SMALL, "--json", str(path))
+    assert rc == 0, err
+    assert "check: PASS" in out and "right padding 72,30 real tokens" in out
+    d = json.loads(path.read_text())
+    assert d["gpt"]["lengths"] == [72, 30] and d["pass"] is True
+    assert abs(d["loss"] - math.log(128)) < 0.1 * math.log(128)
