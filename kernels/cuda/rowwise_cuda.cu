@@ -93,6 +93,44 @@ constexpr std::size_t row_sweep_smem() {
   return sizeof(float) * kBufs * NT * kChains * (row_cols<NT>() + 1);
 }
 
+// The chains of a sweep (row or column), shared by both: the loader warps (threads 32 and up) keep
+// kBufs - 1 chunks of K terms staged ahead through load(first term, buffer); warp 0's lanes each walk
+// one chain over all `total` terms in order, term c of buffer buf read by at(buf, c, v). Returns the
+// lane's state (the loaders' is unused).
+template <int NT, int K, class Op, class Load, class At>
+__device__ __forceinline__ typename Op::State sweep_chains(const Op& op, std::int64_t total, Load& load, At&& at) {
+  const int tid = threadIdx.x;
+  const std::int64_t chunks = (total + K - 1) / K;
+  if (tid >= 32) {
+    for (int i = 0; i < kBufs - 1 && i < chunks; ++i) load(i * K, i);
+  }
+  typename Op::State st{};
+  op.init(st);
+  __syncthreads();
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const int buf = static_cast<int>(i % kBufs);
+    if (tid >= 32) {
+      const std::int64_t ahead = i + kBufs - 1;  // into the buffer chunk i - 1 left
+      if (ahead < chunks) load(ahead * K, static_cast<int>(ahead % kBufs));
+    } else {
+      const int m = static_cast<int>(std::min<std::int64_t>(K, total - i * K));
+      auto step = [&](int c) {
+        float v[NT];
+        at(buf, c, v);
+        op.step(st, v);
+      };
+      if (m == K) {
+#pragma unroll 16
+        for (int c = 0; c < K; ++c) step(c);
+      } else {
+        for (int c = 0; c < m; ++c) step(c);
+      }
+    }
+    __syncthreads();
+  }
+  return st;
+}
+
 template <int NT, class Op>
 __global__ void __launch_bounds__(kSweepThreads) row_sweep_kernel(Op op, std::int64_t rows, std::int64_t n) {
   constexpr int K = row_cols<NT>(), P = K + 1, kRowsPer = (kChains + kLoaderWarps - 1) / kLoaderWarps,
@@ -137,35 +175,10 @@ __global__ void __launch_bounds__(kSweepThreads) row_sweep_kernel(Op op, std::in
       }
     }
   };
-  const std::int64_t chunks = (n + K - 1) / K;
-  if (tid >= 32) {
-    for (int i = 0; i < kBufs - 1 && i < chunks; ++i) load_chunk(i * K, i);
-  }
-  typename Op::State st{};
-  op.init(st);
-  __syncthreads();
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    const int buf = static_cast<int>(i % kBufs);
-    if (tid >= 32) {
-      const std::int64_t ahead = i + kBufs - 1;  // into the buffer chunk i - 1 left
-      if (ahead < chunks) load_chunk(ahead * K, static_cast<int>(ahead % kBufs));
-    } else {
-      const int m = static_cast<int>(std::min<std::int64_t>(K, n - i * K));
-      auto step = [&](int c) {
-        float v[NT];
+  const typename Op::State st = sweep_chains<NT, K>(op, n, load_chunk, [&](int buf, int c, float (&v)[NT]) {
 #pragma unroll
-        for (int k = 0; k < NT; ++k) v[k] = tile(buf, k, tid, c);
-        op.step(st, v);
-      };
-      if (m == K) {
-#pragma unroll 16
-        for (int c = 0; c < K; ++c) step(c);
-      } else {
-        for (int c = 0; c < m; ++c) step(c);
-      }
-    }
-    __syncthreads();
-  }
+    for (int k = 0; k < NT; ++k) v[k] = tile(buf, k, tid, c);
+  });
   if (tid < 32 && r0 + tid < rows) op.finish(r0 + tid, st);
 }
 
@@ -224,35 +237,10 @@ __global__ void __launch_bounds__(kSweepThreads) col_sweep_kernel(Op op, std::in
       }
     }
   };
-  const std::int64_t chunks = (rows + R - 1) / R;
-  if (tid >= 32) {
-    for (int i = 0; i < kBufs - 1 && i < chunks; ++i) load_chunk(i * R, i);
-  }
-  typename Op::State st{};
-  op.init(st);
-  __syncthreads();
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    const int buf = static_cast<int>(i % kBufs);
-    if (tid >= 32) {
-      const std::int64_t ahead = i + kBufs - 1;
-      if (ahead < chunks) load_chunk(ahead * R, static_cast<int>(ahead % kBufs));
-    } else {
-      const int m = static_cast<int>(std::min<std::int64_t>(R, rows - i * R));
-      auto step = [&](int r) {
-        float v[NT];
+  const typename Op::State st = sweep_chains<NT, R>(op, rows, load_chunk, [&](int buf, int r, float (&v)[NT]) {
 #pragma unroll
-        for (int k = 0; k < NT; ++k) v[k] = tile(buf, k, r, tid);
-        op.step(st, v);
-      };
-      if (m == R) {
-#pragma unroll 16
-        for (int r = 0; r < R; ++r) step(r);
-      } else {
-        for (int r = 0; r < m; ++r) step(r);
-      }
-    }
-    __syncthreads();
-  }
+    for (int k = 0; k < NT; ++k) v[k] = tile(buf, k, r, tid);
+  });
   if (tid < 32 && c0 + tid < n) op.finish(c0 + tid, st);
 }
 
