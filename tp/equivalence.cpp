@@ -221,12 +221,7 @@ EquivalenceReport check_gpt_equivalence(rt::Context& ctx, const GptCheckOptions&
   rep.run = tpr.report;
   double sum = 0;
   for (float l : tpr.full.at("loss")) sum += l;  // padding tokens report 0
-  std::int64_t real = static_cast<std::int64_t>(tpr.full.at("loss").size());
-  if (!o.lengths.empty()) {
-    real = 0;
-    for (const std::int64_t n : o.lengths) real += n;
-  }
-  rep.mean_loss = sum / static_cast<double>(real);
+  rep.mean_loss = sum / static_cast<double>(real_tokens(o.lengths, static_cast<std::int64_t>(tpr.full.at("loss").size())));
   rt::Context host1(rt::ContextOptions{.world_size = 1});
   GptCheckOptions ro = o;
   ro.model.sequence_parallel = false;

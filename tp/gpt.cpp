@@ -143,6 +143,28 @@ GPTModel::GPTModel(rt::Context& ctx, GptOptions o)
   if (o.tie_embeddings) lm_head.weight = embedding.weight;  // one tensor: [vocab / tp, hidden] both
 }
 
+void check_lengths(const char* who, std::span<const std::int64_t> lengths, std::int64_t batch, std::int64_t seq) {
+  if (lengths.empty()) return;
+  if (static_cast<std::int64_t>(lengths.size()) != batch) {
+    throw rt::RuntimeError(fmt::format("{}: {} lengths for a batch of {} sequences; give one length (real tokens, "
+                                       "right padding) per sequence",
+                                       who, lengths.size(), batch));
+  }
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    if (lengths[b] < 1 || lengths[b] > seq) {
+      throw rt::RuntimeError(fmt::format("{}: sequence {} has length {}; valid lengths are 1 to seq {}", who, b,
+                                         lengths[b], seq));
+    }
+  }
+}
+
+std::int64_t real_tokens(std::span<const std::int64_t> lengths, std::int64_t tokens) {
+  if (lengths.empty()) return tokens;
+  std::int64_t n = 0;
+  for (const std::int64_t l : lengths) n += l;
+  return n;
+}
+
 rt::Tensor GPTModel::forward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets,
                              std::span<const std::int64_t> lengths) {
   if (ids.size() != targets.size() || ids.empty() || static_cast<std::int64_t>(ids.size()) % opts.seq != 0) {
@@ -150,19 +172,7 @@ rt::Tensor GPTModel::forward(std::span<const std::int64_t> ids, std::span<const 
                                        ids.size(), targets.size(), opts.seq));
   }
   const std::int64_t batch = static_cast<std::int64_t>(ids.size()) / opts.seq;
-  if (!lengths.empty()) {
-    if (static_cast<std::int64_t>(lengths.size()) != batch) {
-      throw rt::RuntimeError(fmt::format("GPTModel.forward: {} lengths for a batch of {} sequences; give one length "
-                                         "(real tokens, right padding) per sequence",
-                                         lengths.size(), batch));
-    }
-    for (std::size_t b = 0; b < lengths.size(); ++b) {
-      if (lengths[b] < 1 || lengths[b] > opts.seq) {
-        throw rt::RuntimeError(fmt::format("GPTModel.forward: sequence {} has length {}; valid lengths are 1 to seq {}",
-                                           b, lengths[b], opts.seq));
-      }
-    }
-  }
+  check_lengths("GPTModel.forward", lengths, batch, opts.seq);
   lengths_.assign(lengths.begin(), lengths.end());
   rt::Tensor h = embedding.forward(ids);
   for (auto& l : layers) h = l->forward(h, lengths_);
@@ -184,12 +194,7 @@ void GPTModel::backward() {
   rt::Tensor dloss = ctx_.empty(rank_, {tokens}, DType::f32, "dloss");
   if (!ctx_.backend().timing_only()) {
     // d(mean over the real tokens): 1 / real tokens on each, 0 on padding (no padding: every token).
-    std::int64_t real = tokens;
-    if (!lengths_.empty()) {
-      real = 0;
-      for (const std::int64_t n : lengths_) real += n;
-    }
-    std::vector<float> v(static_cast<std::size_t>(tokens), 1.0f / static_cast<float>(real));
+    std::vector<float> v(static_cast<std::size_t>(tokens), 1.0f / static_cast<float>(real_tokens(lengths_, tokens)));
     for (std::size_t b = 0; b < lengths_.size(); ++b)
       for (std::int64_t t = lengths_[b]; t < opts.seq; ++t) v[b * static_cast<std::size_t>(opts.seq) + static_cast<std::size_t>(t)] = 0.0f;
     dloss.copy_from_host_f32(v.data(), tokens);

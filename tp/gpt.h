@@ -13,7 +13,9 @@
 //     With right padding (forward's lengths: each sequence's real tokens), Megatron's loss mask: the
 //     mean is over the real tokens only, padding tokens' losses are reported as 0 and give no
 //     gradient, and every layer's attention ignores padding keys; a sequence's real tokens' losses
-//     are then bitwise those it gives alone (unpadded, at its own length).
+//     are then bitwise those it gives alone (unpadded, at its own length). A sequence of length n has
+//     n loss positions, targets[0..n) (the targets are the next tokens, given beside the ids; in
+//     Megatron, where the labels are the ids shifted, n ids give n - 1).
 //
 //   tp::GPTModel gpt(ctx, {.vocab = 1024, .hidden = 256, .heads = 8, .kv_heads = 2, .ffn = 1024,
 //                          .seq = 128, .layers = 2});
@@ -98,6 +100,13 @@ struct GptOptions {
 
   TransformerLayerOptions layer(int number) const;
 };
+
+// Right padding's checks and count, one owner for the model, the step job and the equivalence check.
+// check_lengths: RuntimeError naming `who`, unless lengths is empty or has one length in [1, seq] per
+// sequence of a batch of `batch`. real_tokens: the tokens the loss is the mean over (every token of
+// batch x seq when lengths is empty).
+void check_lengths(const char* who, std::span<const std::int64_t> lengths, std::int64_t batch, std::int64_t seq);
+std::int64_t real_tokens(std::span<const std::int64_t> lengths, std::int64_t tokens);
 
 class GPTModel {
  public:

@@ -27,6 +27,7 @@ GptStepResult run_gpt_step(rt::Context& ctx, const GptStepOptions& o) {
                                        "values); collect none, or use a context with values",
                                        fn));
   }
+  check_lengths(fn, o.lengths, o.batch, o.model.seq);  // before any rank starts
   GptOptions mo = o.model;
   mo.sequence_parallel = mo.sequence_parallel && o.tp > 1;
   const std::int64_t S = mo.seq;
@@ -50,12 +51,7 @@ GptStepResult run_gpt_step(rt::Context& ctx, const GptStepOptions& o) {
     if (values && rank == 0) {
       double sum = 0;
       for (float l : loss.to_host_f32()) sum += l;  // padding tokens report 0
-      std::int64_t real = loss.numel();
-      if (!o.lengths.empty()) {
-        real = 0;
-        for (const std::int64_t n : o.lengths) real += n;
-      }
-      res.mean_loss = sum / static_cast<double>(real);
+      res.mean_loss = sum / static_cast<double>(real_tokens(o.lengths, loss.numel()));
     }
     if (o.collect != Collect::none) {
       auto& m = res.tensors[static_cast<std::size_t>(rank)];

@@ -144,7 +144,23 @@ kernels::AttentionShape ParallelAttention::shape(std::int64_t rows) const {
 }
 
 rt::Tensor ParallelAttention::forward(const rt::Tensor& x, std::span<const std::int64_t> lengths) {
-  lengths_.assign(lengths.begin(), lengths.end());  // checked by attention_qkv against the batch and seq
+  if (!lengths.empty()) {  // before any work: one length in [0, seq] per sequence
+    const std::int64_t rows = x.size(0) * (opts.sequence_parallel ? get_tensor_model_parallel_world_size() : 1);
+    const std::int64_t batch = rows / opts.seq;
+    if (static_cast<std::int64_t>(lengths.size()) != batch) {
+      throw rt::RuntimeError(fmt::format("ParallelAttention.forward: {} lengths for a batch of {} sequences of seq {}; "
+                                         "give one length (real tokens, right padding) per sequence",
+                                         lengths.size(), batch, opts.seq));
+    }
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      if (lengths[b] < 0 || lengths[b] > opts.seq) {
+        throw rt::RuntimeError(fmt::format("ParallelAttention.forward: sequence {} has length {}; valid lengths are 0 "
+                                           "to seq {}",
+                                           b, lengths[b], opts.seq));
+      }
+    }
+  }
+  lengths_.assign(lengths.begin(), lengths.end());
   qkv_output = qkv.forward(x).output;
   const std::int64_t rows = qkv_output.size(0);
   const kernels::AttentionShape s = shape(rows);

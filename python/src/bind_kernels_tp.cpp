@@ -337,7 +337,15 @@ tp::GptStepOptions gpt_step_args(const rt::Context& ctx, const char* who, GPT_AR
   o.tp = static_cast<int>(int_arg(tp_arg, "tp", 1, kIntMax));
   o.batch = int_arg(batch, "batch", 1, kI64Max);
   o.data_seed = u64_arg(data_seed, "data_seed");
-  if (!lengths.is_none()) o.lengths = shape_arg(lengths, "lengths");  // GPTModel checks each against seq
+  if (!lengths.is_none()) {
+    o.lengths = shape_arg(lengths, "lengths");
+    if (o.lengths.empty()) throw py::value_error("lengths: give one length per sequence (real tokens), or None");
+    try {
+      tp::check_lengths(who, o.lengths, o.batch, o.model.seq);
+    } catch (const rt::RuntimeError& e) {
+      throw py::value_error(e.what());
+    }
+  }
   check_gpt_algorithm(ctx, o.tp, sp && o.tp > 1, who);
   return o;
 }

@@ -162,9 +162,11 @@ class Simulator {
   // cold every time it runs. The scheduler's stack, just below where its loop waits, is where
   // every callback runs: its lines stay in the cache. Work that does not block (starting a
   // transfer, pricing an op) done there touches no cold stack; only the frames a process keeps
-  // while blocked stay on its own stack. From a callback, outside run(), nested, or in an
-  // AddressSanitizer build f runs where it is called. A process that blocks inside f is an
-  // internal error (abort), not undefined behaviour.
+  // while blocked stay on its own stack. From a callback, outside run(), nested, in an
+  // AddressSanitizer build, under CET shadow stacks or off x86-64 ELF f runs where it is called. A
+  // process that blocks inside f is an internal error (abort), not undefined behaviour. A simulator
+  // run inside another's process has that process's stack as its scheduler's: f then uses what is
+  // left of it (SimulatorOptions::stack_size; guarded only with protected_stacks).
   template <class F>
   auto off_stack(F&& f);
   bool in_off_stack_call() const { return off_stack_ != nullptr; }
@@ -254,8 +256,9 @@ std::uint64_t Simulator::spawn(std::string name, F&& fn, void* user) {
 template <class F>
 auto Simulator::off_stack(F&& f) {
   using R = std::invoke_result_t<F&>;
+  static_assert(!std::is_reference_v<R>, "Simulator::off_stack: return a pointer rather than a reference");
   struct Call {
-    F* f;
+    std::remove_reference_t<F>* f;
     std::exception_ptr error;
     std::conditional_t<std::is_void_v<R>, char, std::optional<R>> result;
     static void run(void* arg) {

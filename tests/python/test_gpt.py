@@ -88,10 +88,12 @@ def test_api_gpt_with_right_padding_masks_the_loss_and_checks_equivalence():
     padded = cs.tp.run_gpt(sim, lengths=[24, 9, 16], **kw).mean_loss
     full = cs.tp.run_gpt(sim, **kw).mean_loss
     assert padded == rep.mean_loss and padded != full
-    with pytest.raises(cs.RankError, match="sequence 1 has length 25; valid lengths are 1 to seq 24"):
+    with pytest.raises(ValueError, match="sequence 1 has length 25; valid lengths are 1 to seq 24"):
         cs.tp.run_gpt(sim, lengths=[24, 25, 3], **kw)
-    with pytest.raises(cs.RankError, match="2 lengths for a batch of 3 sequences"):
-        cs.tp.run_gpt(sim, lengths=[24, 5], **kw)
+    with pytest.raises(ValueError, match="2 lengths for a batch of 3 sequences"):
+        cs.tp.check_gpt_equivalence(sim, lengths=[24, 5], **kw)
+    with pytest.raises(ValueError, match="give one length per sequence"):
+        cs.tp.run_gpt(sim, lengths=[], **kw)
     with pytest.raises(ValueError, match=r"lengths\[1\]"):
         cs.tp.run_gpt(sim, lengths=[24, -1, 3], **kw)
 

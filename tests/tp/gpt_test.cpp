@@ -122,7 +122,9 @@ TEST(TpGptPadding, RealTokensGiveTheirBitsAloneAndPaddingChangesNothing) {
     m.seq = 24;
     const std::vector<std::int64_t> lengths{24, 10, 16};
     const std::int64_t B = static_cast<std::int64_t>(lengths.size());
-    std::mt19937_64 rng(std::random_device{}());
+    const std::uint64_t seed = std::random_device{}();
+    SCOPED_TRACE(::testing::Message() << "data seed " << seed);
+    std::mt19937_64 rng(seed);
     std::uniform_int_distribution<std::int64_t> tok(0, m.vocab - 1);
     std::vector<std::int64_t> ids(static_cast<std::size_t>(B * m.seq)), targets(ids.size());
     for (auto& v : ids) v = tok(rng);
@@ -152,6 +154,28 @@ TEST(TpGptPadding, RealTokensGiveTheirBitsAloneAndPaddingChangesNothing) {
       const PaddedRun one = run_padded(sim, tp, alone, ids1, targets1, {});
       const std::vector<float> mine(a.loss.begin() + b * m.seq, a.loss.begin() + b * m.seq + n);
       EXPECT_TRUE(same_bits(mine, one.loss)) << "sequence " << b << (sim ? " sim" : " host");
+      if (b == 1) {
+        // The gradients of the loss mask's mean: sequence 1 alone in a batch, padded to seq, against it
+        // unpadded at its own length (both the mean over its n tokens; a wrong divisor is off by seq / n).
+        // The padding rows add exact zeros to the weight gradients' sums, so without sequence parallelism
+        // they agree to the signs of zeros at most; with it the norms' gradients are each rank's rows
+        // rounded to bf16 and all-reduced, and the ranks hold other rows when the batch is padded: a few
+        // bf16 roundings apart.
+        std::vector<std::int64_t> ids_p(ids.begin() + b * m.seq, ids.begin() + (b + 1) * m.seq);
+        std::vector<std::int64_t> targets_p(targets.begin() + b * m.seq, targets.begin() + (b + 1) * m.seq);
+        const PaddedRun padded1 = run_padded(sim, tp, m, ids_p, targets_p, {n});
+        ASSERT_EQ(padded1.grads.size(), one.grads.size());
+        for (std::size_t i = 0; i < one.grads.size(); ++i) {
+          double num = 0, den = 0;
+          for (std::size_t k = 0; k < one.grads[i].size(); ++k) {
+            const double d = static_cast<double>(padded1.grads[i][k]) - one.grads[i][k];
+            num += d * d;
+            den += static_cast<double>(one.grads[i][k]) * one.grads[i][k];
+          }
+          EXPECT_LE(std::sqrt(num), (c.sp ? 1e-2 : 1e-6) * std::sqrt(den)) << "gradient " << i << " padded vs alone"
+                                                            << (sim ? " sim" : " host");
+        }
+      }
       for (std::int64_t t = n; t < m.seq; ++t) EXPECT_EQ(a.loss[static_cast<std::size_t>(b * m.seq + t)], 0.0f);
       for (const float v : mine) real_sum += v;
     }

@@ -180,7 +180,9 @@ TEST(TpTransformerPadding, RealRowsGiveTheirBitsAloneWhateverThePaddingHolds) {
   const std::int64_t S = 20, H = 32;
   const std::vector<std::int64_t> lengths{20, 7, 12};
   const std::int64_t B = static_cast<std::int64_t>(lengths.size());
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "data seed " << seed);
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(B * S * H)), dy(x.size());
   for (auto& v : x) v = nd(rng);
