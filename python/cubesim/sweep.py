@@ -1248,12 +1248,13 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
     case, where waiting on the whole pending set would cost O(cases) each time)."""
     import queue
     ex = mpi_ex if kind == "mpi" else make_executor(kind, jobs, timeout)
-    starts = {}
+    starts = {}  # thread executor: case index -> when it began, while it runs
+    fut_of = {}  # thread executor: case index -> its future
     abandoned = 0
     finished_q = queue.Queue()
 
     def timed(config, idx):
-        starts[idx] = time.monotonic()
+        starts[idx] = time.monotonic()  # running now: the driver checks only these for timeouts
         return run_case(config)
 
     def record(c, status, value):
@@ -1286,6 +1287,7 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
             next_case += len(group)
             if kind == "thread":
                 f = ex.submit(timed, group[0].config, group[0].index)
+                fut_of[group[0].index] = f
             elif kind == "process":
                 f = ex.submit(run_case, group[0].config)
             else:
@@ -1308,6 +1310,7 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
             if f is not None and f in pending:
                 pending.discard(f)
                 group = futs[f]
+                starts.pop(group[0].index, None)
                 try:
                     res = f.result()
                     if kind == "mpi":
@@ -1328,10 +1331,16 @@ def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
                 finished += len(group)
                 refill()
             if kind == "thread":  # a thread cannot be killed: record the case and leave the thread
+                # Only the running cases (at most the threads'), not every pending one: a sweep of
+                # thousands submitted at once made this O(cases) per finished case, under the GIL.
                 now = time.monotonic()
-                for f in [f for f in pending if starts.get(futs[f][0].index) is not None]:
-                    c = futs[f][0]
-                    if now - starts[c.index] > timeout:
+                for idx, began in list(starts.items()):
+                    if now - began <= timeout:
+                        continue
+                    starts.pop(idx)
+                    f = fut_of[idx]
+                    if f in pending:
+                        c = futs[f][0]
                         d.write(c, "timeout", error=f"timed out after {timeout:g} s (it runs on in its thread, which "
                                 "a new one replaced; the process executor kills such cases)", wall_s=timeout)
                         pending.discard(f)
@@ -1534,8 +1543,42 @@ def _independent_rate(cases, n):
     return n * len(cases) / dt
 
 
+def _synthetic_case(hold_s, free_s):
+    """A stand-in for run_case that holds the GIL hold_s (Python work) and then releases it free_s
+    (the simulation): with it the thread executor's own cost shows on any machine, since a released
+    wait needs no core."""
+    def case(config):
+        end = time.perf_counter() + hold_s
+        while time.perf_counter() < end:
+            pass
+        time.sleep(free_s)
+        return {"metrics": {"sim_time_ps": 0}, "wall_s": hold_s + free_s}
+    return case
+
+
+def executor_overhead(cases=4000, jobs=16, hold_ms=0.15, free_ms=4.0, tmpdir=None):
+    """The thread executor and the sweep's driver alone: `cases` synthetic cases on `jobs` threads, each
+    holding the GIL hold_ms (about a real case's Python share: its config, the Context's creation and
+    report) and then releasing it free_ms. Efficiency = rate / (jobs / (hold + free)): what the executor,
+    the database writes and the GIL's hand-over leave of the ideal, independent of the machine's cores
+    (the held parts need at most jobs x hold / (hold + free) of one core)."""
+    import tempfile
+    global run_case
+    real = run_case
+    run_case = _synthetic_case(hold_ms * 1e-3, free_ms * 1e-3)
+    try:
+        with tempfile.TemporaryDirectory(dir=tmpdir) as tmp:
+            res = run(bench_spec(cases), Path(tmp) / "overhead.db", executor="thread", jobs=jobs)
+    finally:
+        run_case = real
+    rate = cases / res.elapsed_s
+    ideal = jobs / ((hold_ms + free_ms) * 1e-3)
+    return {"executor": "thread (synthetic)", "workers": jobs, "cases": cases, "cases_per_s": rate,
+            "efficiency": rate / ideal, "hold_ms": hold_ms, "free_ms": free_ms}
+
+
 def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(), serial_cases=None, tmpdir=None,
-              mpi_cases_per_worker=None):
+              mpi_cases_per_worker=None, overhead_jobs=16):
     """Cases per second: serially in this process (the single-case rate), then per executor with
     `jobs` workers; efficiency = rate / (jobs x single-case rate). Rates are the sweep's own (its
     elapsed_s: from the first case handed out to the last recorded); `end_to_end` adds the start (the
@@ -1591,4 +1634,6 @@ def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(),
                              "of_independent": rate / (ceiling if n == jobs else _independent_rate(serial, n)),
                              "end_to_end_cases_per_s": per * n / total,
                              "oversubscribed": n + 1 > (os.cpu_count() or 1)})
+    if "thread" in executors and overhead_jobs:
+        rows.append(executor_overhead(cases=max(cases, 250 * overhead_jobs), jobs=overhead_jobs, tmpdir=tmpdir))
     return rows

@@ -114,7 +114,18 @@ std::shared_ptr<rt::Context> make_context(const std::string& backend, const py::
     args.topology = given ? &*given : nullptr;
     c = info.make(o, args);
   }
-  return CtxPtr(std::move(c));
+  // Tearing a simulation down (its units, stores and fiber stacks) takes a while and touches no
+  // Python object: the last reference's owner lets other threads run Python meanwhile (a thread
+  // sweep's workers each drop a Context a case). Held by a fiber's own thread state, or not at all,
+  // the GIL stays as it is.
+  return CtxPtr(c.release(), [](rt::Context* p) {
+    if (PyGILState_Check()) {
+      ReleaseGil nogil;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
 }
 
 rt::CollectiveOptions coll_opts(const std::optional<std::string>& algorithm, std::optional<bool> accumulate_f32,
