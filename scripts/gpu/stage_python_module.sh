@@ -9,6 +9,8 @@
 # CUDA on; scripts/gpu/stage_cuda_backend.sh configures it); static cudart and Boost.Context, NCCL by
 # dlopen there, as for the other GPU binaries. libstdc++ is the machine's own (newer than this one's);
 # STATIC_CXX=1 links this machine's into the module instead. OUT_DIR: another folder than gpu-out/python.
+# BUILD: the build folder whose libraries go in (default build-cu; the default `build` works too where
+# CMake found nvcc here, as it does on this machine: enough for sweeps, which run no GPU code).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY_ROOT=${PY_ROOT:-/tmp/py312}
@@ -17,11 +19,12 @@ PY_INC="$PY_ROOT/usr/include/python$PY_VER"
 PB_INC=$(find "$PY_ROOT" -path '*pybind11/include' -type d | head -1)
 [ -f "$PY_INC/Python.h" ] || { echo "no Python.h under $PY_INC: copy the GPU machine's headers first (see the top of $0)" >&2; exit 2; }
 [ -n "$PB_INC" ] || { echo "no pybind11/include under $PY_ROOT (see the top of $0)" >&2; exit 2; }
-[ -f build-cu/CMakeCache.txt ] || cmake -S . -B build-cu -DCMAKE_BUILD_TYPE=Release -DCUBESIM_BUILD_PYTHON=OFF -DCUBESIM_CUDA=ON
-cmake --build build-cu --target cubesim_runtime_cuda cubesim_backends cubesim_tp cubesim_sdc -j2
+b=${BUILD:-build-cu}
+[ -f $b/CMakeCache.txt ] || cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release -DCUBESIM_BUILD_PYTHON=OFF -DCUBESIM_CUDA=ON
+cmake --build $b --target cubesim_runtime_cuda cubesim_backends cubesim_tp cubesim_sdc -j2
 suffix=".cpython-${PY_VER/./}-x86_64-linux-gnu.so"
 out=${OUT_DIR:-gpu-out/python}/cubesim
-obj=build-cu/py${PY_VER/./}
+obj=$b/py${PY_VER/./}
 mkdir -p "$out" "$obj"
 flags=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -ffp-contract=off -fno-fast-math
        -DFMT_HEADER_ONLY=1 -DCUBESIM_PY_HAVE_CUDA=1 -I. -isystem "$PY_INC" -isystem "$PY_ROOT/usr/include" -isystem "$PB_INC"
@@ -42,7 +45,6 @@ for src in python/src/*.cpp; do
 done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 for o in "${objs[@]}"; do [ -f "$o" ] || { echo "not compiled: $o" >&2; exit 1; }; done
-b=build-cu
 g++ -shared -o "$out/_cubesim$suffix" "${objs[@]}" \
   $b/sdc/libcubesim_sdc.a $b/tp/libcubesim_tp.a $b/runtime/libcubesim_backends.a $b/runtime/libcubesim_runtime_cuda.a \
   $b/kernels/cuda/libcubesim_kernels_cuda.a $b/runtime/libcubesim_runtime.a $b/kernels/libcubesim_kernels.a \
