@@ -64,6 +64,17 @@ struct Server {
     forget(forget_before);
     if (d == 0) return {ready, ready};
     auto& v = booked_;
+    if (v.size() == head_ || v.back().second <= ready) {
+      // Ready after every booking (a stream of chunks mostly is): no gap to search. What the loop
+      // below does in this case, without the bisection.
+      if (v.size() > head_ && v.back().second == ready) {
+        v.back().second = ready + d;
+      } else {
+        v.emplace_back(ready, ready + d);
+      }
+      if (ready + d > free) free = ready + d;
+      return {ready, ready + d};
+    }
     // Bookings are disjoint and sorted, so their ends are sorted too: find the first that ends
     // after `ready` by bisection (a congested link can leave thousands booked ahead).
     std::size_t i = static_cast<std::size_t>(
