@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -66,7 +67,8 @@ constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every con
 // each. Ping-pong: two consumer warpgroups take turns, each owning whole tiles of BM = 64 rows: tile p
 // of a CTA's sequence goes to consumer p % 2, and while one runs its epilogue the other runs its MMAs
 // (an ordering barrier hands the tensor cores over).
-template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false>
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false, int MMA_DEPTH_ = 1,
+          int BURST_ = 1>
 struct Cfg {
   static constexpr int NC = NC_;  // consumer warpgroups
   static constexpr bool PINGPONG = PINGPONG_;
@@ -74,6 +76,12 @@ struct Cfg {
   static constexpr int BM = PINGPONG ? 64 : 64 * NC_;  // rows of a CTA's tile (one stage's A)
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
+  // k-tiles of MMAs a consumer keeps in flight before it frees a stage (wgmma.wait_group depth).
+  static constexpr int MMA_DEPTH = MMA_DEPTH_;
+  // The producer refills stages BURST at a time (adjacent k-tiles together: longer runs of each
+  // operand row reach the memory at once).
+  static constexpr int BURST = BURST_;
+  static_assert(STAGES_ % BURST_ == 0 && MMA_DEPTH_ >= 1 && MMA_DEPTH_ < STAGES_, "burst / depth vs stages");
   // CTAs of a cluster along M: they work on vertically adjacent tiles with the same B panel, each
   // loads 1/CLUSTER of the B tile and multicasts it to all, so each pulls less from L2.
   static constexpr int CLUSTER = CLUSTER_;
@@ -95,6 +103,9 @@ struct Cfg {
   static constexpr bool TMA_EPILOGUE = BN_ >= 64;
   static constexpr int EPI_CHUNK_BYTES = 64 * 128;
   static constexpr int EPI_BYTES = TMA_EPILOGUE ? 2 * EPI_CHUNK_BYTES : 0;
+  // Cooperative TMA-epilogue tiles with a 2-byte output round their accumulators into registers
+  // (BN / 4 words) and store them while the next tile's first MMAs run (epilogue_packed).
+  static constexpr bool DEFER = TMA_EPILOGUE && !PINGPONG_;
   static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
   static_assert(SMEM <= 232448, "more shared memory than an SM has");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
@@ -105,6 +116,10 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
+// Small-M experiments (CUBESIM_TC_SMALL_EXP=1/2/3): MMAs 3 k-tiles deep, loads 4 stages at a time, both.
+using CfgSd = Cfg<1, 32, 16, 1, false, 3, 1>;
+using CfgSb = Cfg<1, 32, 16, 1, false, 1, 4>;
+using CfgSdb = Cfg<1, 32, 16, 1, false, 3, 4>;
 
 // Ping-pong: each consumer owns whole m64n256 tiles (4 stages of 40 KB).
 using CfgPW = Cfg<2, 256, 4, 1, true>;   // m64n256_pp
@@ -118,6 +133,7 @@ struct Epi {
   int M, N, K;
   DType c_dtype, bias_dtype;
   int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
+  int a_box_rows;        // k-major A: rows of A's TMA box (min(BM, M): no zero fill for small M)
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -321,6 +337,81 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
   }
 }
 
+// The TMA-store epilogue in two halves, for 2-byte outputs of cooperative tiles. pack_tile adds the
+// bias and rounds exactly as epilogue_tma does (the same __fadd_rn, the same round-to-nearest-even
+// conversion of the same pair), into BN / 4 registers of packed pairs; the accumulators are then free
+// and the consumer issues the next tile's first k-tiles of MMAs before store_packed writes the pairs
+// to the swizzled staging buffers (stmatrix: a warp's 16 x 16-byte rows a matrix quad, 4x fewer
+// shared stores than 4-byte stores) and hands each 64 x 128-byte chunk to a TMA store. So the
+// rounding and storing of one tile run under the tensor cores' work on the next.
+template <DType TC, int BN>
+__device__ __forceinline__ void pack_tile(const Epi& e, const float (&acc)[BN / 2], std::uint32_t (&pk)[BN / 4],
+                                          int col0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = col0 + 8 * j + 2 * (lane % 4);
+      float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if (e.bias) {
+        if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
+        if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
+      }
+      std::uint32_t w;
+      if constexpr (TC == DType::bf16) {
+        const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
+        std::memcpy(&w, &x, 4);
+      } else {
+        static_assert(TC == DType::f16, "2-byte outputs only");
+        const __half2 x = __floats2half2_rn(v0, v1);
+        std::memcpy(&w, &x, 4);
+      }
+      pk[2 * j + h] = w;
+    }
+  }
+}
+
+// pk[2j + h] is the 8 x 8 matrix of rows warp*16 + 8h + 0..7, columns 8j..8j+7 in the MMA fragment
+// layout stmatrix takes (thread t: row t / 4, columns 2 (t % 4), +1). A chunk is 64 columns (8 j's):
+// four x4 stores a warp, matrices (j, h) = (ch*8 + 2q + i/2, i % 2) for i = 0..3 from pk[ch*16 + 4q + i];
+// lane l gives row l % 8 of matrix l / 8. Row r's 16-byte unit u sits at unit u ^ (r % 8) (128-byte
+// swizzle), r % 8 being l % 8 here.
+template <int BN>
+__device__ __forceinline__ void store_packed(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
+                                             std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
+  constexpr int CW = 64;  // 2-byte columns in a 128-byte chunk
+  static_assert(BN % CW == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int i = lane / 8, rr = lane % 8;
+  const int r = warp * 16 + rr + 8 * (i % 2);
+#pragma unroll
+  for (int ch = 0; ch < BN / CW; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const std::uint32_t buf = bufs_smem + b * (64 * 128) + r * 128;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int jj = 2 * q + i / 2;
+      const std::uint32_t addr = buf + ((jj ^ rr) * 16);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                   "r"(pk[ch * 16 + 4 * q]), "r"(pk[ch * 16 + 4 * q + 1]), "r"(pk[ch * 16 + 4 * q + 2]),
+                   "r"(pk[ch * 16 + 4 * q + 3])
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
+    }
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------
 
 // AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
@@ -387,8 +478,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           const int s = it % C::STAGES;
           // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
           // this CTA's slice of B lands in all of them.
-          if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
-          mbar_expect_tx(full(s), C::STAGE_BYTES);  // whole boxes (zero fill counts), all B slices
+          if constexpr (C::BURST > 1) {
+            // Wait for BURST stages at once, then load their k-tiles back to back.
+            if (it >= C::STAGES && it % C::BURST == 0) {
+#pragma unroll
+              for (int q = 0; q < C::BURST; ++q) mbar_wait(empty((it + q) % C::STAGES), (((it + q) / C::STAGES) + 1) & 1);
+            }
+          } else {
+            if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
+          }
+          // whole boxes (zero fill counts), all B slices; a k-major A box of a_box_rows rows
+          mbar_expect_tx(full(s), AMN ? C::STAGE_BYTES : C::STAGE_BYTES - C::A_BYTES + e.a_box_rows * BK * 2);
           if constexpr (AMN) {
 #pragma unroll
             for (int j = 0; j < C::BM / 64; ++j)
@@ -435,6 +535,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // units p = cw, cw + 2, ... of the cluster's sequence, whose stages start at p * ktiles.
     constexpr int PSTEP = C::PINGPONG ? 2 : 1;
     int chunk = 0;
+    // Deferred epilogue (C::DEFER, 2-byte output through TMA): the last tile's rounded pairs, stored
+    // after the next tile's first k-tiles of MMAs are issued.
+    const bool defer = C::DEFER && e.tma_store && e.c_dtype != DType::f32;
+    std::uint32_t pk[C::DEFER ? C::BN / 4 : 1];
+    bool pending = false;
+    int prow0 = 0, pcol0 = 0;
+    const int store_kt = ktiles > 1 ? 1 : 0;  // after this k-tile's MMAs are issued (two in flight)
     for (int p = C::PINGPONG ? cw : 0;; p += PSTEP) {
       const long long unit_ll = cluster_id + static_cast<long long>(p) * clusters;
       if (unit_ll >= units) break;
@@ -468,9 +575,15 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           Wgmma<C::BN>::template mma<AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db);
         }
         wgmma_commit();
-        // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
-        wgmma_wait<1>();
-        if (kt > 0) release((it - 1) % C::STAGES);
+        if constexpr (C::DEFER) {
+          if (pending && kt == store_kt) {
+            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
+            pending = false;
+          }
+        }
+        // Keep the last MMA_DEPTH k-tiles' MMAs in flight; the one before is done: free its stage.
+        wgmma_wait<C::MMA_DEPTH>();
+        if (kt >= C::MMA_DEPTH) release((it - C::MMA_DEPTH) % C::STAGES);
       }
       if constexpr (C::PINGPONG) {
         // All of this tile's MMAs are issued: the other consumer's next tile may start its own.
@@ -478,10 +591,26 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           asm volatile("bar.arrive %0, 256;" ::"r"(3 + (1 - cw)) : "memory");
       }
       wgmma_wait<0>();
-      release((it - 1) % C::STAGES);
+#pragma unroll
+      for (int d = C::MMA_DEPTH; d >= 1; --d)
+        if (d <= ktiles) release((it - d) % C::STAGES);
 
       // Cooperative: this consumer's 64 rows of the tile; ping-pong: the whole (64-row) tile.
       const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
+      if constexpr (C::DEFER) {
+        if (defer) {
+          if (pending) {  // no k-tile stored it (K = 0)
+            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
+            pending = false;
+          }
+          if (e.c_dtype == DType::bf16) pack_tile<DType::bf16, C::BN>(e, acc, pk, col0);
+          else pack_tile<DType::f16, C::BN>(e, acc, pk, col0);
+          prow0 = row0;
+          pcol0 = col0;
+          pending = true;
+          continue;
+        }
+      }
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
@@ -499,6 +628,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
         case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
       }
+    }
+    if constexpr (C::DEFER) {
+      if (pending) store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
     }
     // The last TMA stores must have read shared memory (and be on their way) before the CTA leaves.
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -625,7 +757,12 @@ int resident_clusters() {
 template <class C, bool AMN, bool BMN>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   set_smem_attribute<C, AMN, BMN>();
-  const CUtensorMap ma = AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64, "A") : make_map(o.a, o.M, o.K, o.lda, C::BM);
+  // k-major A with M < BM: a box of M rows (one m-tile). The tile's rows past M keep whatever the
+  // stage held before and are never stored; an MMA row reads only its own row of A, so they change
+  // no stored element (pinned: every configuration gives the same bits, M from 1 up).
+  const int a_box_rows = static_cast<int>(std::min<std::int64_t>(C::BM, o.M));
+  const CUtensorMap ma =
+      AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64, "A") : make_map(o.a, o.M, o.K, o.lda, a_box_rows);
   const CUtensorMap mb = BMN ? make_map_mn(o.bt, o.N, o.K, o.ldb, C::B_MN_BOX, "B")
                              : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
@@ -639,6 +776,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
+  e.a_box_rows = a_box_rows;
   // in units of CLUSTER m-tiles: 16 m-tiles a group (ping-pong: 2048 rows a group, as m128 tiles)
   e.group_m = (C::PINGPONG ? 2048 / C::BM : 16) / C::CLUSTER;
   CUtensorMap mc;
@@ -678,6 +816,13 @@ template <class C>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   if (o.a_mn && o.b_mn) return launch<C, true, true>(o, bias, c, stream, sm_margin);
   if (o.a_mn) return launch<C, true, false>(o, bias, c, stream, sm_margin);
+  if (o.b_mn) return launch<C, false, true>(o, bias, c, stream, sm_margin);
+  launch<C, false, false>(o, bias, c, stream, sm_margin);
+}
+
+// k-major A only (the small-M experiments).
+template <class C>
+void launch_k(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   if (o.b_mn) return launch<C, false, true>(o, bias, c, stream, sm_margin);
   launch<C, false, false>(o, bias, c, stream, sm_margin);
 }
@@ -731,7 +876,16 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
-    case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m64n32: {
+      static const int exp = [] {
+        const char* v = std::getenv("CUBESIM_TC_SMALL_EXP");
+        return v ? std::atoi(v) : 0;
+      }();
+      if (!ops.a_mn && exp == 1) return launch_k<CfgSd>(ops, bias, c, stream, sm_margin);
+      if (!ops.a_mn && exp == 2) return launch_k<CfgSb>(ops, bias, c, stream, sm_margin);
+      if (!ops.a_mn && exp == 3) return launch_k<CfgSdb>(ops, bias, c, stream, sm_margin);
+      return launch<CfgS>(ops, bias, c, stream, sm_margin);
+    }
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
