@@ -38,6 +38,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/det_gemm_cuda_internal.h"
@@ -116,10 +117,6 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
-// Small-M experiments (CUBESIM_TC_SMALL_EXP=1/2/3): MMAs 3 k-tiles deep, loads 4 stages at a time, both.
-using CfgSd = Cfg<1, 32, 16, 1, false, 3, 1>;
-using CfgSb = Cfg<1, 32, 16, 1, false, 1, 4>;
-using CfgSdb = Cfg<1, 32, 16, 1, false, 3, 4>;
 
 // Ping-pong: each consumer owns whole m64n256 tiles (4 stages of 40 KB).
 using CfgPW = Cfg<2, 256, 4, 1, true>;   // m64n256_pp
@@ -134,6 +131,7 @@ struct Epi {
   DType c_dtype, bias_dtype;
   int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
   int a_box_rows;        // k-major A: rows of A's TMA box (min(BM, M): no zero fill for small M)
+  int defer_mode;        // experiment (CUBESIM_TC_DEFER): 0 off, 1 all chunks after k-tile 1, 2 a chunk a k-tile
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -377,39 +375,56 @@ __device__ __forceinline__ void pack_tile(const Epi& e, const float (&acc)[BN / 
 // four x4 stores a warp, matrices (j, h) = (ch*8 + 2q + i/2, i % 2) for i = 0..3 from pk[ch*16 + 4q + i];
 // lane l gives row l % 8 of matrix l / 8. Row r's 16-byte unit u sits at unit u ^ (r % 8) (128-byte
 // swizzle), r % 8 being l % 8 here.
-template <int BN>
-__device__ __forceinline__ void store_packed(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
-                                             std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
+template <int BN, int CH>
+__device__ __forceinline__ void store_chunk(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
+                                            std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
   constexpr int CW = 64;  // 2-byte columns in a 128-byte chunk
-  static_assert(BN % CW == 0, "whole chunks");
+  static_assert(BN % CW == 0 && CH < BN / CW, "whole chunks");
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const int i = lane / 8, rr = lane % 8;
   const int r = warp * 16 + rr + 8 * (i % 2);
+  const int b = chunk & 1;
+  if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+  const std::uint32_t buf = bufs_smem + b * (64 * 128) + r * 128;
 #pragma unroll
-  for (int ch = 0; ch < BN / CW; ++ch, ++chunk) {
-    const int b = chunk & 1;
-    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    const std::uint32_t buf = bufs_smem + b * (64 * 128) + r * 128;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int jj = 2 * q + i / 2;
-      const std::uint32_t addr = buf + ((jj ^ rr) * 16);
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                   "r"(pk[ch * 16 + 4 * q]), "r"(pk[ch * 16 + 4 * q + 1]), "r"(pk[ch * 16 + 4 * q + 2]),
-                   "r"(pk[ch * 16 + 4 * q + 3])
-                   : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    if (t == 0) {
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
-          : "memory");
-    }
+  for (int q = 0; q < 4; ++q) {
+    const int jj = 2 * q + i / 2;
+    const std::uint32_t addr = buf + ((jj ^ rr) * 16);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                 "r"(pk[CH * 16 + 4 * q]), "r"(pk[CH * 16 + 4 * q + 1]), "r"(pk[CH * 16 + 4 * q + 2]),
+                 "r"(pk[CH * 16 + 4 * q + 3])
+                 : "memory");
   }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+  if (t == 0) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+        "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+        "r"(col0 + CH * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
+        : "memory");
+  }
+  ++chunk;
+}
+
+// Chunks [from, BN / 64) of a packed tile (compile-time register indices for any run-time `from`).
+template <int BN>
+__device__ __forceinline__ void store_packed(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
+                                             std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk,
+                                             int from = 0) {
+  [&]<int... CH>(std::integer_sequence<int, CH...>) {
+    ((CH >= from ? store_chunk<BN, CH>(pk, row0, col0, bufs_smem, map, cw, chunk) : void()), ...);
+  }(std::make_integer_sequence<int, BN / 64>{});
+}
+
+// Chunk `ch` alone.
+template <int BN>
+__device__ __forceinline__ void store_one(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
+                                          std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk, int ch) {
+  [&]<int... CH>(std::integer_sequence<int, CH...>) {
+    ((CH == ch ? store_chunk<BN, CH>(pk, row0, col0, bufs_smem, map, cw, chunk) : void()), ...);
+  }(std::make_integer_sequence<int, BN / 64>{});
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------
@@ -537,9 +552,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     int chunk = 0;
     // Deferred epilogue (C::DEFER, 2-byte output through TMA): the last tile's rounded pairs, stored
     // after the next tile's first k-tiles of MMAs are issued.
-    const bool defer = C::DEFER && e.tma_store && e.c_dtype != DType::f32;
+    const bool defer = C::DEFER && e.defer_mode != 0 && e.tma_store && e.c_dtype != DType::f32;
     std::uint32_t pk[C::DEFER ? C::BN / 4 : 1];
     bool pending = false;
+    int stored = 0;  // chunks of the pending tile stored so far (spread mode)
+    constexpr int NCH = C::BN / 64;
     int prow0 = 0, pcol0 = 0;
     const int store_kt = ktiles > 1 ? 1 : 0;  // after this k-tile's MMAs are issued (two in flight)
     for (int p = C::PINGPONG ? cw : 0;; p += PSTEP) {
@@ -576,9 +593,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         }
         wgmma_commit();
         if constexpr (C::DEFER) {
-          if (pending && kt == store_kt) {
-            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
-            pending = false;
+          if (pending) {
+            if (e.defer_mode == 2) {  // one chunk after each k-tile's MMAs
+              store_one<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
+              if (++stored == NCH) pending = false;
+            } else if (kt == store_kt) {
+              store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
+              pending = false;
+            }
           }
         }
         // Keep the last MMA_DEPTH k-tiles' MMAs in flight; the one before is done: free its stage.
@@ -599,10 +621,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
       if constexpr (C::DEFER) {
         if (defer) {
-          if (pending) {  // no k-tile stored it (K = 0)
-            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
+          if (pending) {  // fewer k-tiles than chunks (or K = 0): the rest now
+            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
             pending = false;
           }
+          stored = 0;
           if (e.c_dtype == DType::bf16) pack_tile<DType::bf16, C::BN>(e, acc, pk, col0);
           else pack_tile<DType::f16, C::BN>(e, acc, pk, col0);
           prow0 = row0;
@@ -630,7 +653,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       }
     }
     if constexpr (C::DEFER) {
-      if (pending) store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
+      if (pending) store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
     }
     // The last TMA stores must have read shared memory (and be on their way) before the CTA leaves.
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -777,6 +800,11 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.N = o.N;
   e.K = o.K;
   e.a_box_rows = a_box_rows;
+  static const int defer_mode = [] {
+    const char* v = std::getenv("CUBESIM_TC_DEFER");
+    return v ? std::atoi(v) : 2;
+  }();
+  e.defer_mode = defer_mode;
   // in units of CLUSTER m-tiles: 16 m-tiles a group (ping-pong: 2048 rows a group, as m128 tiles)
   e.group_m = (C::PINGPONG ? 2048 / C::BM : 16) / C::CLUSTER;
   CUtensorMap mc;
@@ -816,13 +844,6 @@ template <class C>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   if (o.a_mn && o.b_mn) return launch<C, true, true>(o, bias, c, stream, sm_margin);
   if (o.a_mn) return launch<C, true, false>(o, bias, c, stream, sm_margin);
-  if (o.b_mn) return launch<C, false, true>(o, bias, c, stream, sm_margin);
-  launch<C, false, false>(o, bias, c, stream, sm_margin);
-}
-
-// k-major A only (the small-M experiments).
-template <class C>
-void launch_k(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   if (o.b_mn) return launch<C, false, true>(o, bias, c, stream, sm_margin);
   launch<C, false, false>(o, bias, c, stream, sm_margin);
 }
@@ -876,16 +897,7 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
-    case TcConfig::m64n32: {
-      static const int exp = [] {
-        const char* v = std::getenv("CUBESIM_TC_SMALL_EXP");
-        return v ? std::atoi(v) : 0;
-      }();
-      if (!ops.a_mn && exp == 1) return launch_k<CfgSd>(ops, bias, c, stream, sm_margin);
-      if (!ops.a_mn && exp == 2) return launch_k<CfgSb>(ops, bias, c, stream, sm_margin);
-      if (!ops.a_mn && exp == 3) return launch_k<CfgSdb>(ops, bias, c, stream, sm_margin);
-      return launch<CfgS>(ops, bias, c, stream, sm_margin);
-    }
+    case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
