@@ -27,18 +27,17 @@
 //  - no split-K, no atomics, no reduction across threads: one thread writes each element, once;
 //  - an operand's major-ness changes where its elements sit in shared memory, not which elements
 //    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit).
-// Rows past M and columns past N read TMA's zero fill and are never stored.
+// Rows past M and columns past N read TMA's zero fill (or, for k-major A with M < BM, whatever the
+// stage held before: the A box is M rows) and are never stored.
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/det_gemm_cuda_internal.h"
@@ -68,8 +67,7 @@ constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every con
 // each. Ping-pong: two consumer warpgroups take turns, each owning whole tiles of BM = 64 rows: tile p
 // of a CTA's sequence goes to consumer p % 2, and while one runs its epilogue the other runs its MMAs
 // (an ordering barrier hands the tensor cores over).
-template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false, int MMA_DEPTH_ = 1,
-          int BURST_ = 1>
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false>
 struct Cfg {
   static constexpr int NC = NC_;  // consumer warpgroups
   static constexpr bool PINGPONG = PINGPONG_;
@@ -77,12 +75,6 @@ struct Cfg {
   static constexpr int BM = PINGPONG ? 64 : 64 * NC_;  // rows of a CTA's tile (one stage's A)
   static constexpr int BN = BN_;
   static constexpr int STAGES = STAGES_;
-  // k-tiles of MMAs a consumer keeps in flight before it frees a stage (wgmma.wait_group depth).
-  static constexpr int MMA_DEPTH = MMA_DEPTH_;
-  // The producer refills stages BURST at a time (adjacent k-tiles together: longer runs of each
-  // operand row reach the memory at once).
-  static constexpr int BURST = BURST_;
-  static_assert(STAGES_ % BURST_ == 0 && MMA_DEPTH_ >= 1 && MMA_DEPTH_ < STAGES_, "burst / depth vs stages");
   // CTAs of a cluster along M: they work on vertically adjacent tiles with the same B panel, each
   // loads 1/CLUSTER of the B tile and multicasts it to all, so each pulls less from L2.
   static constexpr int CLUSTER = CLUSTER_;
@@ -104,9 +96,6 @@ struct Cfg {
   static constexpr bool TMA_EPILOGUE = BN_ >= 64;
   static constexpr int EPI_CHUNK_BYTES = 64 * 128;
   static constexpr int EPI_BYTES = TMA_EPILOGUE ? 2 * EPI_CHUNK_BYTES : 0;
-  // Cooperative TMA-epilogue tiles with a 2-byte output round their accumulators into registers
-  // (BN / 4 words) and store them while the next tile's first MMAs run (epilogue_packed).
-  static constexpr bool DEFER = TMA_EPILOGUE && !PINGPONG_;
   static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
   static_assert(SMEM <= 232448, "more shared memory than an SM has");
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "stages must stay 1024-byte aligned (swizzle atom)");
@@ -130,8 +119,7 @@ struct Epi {
   int M, N, K;
   DType c_dtype, bias_dtype;
   int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
-  int a_box_rows;        // k-major A: rows of A's TMA box (min(BM, M): no zero fill for small M)
-  int defer_mode;        // experiment (CUBESIM_TC_DEFER): 0 off, 1 all chunks after k-tile 1, 2 a chunk a k-tile
+  int a_box_rows;        // k-major A: rows of A's TMA box, min(BM, M) (small M: no zero-filled rows)
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -335,98 +323,6 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
   }
 }
 
-// The TMA-store epilogue in two halves, for 2-byte outputs of cooperative tiles. pack_tile adds the
-// bias and rounds exactly as epilogue_tma does (the same __fadd_rn, the same round-to-nearest-even
-// conversion of the same pair), into BN / 4 registers of packed pairs; the accumulators are then free
-// and the consumer issues the next tile's first k-tiles of MMAs before store_packed writes the pairs
-// to the swizzled staging buffers (stmatrix: a warp's 16 x 16-byte rows a matrix quad, 4x fewer
-// shared stores than 4-byte stores) and hands each 64 x 128-byte chunk to a TMA store. So the
-// rounding and storing of one tile run under the tensor cores' work on the next.
-template <DType TC, int BN>
-__device__ __forceinline__ void pack_tile(const Epi& e, const float (&acc)[BN / 2], std::uint32_t (&pk)[BN / 4],
-                                          int col0) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = col0 + 8 * j + 2 * (lane % 4);
-      float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-      if (e.bias) {
-        if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
-        if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
-      }
-      std::uint32_t w;
-      if constexpr (TC == DType::bf16) {
-        const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
-        std::memcpy(&w, &x, 4);
-      } else {
-        static_assert(TC == DType::f16, "2-byte outputs only");
-        const __half2 x = __floats2half2_rn(v0, v1);
-        std::memcpy(&w, &x, 4);
-      }
-      pk[2 * j + h] = w;
-    }
-  }
-}
-
-// pk[2j + h] is the 8 x 8 matrix of rows warp*16 + 8h + 0..7, columns 8j..8j+7 in the MMA fragment
-// layout stmatrix takes (thread t: row t / 4, columns 2 (t % 4), +1). A chunk is 64 columns (8 j's):
-// four x4 stores a warp, matrices (j, h) = (ch*8 + 2q + i/2, i % 2) for i = 0..3 from pk[ch*16 + 4q + i];
-// lane l gives row l % 8 of matrix l / 8. Row r's 16-byte unit u sits at unit u ^ (r % 8) (128-byte
-// swizzle), r % 8 being l % 8 here.
-template <int BN, int CH>
-__device__ __forceinline__ void store_chunk(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
-                                            std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
-  constexpr int CW = 64;  // 2-byte columns in a 128-byte chunk
-  static_assert(BN % CW == 0 && CH < BN / CW, "whole chunks");
-  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int i = lane / 8, rr = lane % 8;
-  const int r = warp * 16 + rr + 8 * (i % 2);
-  const int b = chunk & 1;
-  if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-  const std::uint32_t buf = bufs_smem + b * (64 * 128) + r * 128;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int jj = 2 * q + i / 2;
-    const std::uint32_t addr = buf + ((jj ^ rr) * 16);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                 "r"(pk[CH * 16 + 4 * q]), "r"(pk[CH * 16 + 4 * q + 1]), "r"(pk[CH * 16 + 4 * q + 2]),
-                 "r"(pk[CH * 16 + 4 * q + 3])
-                 : "memory");
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-  if (t == 0) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-        "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-        "r"(col0 + CH * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
-        : "memory");
-  }
-  ++chunk;
-}
-
-// Chunks [from, BN / 64) of a packed tile (compile-time register indices for any run-time `from`).
-template <int BN>
-__device__ __forceinline__ void store_packed(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
-                                             std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk,
-                                             int from = 0) {
-  [&]<int... CH>(std::integer_sequence<int, CH...>) {
-    ((CH >= from ? store_chunk<BN, CH>(pk, row0, col0, bufs_smem, map, cw, chunk) : void()), ...);
-  }(std::make_integer_sequence<int, BN / 64>{});
-}
-
-// Chunk `ch` alone.
-template <int BN>
-__device__ __forceinline__ void store_one(const std::uint32_t (&pk)[BN / 4], int row0, int col0,
-                                          std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk, int ch) {
-  [&]<int... CH>(std::integer_sequence<int, CH...>) {
-    ((CH == ch ? store_chunk<BN, CH>(pk, row0, col0, bufs_smem, map, cw, chunk) : void()), ...);
-  }(std::make_integer_sequence<int, BN / 64>{});
-}
-
 // ---- the kernel ----------------------------------------------------------------------------------
 
 // AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
@@ -493,16 +389,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           const int s = it % C::STAGES;
           // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
           // this CTA's slice of B lands in all of them.
-          if constexpr (C::BURST > 1) {
-            // Wait for BURST stages at once, then load their k-tiles back to back.
-            if (it >= C::STAGES && it % C::BURST == 0) {
-#pragma unroll
-              for (int q = 0; q < C::BURST; ++q) mbar_wait(empty((it + q) % C::STAGES), (((it + q) / C::STAGES) + 1) & 1);
-            }
-          } else {
-            if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
-          }
-          // whole boxes (zero fill counts), all B slices; a k-major A box of a_box_rows rows
+          if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
+          // whole boxes (zero fill counts), all B slices; k-major A: a box of a_box_rows rows
           mbar_expect_tx(full(s), AMN ? C::STAGE_BYTES : C::STAGE_BYTES - C::A_BYTES + e.a_box_rows * BK * 2);
           if constexpr (AMN) {
 #pragma unroll
@@ -550,15 +438,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // units p = cw, cw + 2, ... of the cluster's sequence, whose stages start at p * ktiles.
     constexpr int PSTEP = C::PINGPONG ? 2 : 1;
     int chunk = 0;
-    // Deferred epilogue (C::DEFER, 2-byte output through TMA): the last tile's rounded pairs, stored
-    // after the next tile's first k-tiles of MMAs are issued.
-    const bool defer = C::DEFER && e.defer_mode != 0 && e.tma_store && e.c_dtype != DType::f32;
-    std::uint32_t pk[C::DEFER ? C::BN / 4 : 1];
-    bool pending = false;
-    int stored = 0;  // chunks of the pending tile stored so far (spread mode)
-    constexpr int NCH = C::BN / 64;
-    int prow0 = 0, pcol0 = 0;
-    const int store_kt = ktiles > 1 ? 1 : 0;  // after this k-tile's MMAs are issued (two in flight)
     for (int p = C::PINGPONG ? cw : 0;; p += PSTEP) {
       const long long unit_ll = cluster_id + static_cast<long long>(p) * clusters;
       if (unit_ll >= units) break;
@@ -592,20 +471,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           Wgmma<C::BN>::template mma<AMN ? 1 : 0, BMN ? 1 : 0>(acc, da, db);
         }
         wgmma_commit();
-        if constexpr (C::DEFER) {
-          if (pending) {
-            if (e.defer_mode == 2) {  // one chunk after each k-tile's MMAs
-              store_one<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
-              if (++stored == NCH) pending = false;
-            } else if (kt == store_kt) {
-              store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk);
-              pending = false;
-            }
-          }
-        }
-        // Keep the last MMA_DEPTH k-tiles' MMAs in flight; the one before is done: free its stage.
-        wgmma_wait<C::MMA_DEPTH>();
-        if (kt >= C::MMA_DEPTH) release((it - C::MMA_DEPTH) % C::STAGES);
+        // Keep this k-tile's MMAs in flight; the previous k-tile's are done, so free its stage.
+        wgmma_wait<1>();
+        if (kt > 0) release((it - 1) % C::STAGES);
       }
       if constexpr (C::PINGPONG) {
         // All of this tile's MMAs are issued: the other consumer's next tile may start its own.
@@ -613,27 +481,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           asm volatile("bar.arrive %0, 256;" ::"r"(3 + (1 - cw)) : "memory");
       }
       wgmma_wait<0>();
-#pragma unroll
-      for (int d = C::MMA_DEPTH; d >= 1; --d)
-        if (d <= ktiles) release((it - d) % C::STAGES);
+      release((it - 1) % C::STAGES);
 
       // Cooperative: this consumer's 64 rows of the tile; ping-pong: the whole (64-row) tile.
       const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
-      if constexpr (C::DEFER) {
-        if (defer) {
-          if (pending) {  // fewer k-tiles than chunks (or K = 0): the rest now
-            store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
-            pending = false;
-          }
-          stored = 0;
-          if (e.c_dtype == DType::bf16) pack_tile<DType::bf16, C::BN>(e, acc, pk, col0);
-          else pack_tile<DType::f16, C::BN>(e, acc, pk, col0);
-          prow0 = row0;
-          pcol0 = col0;
-          pending = true;
-          continue;
-        }
-      }
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
@@ -651,9 +502,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         case DType::bf16: epilogue<DType::bf16, C::BN>(e, acc, row0, col0); break;
         case DType::f16: epilogue<DType::f16, C::BN>(e, acc, row0, col0); break;
       }
-    }
-    if constexpr (C::DEFER) {
-      if (pending) store_packed<C::BN>(pk, prow0, pcol0, epi + cw * C::EPI_BYTES, &tma_c, cw, chunk, stored);
     }
     // The last TMA stores must have read shared memory (and be on their way) before the CTA leaves.
     if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -780,9 +628,11 @@ int resident_clusters() {
 template <class C, bool AMN, bool BMN>
 void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c, cudaStream_t stream, int sm_margin) {
   set_smem_attribute<C, AMN, BMN>();
-  // k-major A with M < BM: a box of M rows (one m-tile). The tile's rows past M keep whatever the
-  // stage held before and are never stored; an MMA row reads only its own row of A, so they change
-  // no stored element (pinned: every configuration gives the same bits, M from 1 up).
+  // k-major A with M < BM (one m-tile): a box of M rows, not BM rows of which BM - M are zero fill.
+  // TMA's zero fill is slow (M = 1 at N = K = 4096: 22 us against 16 with a 1-row box, H200). The
+  // tile's rows past M keep whatever the stage held before; an MMA row reads only its own row of A
+  // and those rows are never stored, so no stored element changes (pinned: every configuration
+  // gives the same bits, M from 1 up; batch invariance; accuracy against f64 at M = 1 and 7).
   const int a_box_rows = static_cast<int>(std::min<std::int64_t>(C::BM, o.M));
   const CUtensorMap ma =
       AMN ? make_map_mn(o.a, o.M, o.K, o.lda, 64, "A") : make_map(o.a, o.M, o.K, o.lda, a_box_rows);
@@ -800,11 +650,6 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.N = o.N;
   e.K = o.K;
   e.a_box_rows = a_box_rows;
-  static const int defer_mode = [] {
-    const char* v = std::getenv("CUBESIM_TC_DEFER");
-    return v ? std::atoi(v) : 2;
-  }();
-  e.defer_mode = defer_mode;
   // in units of CLUSTER m-tiles: 16 m-tiles a group (ping-pong: 2048 rows a group, as m128 tiles)
   e.group_m = (C::PINGPONG ? 2048 / C::BM : 16) / C::CLUSTER;
   CUtensorMap mc;

@@ -258,12 +258,10 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
 }
 
 TEST_F(CudaGemmTc, TwoByteOutputsAreTheF32OutputRounded) {
-  // bf16 and f16 outputs of cooperative tiles are rounded into registers and stored under the next
-  // tile's MMAs (the deferred epilogue, stmatrix into the TMA staging buffers); every other path
-  // stores element by element or chunk by chunk. Each must equal the f32 output of the same product
-  // (bias added in f32) rounded to nearest even: every configuration, one CTA with many tiles
-  // (margin 131) and the whole grid, one k-tile (the stores after the first MMAs) and many, M from 1,
-  // with and without bias, TMA-stored rows and strided rows.
+  // A 2-byte output (TMA-store epilogue through swizzled staging chunks, or element stores for
+  // strided rows) must equal the f32 output of the same product (bias added in f32) rounded to
+  // nearest even: every configuration, one CTA with many tiles (margin 131) and the whole grid, one
+  // k-tile and many, M from 1 (A boxes of M rows), with and without bias.
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {129, 257, 65},
                          {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}}) {
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
