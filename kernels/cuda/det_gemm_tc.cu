@@ -119,7 +119,7 @@ struct Epi {
   int M, N, K;
   DType c_dtype, bias_dtype;
   int tma_store;         // C has unit column stride and 16-byte aligned rows: the TMA-store epilogue
-  int a_box_rows;        // k-major A: rows of A's TMA box, min(BM, M) (small M: no zero-filled rows)
+  std::uint32_t stage_tx;  // bytes a stage's loads deliver (k-major A: a box of min(BM, M) rows)
   int group_m;  // tile raster: this many m-tiles walk the n-tiles together (L2 reuse)
 };
 
@@ -390,8 +390,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
           // this CTA's slice of B lands in all of them.
           if (it >= C::STAGES) mbar_wait(empty(s), ((it / C::STAGES) + 1) & 1);
-          // whole boxes (zero fill counts), all B slices; k-major A: a box of a_box_rows rows
-          mbar_expect_tx(full(s), AMN ? C::STAGE_BYTES : C::STAGE_BYTES - C::A_BYTES + e.a_box_rows * BK * 2);
+          mbar_expect_tx(full(s), e.stage_tx);  // whole boxes (zero fill counts), all B slices
           if constexpr (AMN) {
 #pragma unroll
             for (int j = 0; j < C::BM / 64; ++j)
@@ -649,7 +648,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   e.M = o.M;
   e.N = o.N;
   e.K = o.K;
-  e.a_box_rows = a_box_rows;
+  e.stage_tx = static_cast<std::uint32_t>(AMN ? C::STAGE_BYTES : C::STAGE_BYTES - C::A_BYTES + a_box_rows * BK * 2);
   // in units of CLUSTER m-tiles: 16 m-tiles a group (ping-pong: 2048 rows a group, as m128 tiles)
   e.group_m = (C::PINGPONG ? 2048 / C::BM : 16) / C::CLUSTER;
   CUtensorMap mc;
