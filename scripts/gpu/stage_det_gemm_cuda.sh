@@ -10,7 +10,8 @@ if ! cmake --build build-cuda --target test_det_gemm_cuda bench_det_gemm_cuda -j
   echo "stage: configure failed; building from the existing makefiles"
   make -C build-cuda cubesim_kernels/fast cubesim_kernels_cuda/fast test_det_gemm_cuda/fast bench_det_gemm_cuda/fast -j2
 fi
-grep -qx '/gpu-out/' .git/info/exclude 2>/dev/null || echo '/gpu-out/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+grep -qx '/gpu-out/' "$exclude" 2>/dev/null || echo '/gpu-out/' >> "$exclude"
 mkdir -p gpu-out
 cp build-cuda/tests/kernels/cuda/test_det_gemm_cuda build-cuda/benches/bench_det_gemm_cuda gpu-out/
 strip gpu-out/* || true

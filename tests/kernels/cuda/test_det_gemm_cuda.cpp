@@ -233,7 +233,8 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
 TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
   // The per-M tile choice must not change an element: the configurations are compared bit for bit
   // on shapes whose edges cut every tile (N, K not multiples of 256, 128, 32 or 64).
-  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {64, 4096, 4096}, {1000, 520, 77}}) {
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {64, 4096, 4096}, {1000, 520, 77},
+                         {1, 1000, 300}, {17, 520, 77}}) {
     SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
     Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
@@ -251,6 +252,46 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
         c.download();
         EXPECT_EQ(count_bit_mismatches(c, 0, first, 0, M), 0)
             << tc_config_name(cfg) << " (sm_margin " << margin << ") vs " << tc_config_name(kAllConfigs[0]);
+      }
+    }
+  }
+}
+
+TEST_F(CudaGemmTc, TwoByteOutputsAreTheF32OutputRounded) {
+  // A 2-byte output (TMA-store epilogue through swizzled staging chunks, or element stores for
+  // strided rows) must equal the f32 output of the same product (bias added in f32) rounded to
+  // nearest even: every configuration, one CTA with many tiles (margin 131) and the whole grid, one
+  // k-tile and many, M from 1 (A boxes of M rows), with and without bias.
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {129, 257, 65},
+                         {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}}) {
+    Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
+    const VectorView bv = bias.dev_vec();
+    for (bool with_bias : {false, true}) {
+      Operand f32 = Operand::output(DType::f32, M, N, Layout::row_major);
+      f32.poison();
+      det_gemm_cuda(a.dev(), b.dev(), with_bias ? &bv : nullptr, f32.dev_mut(), tc(TcConfig::m128n256), nullptr);
+      f32.download();
+      for (DType out : {DType::bf16, DType::f16}) {
+        for (Layout lc : {Layout::row_major, Layout::padded_rows}) {
+          SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " " + dn(out) +
+                       " bias " + std::to_string(with_bias) + " layout " + std::to_string(static_cast<int>(lc)) +
+                       " seed=" + std::to_string(seed_));
+          Operand want = Operand::output(out, M, N, lc);
+          for (std::int64_t r = 0; r < M; ++r) want.set_row(r, f32, r);
+          for (TcConfig cfg : kAllConfigs) {
+            for (int margin : {0, 131}) {
+              GemmOptions o = tc(cfg);
+              o.sm_margin = margin;
+              Operand c = Operand::output(out, M, N, lc);
+              c.poison();
+              det_gemm_cuda(a.dev(), b.dev(), with_bias ? &bv : nullptr, c.dev_mut(), o, nullptr);
+              c.download();
+              EXPECT_EQ(count_bit_mismatches(c, 0, want, 0, M), 0) << tc_config_name(cfg) << " (sm_margin " << margin << ")";
+            }
+          }
+        }
       }
     }
   }
