@@ -277,6 +277,10 @@ class Backend {
   // A run ended with every rank returned: what it left running beside the ranks' work (an
   // asynchronous collective nobody waited for) is ordered before the next run's work.
   virtual void end_run() {}
+  // What the backend has to say about the run that just ended, each thing once (a slower path it
+  // took, and why: "column fprop: A [...] is f32: ... repacked first (5 calls)"), then forgotten.
+  // Context::spawn puts them in RunReport::notes.
+  virtual std::vector<std::string> take_notes() { return {}; }
 
  private:
   std::shared_ptr<const void> alive_ = std::make_shared<int>(0);

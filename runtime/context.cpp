@@ -262,6 +262,7 @@ RunReport Context::spawn(int nprocs, const std::function<void(int)>& fn) {
   }
   rep.ranks.assign(timelines_.begin(), timelines_.begin() + nprocs);
   for (auto& t : rep.ranks) t.finish -= start;
+  rep.notes = backend_->take_notes();
   return rep;
 }
 

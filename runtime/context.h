@@ -103,6 +103,9 @@ struct RunReport {
   }
   // The trace tracks that got spans during the run, with the spans and busy time of this run.
   std::vector<sim::Trace::TrackStats> tracks;
+  // What the backend said about this run, each thing once (Backend::take_notes): e.g. a GEMM whose
+  // operand the cuda backend's tensor cores could not read in place.
+  std::vector<std::string> notes;
 };
 
 class Context {

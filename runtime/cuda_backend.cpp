@@ -232,6 +232,17 @@ struct CudaBackend::Impl {
   int ranks = 0;
   CudaBackendOptions opts;
   std::vector<std::shared_ptr<Device>> devs;
+  // Run-report notes, each once with its count, in the order first said (take_notes).
+  std::vector<std::pair<std::string, int>> notes;
+  void note(std::string text) {
+    for (auto& [t, n] : notes) {
+      if (t == text) {
+        ++n;
+        return;
+      }
+    }
+    notes.emplace_back(std::move(text), 1);
+  }
 
   // NCCL: communicators per member list, and the rendezvous of each collective in flight.
   const NcclLibrary* nccl = nullptr;
@@ -432,8 +443,20 @@ bool CudaBackend::gemm(const Tensor& a, const Tensor& b, const Tensor* bias, con
   go.mode = impl_->opts.gemm_mode;
   if (static_cast<std::size_t>(rank) < impl_->async_open.size() && impl_->async_open[static_cast<std::size_t>(rank)] > 0)
     go.sm_margin = Impl::kSideSms;
-  cuda::det_gemm_cuda(view(a), view(b), bias ? &bv : nullptr, cv, go, d.stream);
+  const kernels::MatrixView av = view(a), bv2 = view(b);
+  if (go.mode == cuda::GemmMode::tensor_core) {
+    std::string why = cuda::det_gemm_cuda_repack_reason(av, bv2, go);
+    if (!why.empty()) impl_->note(fmt::format("tensor_core GEMM '{}': {}", name ? name : "gemm", why));
+  }
+  cuda::det_gemm_cuda(av, bv2, bias ? &bv : nullptr, cv, go, d.stream);
   return true;
+}
+
+std::vector<std::string> CudaBackend::take_notes() {
+  std::vector<std::string> out;
+  for (auto& [t, n] : impl_->notes) out.push_back(n == 1 ? t : fmt::format("{} ({} calls)", t, n));
+  impl_->notes.clear();
+  return out;
 }
 
 bool CudaBackend::reduce(const Tensor& dst, const Tensor& src, ReduceOp op) {
@@ -811,6 +834,7 @@ void CudaBackend::abandon_run() {
   // No NCCL call of a half-joined rendezvous was issued (issue() runs once every member has
   // arrived), so no GPU waits on a peer that never comes: dropping them is enough.
   impl_->rendezvous.clear();
+  impl_->notes.clear();  // the failed run has no report to say them in
   impl_->async_open.assign(impl_->async_open.size(), 0);  // collectives of the abandoned run are not waited for
   for (Impl::Async& a : impl_->asyncs) {
     a.ended = true;

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   std::uint64_t async_begin(int rank) override;
   void async_end(std::uint64_t token) override;
   void end_run() override;
+  std::vector<std::string> take_notes() override;
   bool collective(const CollectiveRequest& r) override;
   // Checksums on the GPU (kernels/cuda: a device reduction into device slots, one read per step).
   std::shared_ptr<void> checksum_slots(int rank, std::size_t slots) override;

@@ -280,6 +280,42 @@ std::size_t det_gemm_cuda_workspace_bytes(const MatrixView& A, const MatrixView&
   return p.a_bytes + p.b_bytes;
 }
 
+namespace {
+// Why tc_native refuses an operand read as rows x kdim (element (r, k) at data + r*rs + k*ks), in
+// either orientation; "" if it does not.
+std::string repack_reason(const char* name, const void* data, DType t, std::int64_t rows, std::int64_t kdim,
+                          std::int64_t rs, std::int64_t ks) {
+  if (detail::tc_native(data, t, rows, kdim, rs, ks) || detail::tc_native(data, t, kdim, rows, ks, rs)) return {};
+  const std::string what = std::string(name) + " [" + std::to_string(rows) + " x " + std::to_string(kdim) + "]";
+  if (t != DType::bf16)
+    return what + " is " + std::string(dtype_name(t)) +
+           ": the tensor cores read bf16, so it is converted (rounded to nearest even) and repacked first";
+  if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0)
+    return what + " starts at an address that is not 16-byte aligned, which TMA cannot read; it is repacked first";
+  if (ks != 1 && rs != 1)
+    return what + " has no unit stride (strides " + std::to_string(rs) + " and " + std::to_string(ks) +
+           " elements), which TMA cannot read; it is repacked first";
+  // One stride is 1; the other steps from row to row (k-major) or column to column (MN-major).
+  const std::int64_t outer = ks == 1 ? rs : ks, extent = ks == 1 ? kdim : rows;
+  const std::string how = outer < 0 ? "run backwards (a stride of " + std::to_string(outer) + " elements)"
+                          : outer < extent
+                              ? "overlap (" + std::to_string(outer) + " elements apart, " + std::to_string(extent) +
+                                    " long)"
+                              : "are " + std::to_string(outer) + " elements apart, not a multiple of 16 bytes";
+  return what + ": its rows " + how + ", which TMA cannot read; it is repacked first";
+}
+}  // namespace
+
+std::string det_gemm_cuda_repack_reason(const MatrixView& A, const MatrixView& B, const GemmOptions& opt) {
+  if (opt.mode != GemmMode::tensor_core || A.cols == 0) return {};
+  const std::int64_t K = A.cols;
+  std::string a = repack_reason("A", A.data, A.dtype, A.rows, K, A.row_stride, A.col_stride);
+  // The kernel reads Bᵀ [N,K]; named by B's own shape [K x N] below.
+  std::string b = repack_reason("B", B.data, B.dtype, K, B.cols, B.row_stride, B.col_stride);
+  if (a.empty()) return b;
+  return b.empty() ? a : a + "; " + b;
+}
+
 void det_gemm_cuda(const MatrixView& A, const MatrixView& B, const VectorView* bias, const MutableMatrixView& C,
                    const GemmOptions& opt, cudaStream_t stream) {
   run_gemm("det_gemm_cuda", A, B, bias, C, opt, stream);

@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "kernels/det_gemm.h"
@@ -93,6 +94,13 @@ struct GemmOptions {
 // Bytes of workspace det_gemm_cuda needs for these operands in tensor_core mode (0 in exact mode or
 // when both operands are used in place).
 std::size_t det_gemm_cuda_workspace_bytes(const MatrixView& A, const MatrixView& B, const GemmOptions& opt);
+
+// Why a tensor_core call of det_gemm_cuda reads an operand through a repacked k-major bf16 copy
+// instead of in place, e.g. "A [4096 x 4096] is f32: the tensor cores read bf16, so it is converted
+// (rounded to nearest even) and repacked first"; "" when both operands are read in place, and in
+// exact mode (which reads any layout). Host code only: no GPU needed. The cuda backend says it once
+// per run in the run report (RunReport::notes).
+std::string det_gemm_cuda_repack_reason(const MatrixView& A, const MatrixView& B, const GemmOptions& opt);
 
 // C [M,N] = A [M,K] · B [K,N] (+ bias [N], or nullptr). Any of f32/bf16/f16 each, mixed freely.
 // C must not overlap A, B or bias.

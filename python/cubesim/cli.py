@@ -582,6 +582,7 @@ def cmd_run(args):
         # Every hardware unit that did something during the run, with its counters.
         "usage": [u for u in report.usage if u["pieces"] or u["busy_ps"]],
         "trace": trace_info,
+        "notes": list(report.notes),
         "pass": passed if passed is not None else True,
     }
     print_run(out, args, ctx, topo, tp, eq, report, result, trace_info)
@@ -725,6 +726,8 @@ def print_run(out, args, ctx, topo, tp, eq, report, result, trace_info):
         out.say(format_table(["rank", "GEMMs", "count", "collectives", "count"], rows, align=["r"] * 5))
     else:
         out.say(f"wall time: {report.wall_s:.3f} s (backend '{args.backend}' keeps no simulated time)")
+    for n in report.notes:
+        out.say(f"note: {n}")
     out.say()
     if trace_info:
         out.say(

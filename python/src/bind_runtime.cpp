@@ -373,6 +373,7 @@ py::dict report_dict(const rt::RunReport& r) {
   py::list usage;
   for (const auto& u : r.usage()) usage.append(usage_dict(u));
   d["usage"] = usage;
+  d["notes"] = r.notes;
   return d;
 }
 
@@ -413,6 +414,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("event_hash", [](const rt::RunReport& r) { return r.event_hash; },
                              "The simulator's event-order fingerprint after the run: equal runs give equal hashes.")
       .def_property_readonly("ranks", [](const rt::RunReport& r) { return r.ranks; })
+      .def_property_readonly("notes", [](const rt::RunReport& r) { return r.notes; },
+                             "What the backend said about this run, each thing once: e.g. a tensor-core GEMM "
+                             "whose operand the cuda backend could not read in place (repacked first, and why).")
       .def_property_readonly("tracks", [](const rt::RunReport& r) { return r.tracks; },
                              "Tracks with activity during this run (spans and busy time counted over this run).")
       .def_property_readonly("usage",

@@ -467,6 +467,9 @@ def test_report_to_dict_is_plain_json():
     assert set(d["ranks"][0]) == {"rank", "compute_ps", "comm_ps", "finish_ps"}
     assert set(d["tracks"][0]) == {"group", "name", "spans", "busy_ps"}
     assert "RunReport" in repr(rep) and "RankTimeline" in repr(rep.ranks[0])
+    # The simulator takes no slower path it would need to say (the cuda backend's repacked GEMM
+    # operands are said here: CudaBackendNotes in test_runtime_cuda).
+    assert rep.notes == [] and d["notes"] == []
 
 
 def test_a_context_runs_collectives_again_after_a_failed_run():

@@ -669,6 +669,46 @@ TEST(CudaBackendTiming, EveryGemmAndCollectiveIsMeasured) {
   EXPECT_EQ(colls, 2);
 }
 
+// ---------------------------------------------------------------- notes in the run report
+// A tensor-core GEMM whose operand TMA cannot read in place (here: f32) takes the repacking path,
+// gives the bits of the same GEMM on that operand rounded to bf16 beforehand, and the run report
+// says so once, with the count; the next run, without such an operand, says nothing.
+TEST(CudaBackendNotes, ARepackedOperandIsSaidOncePerRun) {
+  NEED_GPUS(1);
+  auto ctx = cuda_nccl(1);
+  std::mt19937_64 rng(11);
+  const auto x = random_values(64 * 256, DType::bf16, rng), w = random_values(256 * 128, DType::f32, rng);
+  std::vector<float> repacked, rounded, again;
+  const RunReport rep = ctx->spawn(1, [&](int r) {
+    Tensor a = ctx->from_host_f32(r, {64, 256}, DType::bf16, x);
+    Tensor wf = ctx->from_host_f32(r, {256, 128}, DType::f32, w);
+    Tensor wb = ctx->from_host_f32(r, {256, 128}, DType::bf16, w);  // rounded to nearest even
+    const std::vector<float> poison(64 * 128, std::nanf(""));
+    auto gemm = [&](const Tensor& b, const char* name) {
+      Tensor c = ctx->from_host_f32(r, {64, 128}, DType::f32, poison);
+      matmul(a, b, nullptr, c, name);
+      return c.to_host_f32();
+    };
+    repacked = gemm(wf, "probe gemm");
+    again = gemm(wf, "probe gemm");
+    rounded = gemm(wb, "in place");
+  });
+  ASSERT_EQ(rep.notes.size(), 1u) << ::testing::PrintToString(rep.notes);
+  for (const char* part : {"probe gemm", "B [256 x 128] is f32", "repacked", "(2 calls)"})
+    EXPECT_NE(rep.notes[0].find(part), std::string::npos) << "'" << part << "' not in: " << rep.notes[0];
+  for (std::size_t i = 0; i < rounded.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(repacked[i]), std::bit_cast<std::uint32_t>(rounded[i])) << "element " << i;
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(again[i]), std::bit_cast<std::uint32_t>(rounded[i])) << "element " << i;
+  }
+  const RunReport next = ctx->spawn(1, [&](int r) {
+    Tensor a = ctx->from_host_f32(r, {64, 256}, DType::bf16, x);
+    Tensor wb = ctx->from_host_f32(r, {256, 128}, DType::bf16, w);
+    Tensor c = ctx->empty(r, {64, 128}, DType::f32);
+    matmul(a, wb, nullptr, c, "in place");
+  });
+  EXPECT_TRUE(next.notes.empty()) << ::testing::PrintToString(next.notes);
+}
+
 // ---------------------------------------------------------------- a failed run
 // A run in which one rank fails before an NCCL collective that the others joined leaves the context
 // usable: the next run's collectives (same group, same call numbers) pair among themselves and give

@@ -761,3 +761,32 @@ TEST(CudaGemmPlan, TheLayersGemmsReadTheirOperandsInPlace) {
   o.mode = GemmMode::exact;
   EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), 0u) << "exact mode never repacks";
 }
+
+TEST(CudaGemmPlan, RepackReasonsNameTheOperandAndWhy) {
+  // What the cuda backend says once in a run report when TMA cannot read an operand in place: the
+  // operand, its shape and the reason; nothing where the operands are read in place or in exact mode.
+  const std::int64_t M = 64, H = 256, F = 512;
+  void* p = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // 16-byte aligned; never dereferenced
+  const MatrixView x{p, DType::bf16, M, H, H, 1}, w{p, DType::bf16, F, H, H, 1}, dy{p, DType::bf16, M, F, F, 1};
+  GemmOptions o;
+  o.mode = GemmMode::tensor_core;
+  EXPECT_EQ(det_gemm_cuda_repack_reason(x, w.transposed(), o), "");
+  EXPECT_EQ(det_gemm_cuda_repack_reason(dy, w, o), "");
+  EXPECT_EQ(det_gemm_cuda_repack_reason(dy.transposed(), x, o), "");
+  auto says = [&](const MatrixView& a, const MatrixView& b, std::initializer_list<const char*> parts) {
+    const std::string why = det_gemm_cuda_repack_reason(a, b, o);
+    for (const char* s : parts) EXPECT_NE(why.find(s), std::string::npos) << "'" << s << "' not in: " << why;
+  };
+  const MatrixView wf{p, DType::f32, F, H, H, 1}, wpad{p, DType::bf16, F, H, H + 3, 1},
+      wneg{static_cast<char*>(p) + (F - 1) * H * 2, DType::bf16, F, H, -H, 1},
+      wodd{static_cast<char*>(p) + 2, DType::bf16, F, H, H, 1}, wgap{p, DType::bf16, F, H, 2, 2 * F};
+  says(dy, wf, {"B [512 x 256] is f32", "converted", "repacked"});
+  says(dy, wpad, {"B [512 x 256]", "259 elements apart, not a multiple of 16 bytes"});
+  says(dy, wneg, {"B [512 x 256]", "run backwards", "-256"});
+  says(dy, wodd, {"B [512 x 256]", "not 16-byte aligned"});
+  says(dy, wgap, {"B [512 x 256]", "no unit stride", "2 and 1024"});
+  const MatrixView af{p, DType::f16, M, F, F, 1};
+  says(af, wf, {"A [64 x 512] is f16", "; B [512 x 256] is f32"});
+  o.mode = GemmMode::exact;
+  EXPECT_EQ(det_gemm_cuda_repack_reason(dy, wf, o), "") << "exact mode reads any layout";
+}
