@@ -533,7 +533,7 @@ void launch_typed(const ExactParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(std::min<long long>(tiles, resident_blocks())));
   const bool a_kfast = p.a_kcontig, b_kfast = !p.b_ncontig;
   // 16-bit operands both k-major are the one spill-free register variant where the async path is not
-  // faster (H200, 8192^3: 43.1 against 42.6 TF/s; every other measured layout gained 8-23%).
+  // faster (H200, 8192^3: 43.1 against 42.7 TF/s; every other measured layout gained 5-23%).
   constexpr bool regs_best = TA != DType::f32 && TB != DType::f32;
   if (p.a_async && p.b_async && !registers_forced() && !(regs_best && a_kfast && b_kfast)) {
     if (a_kfast && b_kfast) launch_async<TA, TB, true, true>(grid, p, stream);
