@@ -2,7 +2,7 @@
 // same run (the peer), on random bf16 data.
 //
 //   bench_det_gemm_cuda [--json FILE] [--quick] [--no-exact] [--no-tc] [--shape MxNxK]... [--no-layers]
-//                       [--no-elementwise] [--layer-configs]
+//                       [--no-elementwise] [--layer-configs] [--exact-layouts-only]
 //
 //   C [M,N] bf16 = A [M,K] bf16 (row-major) · B [K,N] (B = Wᵀ, W [N,K] row-major: the "TN" layout)
 //
@@ -12,6 +12,12 @@
 // (both MN-major); and M in {1, 16, 64} for the forward and input-gradient layouts. Each against
 // cublasGemmEx on the same layout (op N/T), timed in alternating trials. Targets (issue 18):
 // >= 0.95x cuBLAS for each of the six, >= 0.8x for M <= 64.
+//
+// Then (unless --no-exact) exact mode on f32 and bf16 operands in the three layouts of a layer's step
+// (fprop A k-major / B k-major, dgrad B N-major, wgrad A M-major / B N-major) at 4096^3 and 8192^3
+// (1024^3 with --quick), f32 output for f32 inputs and bf16 for bf16, against the f32 FFMA peak, each
+// with a digest of its output bits (equal across builds means the same bits). --exact-layouts-only
+// runs only this section.
 //
 // Last (unless --no-elementwise) the cuda backend's elementwise kernels on the MLP's [4096, 14336]
 // bf16 activations (GELU and its backward, add, add_bias, the fixed-order bias gradient) in bytes
@@ -255,6 +261,51 @@ nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool configs, boo
   return rows;
 }
 
+nlohmann::json bench_exact_layouts(bool quick, double ffma_peak, double ffma_measured) {
+  struct Layout {
+    const char* name;
+    bool a_mn, b_mn;
+  };
+  const Layout layouts[] = {{"fprop", false, false}, {"dgrad", false, true}, {"wgrad", true, true}};
+  const std::vector<int> sizes = quick ? std::vector<int>{1024} : std::vector<int>{4096, 8192};
+  Table table({"dtype", "op", "layout", "M x N x K", "exact TF/s", "vs FFMA peak", "vs pure-FFMA kernel", "out digest"});
+  nlohmann::json rows = nlohmann::json::array();
+  GemmOptions exo;
+  exo.mode = GemmMode::exact;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const std::size_t es = dt == DType::f32 ? 4 : 2;
+    for (int n : sizes) {
+      const std::int64_t count = static_cast<std::int64_t>(n) * n;
+      Buf A(count * es), B(count * es), C(count * es);
+      for (auto [buf, seed] : {std::pair{A.p, 7001}, std::pair{B.p, 7002}}) {
+        if (dt == DType::f32) gpu::fill_random_f32(buf, count, seed);
+        else gpu::fill_random_bf16(buf, count, seed);
+      }
+      for (const Layout& l : layouts) {
+        const MatrixView a = l.a_mn ? MatrixView{A.p, dt, n, n, 1, n} : MatrixView{A.p, dt, n, n, n, 1};
+        const MatrixView b = l.b_mn ? MatrixView{B.p, dt, n, n, n, 1} : MatrixView{B.p, dt, n, n, 1, n};
+        const MutableMatrixView c{C.p, dt, n, n, n, 1};
+        const double flops = 2.0 * n * n * n;
+        const int reps = static_cast<int>(std::clamp(0.05 / (flops / 30e12), 1.0, 200.0));
+        const double t = time_median([&](int) { det_gemm_cuda(a, b, nullptr, c, exo, nullptr); }, 1, reps, 5);
+        const std::uint64_t dig = gpu::digest_words(C.p, count * static_cast<std::int64_t>(es) / 4);
+        const double tf = flops / t / 1e12;
+        const std::string layout = std::string(l.a_mn ? "A M-major" : "A k-major") + (l.b_mn ? ", B N-major" : ", B k-major");
+        table.row({std::string(dtype_name(dt)), l.name, layout, fmt::format("{}^3", n), fmt::format("{:.1f}", tf),
+                   fmt::format("{:.3f}", tf * 1e12 / ffma_peak), fmt::format("{:.3f}", tf * 1e12 / ffma_measured),
+                   fmt::format("{:016x}", dig)});
+        rows.push_back({{"dtype", std::string(dtype_name(dt))}, {"op", l.name}, {"a_mn_major", l.a_mn}, {"b_mn_major", l.b_mn},
+                        {"M", n}, {"N", n}, {"K", n}, {"exact_tflops", tf}, {"exact_vs_ffma_peak", tf * 1e12 / ffma_peak},
+                        {"exact_vs_ffma_measured", tf * 1e12 / ffma_measured}, {"seconds", t},
+                        {"out_digest", fmt::format("{:016x}", dig)}});
+      }
+    }
+  }
+  fmt::print("\nexact mode by dtype and layout (output in the input dtype):\n");
+  table.print();
+  return rows;
+}
+
 nlohmann::json bench_elementwise(bool quick, bool& all_met) {
   const std::int64_t R = 4096, C = quick ? 4096 : 14336, n = R * C;
   Buf x(n * 2), z(n * 2), y(n * 2), bias(C * 2), db(C * 2);
@@ -330,6 +381,9 @@ int main(int argc, char** argv) try {
   std::vector<Shape> shapes = {{4096, 4096, 4096}, {8192, 8192, 8192}, {8192, 4096, 4096}, {8192, 14336, 4096},
                                {2048, 4096, 4096}, {1, 4096, 4096},    {16, 4096, 4096},   {64, 4096, 4096}};
   if (args.quick) shapes = {{2048, 2048, 2048}, {16, 4096, 4096}};
+  const bool exact_layouts_only =
+      std::find(args.rest.begin(), args.rest.end(), "--exact-layouts-only") != args.rest.end();
+  if (exact_layouts_only) shapes.clear();
   // --shape MxNxK (repeatable) replaces the list: for profiling one case.
   for (std::size_t i = 0; i + 1 < args.rest.size(); ++i) {
     if (args.rest[i] != "--shape") continue;
@@ -491,9 +545,11 @@ int main(int argc, char** argv) try {
   const bool layers = tc_ok && std::find(args.rest.begin(), args.rest.end(), "--no-layers") == args.rest.end();
   bool layers_met = true;
   const bool layer_configs = std::find(args.rest.begin(), args.rest.end(), "--layer-configs") != args.rest.end();
-  if (layers) layer_rows = bench_layer_gemms(h, args.quick, layer_configs, layers_met);
+  if (layers && !exact_layouts_only) layer_rows = bench_layer_gemms(h, args.quick, layer_configs, layers_met);
+  nlohmann::json exact_rows = nlohmann::json::array();
+  if (run_exact) exact_rows = bench_exact_layouts(args.quick, ffma_peak, ffma_measured);
   nlohmann::json ew;
-  if (std::find(args.rest.begin(), args.rest.end(), "--no-elementwise") == args.rest.end()) {
+  if (!exact_layouts_only && std::find(args.rest.begin(), args.rest.end(), "--no-elementwise") == args.rest.end()) {
     ew = bench_elementwise(args.quick, layers_met);
   }
   CUBLAS_CHECK(cublasDestroy(h));
@@ -522,6 +578,7 @@ int main(int argc, char** argv) try {
                       {"layout", "C[M,N] bf16 = A[M,K] bf16 row-major . W[N,K]^T bf16 row-major"},
                       {"shapes", jshapes},
                       {"layer_gemms", layer_rows},
+                      {"exact_layouts", exact_rows},
                       {"elementwise", ew},
                       {"targets_met", all_met}};
   write_json(args, j);

@@ -29,6 +29,23 @@ __global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed
   }
 }
 
+__global__ void fill_f32_kernel(float* p, std::int64_t n, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t r = mix(seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i));
+    p[i] = static_cast<float>(r >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1), exact
+  }
+}
+
+__global__ void digest_kernel(const unsigned* p, std::int64_t n, unsigned long long* out) {
+  unsigned long long s = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    s += mix((static_cast<std::uint64_t>(i) << 32) ^ p[i]);
+  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) atomicAdd(out, s);
+}
+
 // rows x cols of a (row stride lda) against b (row stride ldb): bitwise mismatches, and the sums
 // of (a-b)^2 and b^2.
 __global__ void compare_kernel(const unsigned short* a, std::int64_t lda, const unsigned short* b, std::int64_t ldb,
@@ -106,6 +123,23 @@ double ffma_ceiling_flops() {
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed) {
   fill_kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
   CUBESIM_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+void fill_random_f32(void* p, std::int64_t n, std::uint64_t seed) {
+  fill_f32_kernel<<<1024, 256>>>(static_cast<float*>(p), n, seed);
+  CUBESIM_CUDA_CHECK_LAUNCH("fill_f32_kernel");
+}
+
+std::uint64_t digest_words(const void* p, std::int64_t n) {
+  unsigned long long* d = nullptr;
+  CUBESIM_CUDA_CHECK(cudaMalloc(&d, sizeof(unsigned long long)));
+  CUBESIM_CUDA_CHECK(cudaMemset(d, 0, sizeof(unsigned long long)));
+  digest_kernel<<<1024, 256>>>(static_cast<const unsigned*>(p), n, d);
+  CUBESIM_CUDA_CHECK_LAUNCH("digest_kernel");
+  unsigned long long h = 0;
+  CUBESIM_CUDA_CHECK(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  CUBESIM_CUDA_CHECK(cudaFree(d));
+  return h;
 }
 
 Comparison compare_bf16(const void* a, std::int64_t lda, const void* b, std::int64_t ldb, std::int64_t rows,

@@ -8,6 +8,13 @@ namespace cubesim::bench::gpu {
 // n bf16 values uniform in [-1, 1) from a counter-based hash of (seed, index); on the default stream.
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed);
 
+// n f32 values uniform in [-1, 1) (24 random bits) from the same hash; on the default stream.
+void fill_random_f32(void* p, std::int64_t n, std::uint64_t seed);
+
+// An order-independent 64-bit digest of the bytes of n 32-bit words (each word mixed with its index,
+// then summed): equal digests mean equal bits with overwhelming probability. Synchronizes.
+std::uint64_t digest_words(const void* p, std::int64_t n);
+
 struct Comparison {
   std::int64_t mismatches = 0;  // elements whose bits differ
   std::int64_t compared = 0;

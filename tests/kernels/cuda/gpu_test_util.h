@@ -65,13 +65,18 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-enum class Layout { row_major, col_major, padded_rows };
+// padded_rows: rows 5 elements apart beyond cols (never 16-byte aligned); aligned_rows / aligned_cols:
+// row-major / column-major with the leading dimension rounded up to 8 elements (16-byte aligned
+// rows at any size, so odd sizes reach the kernels' aligned paths with partial 16-byte chunks).
+enum class Layout { row_major, col_major, padded_rows, aligned_rows, aligned_cols };
 
 inline const char* layout_name(Layout l) {
   switch (l) {
     case Layout::row_major: return "row_major";
     case Layout::col_major: return "col_major";
     case Layout::padded_rows: return "padded_rows";
+    case Layout::aligned_rows: return "aligned_rows";
+    case Layout::aligned_cols: return "aligned_cols";
   }
   return "?";
 }
@@ -88,6 +93,8 @@ class Operand {
       case Layout::row_major: o.rs_ = cols; o.cs_ = 1; o.n_ = rows * cols; break;
       case Layout::col_major: o.rs_ = 1; o.cs_ = rows; o.n_ = rows * cols; break;
       case Layout::padded_rows: o.rs_ = cols + 5; o.cs_ = 1; o.n_ = rows * (cols + 5); break;
+      case Layout::aligned_rows: o.rs_ = (cols + 7) / 8 * 8; o.cs_ = 1; o.n_ = rows * o.rs_; break;
+      case Layout::aligned_cols: o.rs_ = 1; o.cs_ = (rows + 7) / 8 * 8; o.n_ = cols * o.cs_; break;
     }
     o.host_.assign(static_cast<std::size_t>(std::max<std::int64_t>(o.n_, 1)) * dtype_size(t), 0);
     o.dev_ = DeviceBuffer(o.host_.size());

@@ -77,6 +77,13 @@ TEST_F(CudaGemm, ExactBitwiseEqualsReferenceOverShapeTable) {
       {DType::f16, DType::f16, DType::f16, Layout::col_major, Layout::row_major, Layout::col_major, true, DType::f16},
       {DType::f32, DType::bf16, DType::bf16, Layout::row_major, Layout::padded_rows, Layout::row_major, true, DType::f32},
       {DType::bf16, DType::f16, DType::f32, Layout::col_major, Layout::col_major, Layout::row_major, false, DType::f32},
+      // 16-byte aligned rows at odd sizes: the async staging path with partial chunks at every edge, in
+      // each of its forms (f32 copied in place along m/n, f32 and 16-bit k-major transposed, 16-bit
+      // along m/n widened).
+      {DType::f32, DType::f32, DType::f32, Layout::aligned_cols, Layout::aligned_rows, Layout::row_major, true, DType::f32},
+      {DType::f32, DType::f32, DType::bf16, Layout::aligned_rows, Layout::aligned_cols, Layout::row_major, true, DType::f32},
+      {DType::bf16, DType::f16, DType::f32, Layout::aligned_cols, Layout::aligned_cols, Layout::row_major, false, DType::f32},
+      {DType::f16, DType::bf16, DType::f16, Layout::aligned_rows, Layout::aligned_rows, Layout::row_major, true, DType::bf16},
   };
   std::size_t checked = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
