@@ -64,9 +64,10 @@ struct Server {
     forget(forget_before);
     if (d == 0) return {ready, ready};
     auto& v = booked_;
+    // Two cases a stream of chunks mostly is, without the bisection and gap walk (what the loop below
+    // does in them): ready after every booking (booked from ready on, after the last or joined to
+    // it), or ready inside the last booking (queued behind it: joined to its end).
     if (v.size() == head_ || v.back().second <= ready) {
-      // Ready after every booking (a stream of chunks mostly is): no gap to search. What the loop
-      // below does in this case, without the bisection.
       if (v.size() > head_ && v.back().second == ready) {
         v.back().second = ready + d;
       } else {
@@ -74,6 +75,12 @@ struct Server {
       }
       if (ready + d > free) free = ready + d;
       return {ready, ready + d};
+    }
+    if (v.back().first <= ready) {
+      const Time start = v.back().second;
+      v.back().second = start + d;
+      if (start + d > free) free = start + d;
+      return {start, start + d};
     }
     // Bookings are disjoint and sorted, so their ends are sorted too: find the first that ends
     // after `ready` by bisection (a congested link can leave thousands booked ahead).
