@@ -180,6 +180,37 @@ __device__ __forceinline__ void fma_step(float (&acc)[8][8], const float* arow, 
 // Persistent: a grid of (2 per SM) blocks walks the 128x128 output tiles, n fastest so the blocks
 // working at once share A panels; each block loads its next tile's first k-tile before storing the
 // current one, so that load's latency hides behind the epilogue.
+// One k-tile's FMAs, k ascending (the last k-tile stops at K), both kernels.
+__device__ __forceinline__ void ktile_fmas(float (&acc)[8][8], const float (&a)[BK][BM + PAD],
+                                           const float (&b)[BK][BN + PAD], int t, int ktiles, int K, int ty, int tx) {
+  if (t + 1 < ktiles || K % BK == 0) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) fma_step(acc, a[kk], b[kk], ty, tx);
+  } else {
+    const int krem = K - t * BK;  // the last k-tile: stop at K
+    for (int kk = 0; kk < krem; ++kk) fma_step(acc, a[kk], b[kk], ty, tx);
+  }
+}
+
+// The tile's epilogue, both kernels: bias after the whole sum (an add the compiler cannot contract),
+// then round once into C's dtype. A thread holds rows ty*4.. and 64+ty*4.., columns tx*4.. and 64+tx*4...
+__device__ __forceinline__ void store_tile(const ExactParams& p, const float (&acc)[8][8], int cm0, int cn0, int tx,
+                                           int ty) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int m = cm0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+    if (m >= p.M) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int n = cn0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
+      if (n >= p.N) continue;
+      float v = acc[i][j];
+      if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
+      store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
+    }
+  }
+}
+
 template <DType TA, DType TB, bool A_KFAST, bool B_KFAST>
 __global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParams p) {
   __shared__ __align__(16) float as[2][BK][BM + PAD];
@@ -228,13 +259,7 @@ __global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParam
         stage_load<TA>(a_ptr, sta, k_last, ra);
         stage_load<TB>(b_ptr, stb, k_last, rb);
       }
-      if (t + 1 < ktiles || p.K % BK == 0) {
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-      } else {
-        const int krem = p.K - t * BK;  // the last k-tile: stop at K
-        for (int kk = 0; kk < krem; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-      }
+      ktile_fmas(acc, as[buf], bs[buf], t, ktiles, p.K, ty, tx);
       if (t + 1 < ktiles) {
         stage_store(as[buf ^ 1], sta, ra);
         stage_store(bs[buf ^ 1], stb, rb);
@@ -259,20 +284,7 @@ __global__ void __launch_bounds__(THREADS, 2) exact_gemm_kernel(const ExactParam
       }
     }
 
-    // Epilogue: bias after the whole sum (an add the compiler cannot contract), then round once.
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int m = cm0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
-      if (m >= p.M) continue;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int n = cn0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-        if (n >= p.N) continue;
-        float v = acc[i][j];
-        if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
-        store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
-      }
-    }
+    store_tile(p, acc, cm0, cn0, tx, ty);
     if (next >= tiles) break;
   }
 }
@@ -303,6 +315,7 @@ struct AsyncStager {
   static constexpr bool DIRECT = T == DType::f32 && !K_FAST;
   static constexpr int SLOT_BYTES = DIRECT ? 0 : 16 * COPIES;
   static constexpr int CHUNKS_PER_KROW = BM / CHUNK;
+  static_assert(CHUNKS_PER_KROW * CHUNK == BM, "a k row is whole chunks");
   int r, k;               // first chunk's tile row and k within the k-tile
   int r_left;             // rows of this tile inside the matrix
   std::int64_t off;       // element offset of (r, k) from (tile row 0, k-tile start)
@@ -436,13 +449,7 @@ __global__ void __launch_bounds__(THREADS, 2) exact_gemm_async_kernel(const Exac
         stb.issue(b_ptr, k_left, bs[buf ^ 1], slot_b);
         cp_async_commit();
       }
-      if (t + 1 < ktiles || p.K % BK == 0) {
-#pragma unroll
-        for (int kk = 0; kk < BK; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-      } else {
-        const int krem = p.K - t * BK;  // the last k-tile: stop at K
-        for (int kk = 0; kk < krem; ++kk) fma_step(acc, as[buf][kk], bs[buf][kk], ty, tx);
-      }
+      ktile_fmas(acc, as[buf], bs[buf], t, ktiles, p.K, ty, tx);
       if (t + 1 < ktiles) {
         cp_async_wait_all();
         sta.convert(as[buf ^ 1], slot_a);
@@ -470,20 +477,7 @@ __global__ void __launch_bounds__(THREADS, 2) exact_gemm_async_kernel(const Exac
       }
     }
 
-    // Epilogue: bias after the whole sum (an add the compiler cannot contract), then round once.
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int m = cm0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
-      if (m >= p.M) continue;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int n = cn0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-        if (n >= p.N) continue;
-        float v = acc[i][j];
-        if (p.bias) v = __fadd_rn(v, load_elem_rt(p.bias, p.bias_dtype, n * p.bias_stride));
-        store_elem_rt(p.c, p.c_dtype, static_cast<std::int64_t>(m) * p.c_rs + static_cast<std::int64_t>(n) * p.c_cs, v);
-      }
-    }
+    store_tile(p, acc, cm0, cn0, tx, ty);
     if (next >= tiles) break;
   }
 }

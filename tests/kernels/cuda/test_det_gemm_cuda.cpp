@@ -748,52 +748,38 @@ TEST(CudaGemmArgs, ErrorsNameTheOperand) {
 
 TEST(CudaGemmPlan, TheLayersGemmsReadTheirOperandsInPlace) {
   // Which operands TMA reads in place is decided on the host from the views (no GPU needed): the six
-  // GEMMs of a linear layer's step take no workspace; what TMA cannot describe is repacked.
+  // GEMMs of a linear layer's step take no workspace; what TMA cannot describe is repacked, and the
+  // reason (what the cuda backend says once in a run report) names the operand, its shape and why.
   const std::int64_t M = 4096, H = 1024, F = 4096;
   void* p = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // 16-byte aligned; never dereferenced
   const MatrixView x{p, DType::bf16, M, H, H, 1}, w{p, DType::bf16, F, H, H, 1}, dy{p, DType::bf16, M, F, F, 1};
   GemmOptions o;
   o.mode = GemmMode::tensor_core;
-  EXPECT_EQ(det_gemm_cuda_workspace_bytes(x, w.transposed(), o), 0u) << "fprop X·Wᵀ";
-  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, w, o), 0u) << "dgrad dY·W (W N-major)";
-  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy.transposed(), x, o), 0u) << "wgrad dYᵀ·X (both MN-major)";
-  // Fallbacks: another dtype, rows not 16-byte aligned, a negative stride, a misaligned start.
-  const MatrixView wf{p, DType::f32, F, H, H, 1}, wpad{p, DType::bf16, F, H, H + 3, 1},
-      wneg{static_cast<char*>(p) + (F - 1) * H * 2, DType::bf16, F, H, -H, 1},
-      wodd{static_cast<char*>(p) + 2, DType::bf16, F, H, H, 1};
-  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), static_cast<std::size_t>(H * F * 2)) << "f32 B";
-  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wpad, o), 0u) << "row stride H+3";
-  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wneg, o), 0u) << "negative row stride";
-  EXPECT_GT(det_gemm_cuda_workspace_bytes(dy, wodd, o), 0u) << "start not 16-byte aligned";
-  o.mode = GemmMode::exact;
-  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), 0u) << "exact mode never repacks";
-}
-
-TEST(CudaGemmPlan, RepackReasonsNameTheOperandAndWhy) {
-  // What the cuda backend says once in a run report when TMA cannot read an operand in place: the
-  // operand, its shape and the reason; nothing where the operands are read in place or in exact mode.
-  const std::int64_t M = 64, H = 256, F = 512;
-  void* p = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // 16-byte aligned; never dereferenced
-  const MatrixView x{p, DType::bf16, M, H, H, 1}, w{p, DType::bf16, F, H, H, 1}, dy{p, DType::bf16, M, F, F, 1};
-  GemmOptions o;
-  o.mode = GemmMode::tensor_core;
-  EXPECT_EQ(det_gemm_cuda_repack_reason(x, w.transposed(), o), "");
-  EXPECT_EQ(det_gemm_cuda_repack_reason(dy, w, o), "");
-  EXPECT_EQ(det_gemm_cuda_repack_reason(dy.transposed(), x, o), "");
-  auto says = [&](const MatrixView& a, const MatrixView& b, std::initializer_list<const char*> parts) {
+  auto in_place = [&](const MatrixView& a, const MatrixView& b, const char* what) {
+    EXPECT_EQ(det_gemm_cuda_workspace_bytes(a, b, o), 0u) << what;
+    EXPECT_EQ(det_gemm_cuda_repack_reason(a, b, o), "") << what;
+  };
+  in_place(x, w.transposed(), "fprop X·Wᵀ");
+  in_place(dy, w, "dgrad dY·W (W N-major)");
+  in_place(dy.transposed(), x, "wgrad dYᵀ·X (both MN-major)");
+  auto repacked = [&](const MatrixView& a, const MatrixView& b, std::initializer_list<const char*> parts) {
+    EXPECT_GT(det_gemm_cuda_workspace_bytes(a, b, o), 0u) << *parts.begin();
     const std::string why = det_gemm_cuda_repack_reason(a, b, o);
     for (const char* s : parts) EXPECT_NE(why.find(s), std::string::npos) << "'" << s << "' not in: " << why;
   };
+  // Fallbacks: another dtype, rows not 16-byte aligned, a negative stride, a misaligned start, no
+  // unit stride.
   const MatrixView wf{p, DType::f32, F, H, H, 1}, wpad{p, DType::bf16, F, H, H + 3, 1},
       wneg{static_cast<char*>(p) + (F - 1) * H * 2, DType::bf16, F, H, -H, 1},
       wodd{static_cast<char*>(p) + 2, DType::bf16, F, H, H, 1}, wgap{p, DType::bf16, F, H, 2, 2 * F};
-  says(dy, wf, {"B [512 x 256] is f32", "converted", "repacked"});
-  says(dy, wpad, {"B [512 x 256]", "259 elements apart, not a multiple of 16 bytes"});
-  says(dy, wneg, {"B [512 x 256]", "run backwards", "-256"});
-  says(dy, wodd, {"B [512 x 256]", "not 16-byte aligned"});
-  says(dy, wgap, {"B [512 x 256]", "no unit stride", "2 and 1024"});
-  const MatrixView af{p, DType::f16, M, F, F, 1};
-  says(af, wf, {"A [64 x 512] is f16", "; B [512 x 256] is f32"});
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), static_cast<std::size_t>(H * F * 2)) << "f32 B";
+  repacked(dy, wf, {"B [4096 x 1024] is f32", "converted", "repacked"});
+  repacked(dy, wpad, {"B [4096 x 1024]", "1027 elements apart, not a multiple of 16 bytes"});
+  repacked(dy, wneg, {"B [4096 x 1024]", "run backwards", "-1024"});
+  repacked(dy, wodd, {"B [4096 x 1024]", "not 16-byte aligned"});
+  repacked(dy, wgap, {"B [4096 x 1024]", "no unit stride", "2 and 8192"});
+  repacked(MatrixView{p, DType::f16, M, F, F, 1}, wf, {"A [4096 x 4096] is f16", "; B [4096 x 1024] is f32"});
   o.mode = GemmMode::exact;
+  EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), 0u) << "exact mode never repacks";
   EXPECT_EQ(det_gemm_cuda_repack_reason(dy, wf, o), "") << "exact mode reads any layout";
 }
