@@ -193,6 +193,40 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   }
 }
 
+// The bias gradient's bf16 path (a warp per 32 columns, a ring of row chunks in flight) over shapes
+// that cut its chunks and its columns every way: fewer rows than a chunk, a chunk and one row, many
+// chunks and a part; columns a multiple of 8 but not of 32 (its 16-byte vectors), and not of 8 (the
+// element-by-element path); infinities (one sign a column) and -0 among the values. Bits equal to the host's chain.
+TEST(CudaKernels, BiasGradEqualsHostBitsAcrossShapes) {
+  NEED_GPUS(1);
+  auto g = cuda_ring(1);
+  auto h = host_context(1);
+  std::mt19937_64 rng(1818);
+  for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {3, 40}, {127, 96}, {129, 264}, {1000, 200},
+                      {2333, 1032}, {4099, 4104}, {70, 33}})
+  for (DType d : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C) + " " + std::string(dtype_name(d)));
+    auto xs = random_values(R * C, d, rng);
+    for (std::size_t i = 0; i < xs.size(); i += 97) xs[i] *= 1024.0f;  // cancellations in the chain
+    if (xs.size() > 40) {
+      xs[C % xs.size()] = -0.0f;
+      xs[xs.size() - 1] = std::numeric_limits<float>::infinity();
+      xs[xs.size() / 2] = -std::numeric_limits<float>::infinity();
+    }
+    auto run = [&](Context& ctx) {
+      std::vector<std::uint8_t> out;
+      ctx.spawn(1, [&](int r) {
+        Tensor a = ctx.from_host_f32(r, {R, C}, d, xs);
+        Tensor db = ctx.from_host_f32(r, {C}, d, std::vector<float>(static_cast<std::size_t>(C), 12345.0f));
+        bias_grad(a, db);
+        out = db.to_host_bytes();
+      });
+      return out;
+    };
+    EXPECT_EQ(run(*g), run(*h));
+  }
+}
+
 // The bf16 GELU kernels look values up in tables of every bf16 input: every one of the 65536 bit
 // patterns (zeros, subnormals, infinities, NaNs) through gelu, gelu_backward and bias_gelu gives the
 // host's bits, both kinds.
