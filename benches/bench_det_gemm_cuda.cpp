@@ -424,7 +424,7 @@ int main(int argc, char** argv) try {
     shapes.push_back(sh);
   }
   const bool run_exact = std::find(args.rest.begin(), args.rest.end(), "--no-exact") == args.rest.end();
-  if (std::find(args.rest.begin(), args.rest.end(), "--bg-sweep") != args.rest.end()) { bench_bias_grad_sweep(7); return 0; }
+  if (std::find(args.rest.begin(), args.rest.end(), "--bg-sweep") != args.rest.end()) { bench_bias_grad_sweep(8); return 0; }
 
   cublasHandle_t h;
   CUBLAS_CHECK(cublasCreate(&h));

@@ -607,6 +607,104 @@ void launch_bias_grad_ws(const void* dy, void* db, DType dbt, std::int64_t rows,
       <<<blocks, 64, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
 }
 
+template <int kRows, int kStages, bool kSpin>
+__global__ void __launch_bounds__(64) bias_grad_ws2_kernel(const unsigned short* __restrict__ dy, void* db, DType dbt,
+                                                          std::int64_t rows, std::int64_t cols) {
+  constexpr int kCols = 32, kVecs = 4, kPerLane = kRows * kVecs / 32;
+  extern __shared__ __align__(16) unsigned short bg_ring[];  // [kStages][kRows][32]
+  __shared__ unsigned long long full[kStages], empty[kStages];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kCols;
+  const std::int64_t chunks = (rows + kRows - 1) / kRows;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) bg_mbar_init(&full[s], 32), bg_mbar_init(&empty[s], 1);
+  }
+  __syncthreads();
+  if (warp == 1) {
+    for (std::int64_t j = 0; j < chunks; ++j) {
+      const int s = static_cast<int>(j % kStages);
+      if (j >= kStages) bg_mbar_wait(&empty[s], static_cast<unsigned>((j / kStages - 1) & 1));
+      unsigned short* st = bg_ring + s * (kRows * kCols);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int e = lane + 32 * i, r = e / kVecs, q = e % kVecs;
+        const std::int64_t m = j * kRows + r, c = c0 + q * 8;
+        if (m < rows && c < cols) bg_cp_async16(st + r * kCols + q * 8, dy + m * cols + c);
+      }
+      bg_cp_async_arrive(&full[s]);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with no copy in flight
+    return;
+  }
+  float acc = 0.0f;
+  unsigned va[kRows], vb[kRows];
+  // Adds chunk j's values (in cur) while loading chunk j + 1's (into nxt), then frees chunk j's stage.
+  auto wait_full = [&](std::int64_t j) {
+    const int s = static_cast<int>(j % kStages);
+    const unsigned par = static_cast<unsigned>((j / kStages) & 1);
+    if constexpr (kSpin) {
+      unsigned ok = 0;
+      do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok) : "r"(bg_smem(&full[s])), "r"(par) : "memory");
+      } while (!ok);
+    } else {
+      bg_mbar_wait(&full[s], par);
+    }
+    return bg_ring + s * (kRows * kCols) + lane;
+  };
+  // A whole chunk j's values (in cur) added while chunk j + 1's load (into nxt); then chunk j's stage is freed.
+  auto step = [&](std::int64_t j, unsigned (&cur)[kRows], unsigned (&nxt)[kRows]) {
+    const bool more = j + 1 < chunks;
+    const unsigned short* st = more ? wait_full(j + 1) : bg_ring;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
+      if (more) nxt[r] = st[r * kCols];
+    }
+    __syncwarp();
+    if (lane == 0) bg_mbar_arrive(&empty[static_cast<int>(j % kStages)]);
+  };
+  auto tail = [&](const unsigned (&cur)[kRows], int n) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < n) acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
+  };
+  const std::int64_t whole = rows / kRows;
+  const int part = static_cast<int>(rows % kRows);
+  if (chunks > 0) {
+    const unsigned short* st = wait_full(0);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) va[r] = st[r * kCols];
+  }
+  std::int64_t j = 0;
+  for (; j + 2 <= whole; j += 2) {
+    step(j, va, vb);
+    step(j + 1, vb, va);
+  }
+  if (j < whole) {
+    step(j, va, vb);
+    if (part) tail(vb, part);
+  } else if (part) {
+    tail(va, part);
+  }
+  if (c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc);
+}
+
+template <int kRows, int kStages, bool kSpin>
+void launch_bias_grad_ws2(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+  constexpr int kSmem = kStages * kRows * 32 * 2;
+  static const bool attr = [] {
+    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_ws2_kernel<kRows, kStages, kSpin>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)attr;
+  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+  bias_grad_ws2_kernel<kRows, kStages, kSpin>
+      <<<blocks, 64, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
+}
+
 }  // namespace
 
 void checksum(const void* x, DType t, std::int64_t n, std::uint64_t base, std::uint64_t* word, std::uint64_t* mix,
@@ -683,10 +781,11 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
       case 0: bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols); break;
       case 1: launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream); break;
       case 2: launch_bias_grad_ws<64, 8>(dy, db, dbt, rows, cols, stream); break;
-      case 3: launch_bias_grad_ws<64, 12>(dy, db, dbt, rows, cols, stream); break;
-      case 4: launch_bias_grad_ws<32, 16>(dy, db, dbt, rows, cols, stream); break;
-      case 5: launch_bias_grad_ws<32, 24>(dy, db, dbt, rows, cols, stream); break;
-      default: launch_bias_grad_ws<64, 6>(dy, db, dbt, rows, cols, stream); break;
+      case 3: launch_bias_grad_ws2<64, 8, false>(dy, db, dbt, rows, cols, stream); break;
+      case 4: launch_bias_grad_ws2<64, 8, true>(dy, db, dbt, rows, cols, stream); break;
+      case 5: launch_bias_grad_ws2<64, 12, true>(dy, db, dbt, rows, cols, stream); break;
+      case 6: launch_bias_grad_ws2<32, 16, true>(dy, db, dbt, rows, cols, stream); break;
+      default: launch_bias_grad_ws2<128, 4, true>(dy, db, dbt, rows, cols, stream); break;
     }
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
