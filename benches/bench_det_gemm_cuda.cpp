@@ -306,32 +306,6 @@ nlohmann::json bench_exact_layouts(bool quick, double ffma_peak, double ffma_mea
   return rows;
 }
 
-// EXPERIMENT (removed before commit): bias_grad variants, chosen by CUBESIM_BG_VARIANT.
-void bench_bias_grad_sweep(int nvariants) {
-  for (int pass = 0; pass < 2; ++pass)
-  for (std::int64_t C : {std::int64_t{4096}, std::int64_t{14336}}) {
-    const std::int64_t R = 4096, n = R * C;
-    Buf x(n * 2), y(n * 2), db(C * 2);
-    gpu::fill_random_bf16(x.p, n, 5001);
-    const double elem = 2.0 * static_cast<double>(n);
-    const double t_copy = time_median(
-        [&](int) { CUBESIM_CUDA_CHECK(cudaMemcpyAsync(y.p, x.p, n * 2, cudaMemcpyDeviceToDevice, nullptr)); }, 1, 20, 7);
-    const double copy_bw = 2 * elem / t_copy;
-    fmt::print("sweep pass {} [{}, {}] copy {:.1f} us {:.0f} GB/s\n", pass, R, C, t_copy * 1e6, copy_bw / 1e9);
-    std::uint64_t d0 = 0;
-    for (int v = 0; v < nvariants; ++v) {
-      setenv("CUBESIM_BG_VARIANT", std::to_string(v).c_str(), 1);
-      CUBESIM_CUDA_CHECK(cudaMemset(db.p, 0xff, C * 2));
-      const double t = time_median([&](int) { cuda::bias_grad(x.p, DType::bf16, db.p, DType::bf16, R, C, nullptr); }, 1, 20, 7);
-      CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::uint64_t d = gpu::digest_words(db.p, C * 2 / 4);
-      if (v == 0) d0 = d;
-      fmt::print("  v{} {:7.1f} us {:6.0f} GB/s {:.3f} of copy digest {:016x} {}\n", v, t * 1e6, elem / t / 1e9,
-                 elem / t / copy_bw, d, d == d0 ? "same" : "DIFFERENT");
-    }
-  }
-}
-
 nlohmann::json bench_elementwise(bool quick, bool& all_met) {
   const std::int64_t R = 4096, C = quick ? 4096 : 14336, n = R * C;
   Buf x(n * 2), z(n * 2), y(n * 2), bias(C * 2), db(C * 2);
@@ -424,7 +398,6 @@ int main(int argc, char** argv) try {
     shapes.push_back(sh);
   }
   const bool run_exact = std::find(args.rest.begin(), args.rest.end(), "--no-exact") == args.rest.end();
-  if (std::find(args.rest.begin(), args.rest.end(), "--bg-sweep") != args.rest.end()) { bench_bias_grad_sweep(8); return 0; }
 
   cublasHandle_t h;
   CUBLAS_CHECK(cublasCreate(&h));

@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -410,12 +409,12 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
   if (tid < 32 && c0 + tid < cols) detail::store_elem_rt(db, dbt, c0 + tid, acc);
 }
 
-// The bf16 path, for rows whose starts are 16-byte aligned: one warp per block owns kCols columns and
-// keeps kStages - 1 stages of kRows rows in flight into a shared-memory ring (cp.async, 16 bytes a
-// copy, no registers held), while its lanes add each landed stage's rows in order (a lane per column,
-// or two adjacent columns per lane when kCols is 64). The loads are issued kStages - 1 stages ahead of
-// the adds without waiting on them, so a whole GPU of such warps keeps megabytes in flight however
-// long each column's chain is; the adds stay one chain per column, row by row, as on the host.
+// The bf16 path for wide tensors (rows' starts 16-byte aligned): one warp per block owns kCols columns
+// and keeps kStages - 1 chunks of kRows rows in flight into a shared-memory ring (cp.async, 16 bytes a
+// copy, no registers held while they fly), while its lanes add each landed chunk's rows in order (a
+// lane per column, or two adjacent columns per lane when kCols is 64). The adds stay one chain per
+// column, row by row from +0.0f, as on the host. Used as <32, 64, 6> (24 KB a block) where the warps
+// fill the SMs several times over; what limits it is the adding warp's pace (NOTES.md, issue 18).
 __device__ __forceinline__ void bg_cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
@@ -489,221 +488,12 @@ template <int kCols, int kRows, int kStages>
 void launch_bias_grad_bf16(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                            cudaStream_t stream) {
   constexpr int kSmem = kStages * kRows * kCols * 2;
-  static const bool attr = [] {
-    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_bf16_kernel<kCols, kRows, kStages>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attr;
+  static_assert(kSmem <= 48 * 1024, "within the default dynamic shared memory: no attribute to set per device");
   const unsigned blocks = static_cast<unsigned>((cols + kCols - 1) / kCols);
   bias_grad_bf16_kernel<kCols, kRows, kStages>
       <<<blocks, 32, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
 }
 
-
-// Warp-specialized: warp 1 streams row chunks into a ring (cp.async, completion signalled on the
-// stage's mbarrier), warp 0 adds them, a lane per column, one chain per column in row order. Warp 0
-// issues nothing but the shared loads, the widening shifts and the adds (3 instructions a row against
-// the add's 4-cycle latency), and loads chunk i + 1 into registers while it adds chunk i.
-__device__ __forceinline__ unsigned bg_smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bg_mbar_init(unsigned long long* b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bg_smem(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bg_mbar_wait(unsigned long long* b, unsigned parity) {
-  unsigned ok = 0;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok) : "r"(bg_smem(b)), "r"(parity) : "memory");
-  } while (!ok);
-}
-__device__ __forceinline__ void bg_mbar_arrive(unsigned long long* b) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bg_smem(b)) : "memory");
-}
-__device__ __forceinline__ void bg_cp_async_arrive(unsigned long long* b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bg_smem(b)) : "memory");
-}
-
-template <int kRows, int kStages>
-__global__ void __launch_bounds__(64) bias_grad_ws_kernel(const unsigned short* __restrict__ dy, void* db, DType dbt,
-                                                          std::int64_t rows, std::int64_t cols) {
-  constexpr int kCols = 32, kVecs = 4, kPerLane = kRows * kVecs / 32;
-  extern __shared__ __align__(16) unsigned short bg_ring[];  // [kStages][kRows][32]
-  __shared__ unsigned long long full[kStages], empty[kStages];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kCols;
-  const std::int64_t chunks = (rows + kRows - 1) / kRows;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) bg_mbar_init(&full[s], 32), bg_mbar_init(&empty[s], 1);
-  }
-  __syncthreads();
-  if (warp == 1) {
-    for (std::int64_t j = 0; j < chunks; ++j) {
-      const int s = static_cast<int>(j % kStages);
-      if (j >= kStages) bg_mbar_wait(&empty[s], static_cast<unsigned>((j / kStages - 1) & 1));
-      unsigned short* st = bg_ring + s * (kRows * kCols);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i, r = e / kVecs, q = e % kVecs;
-        const std::int64_t m = j * kRows + r, c = c0 + q * 8;
-        if (m < rows && c < cols) bg_cp_async16(st + r * kCols + q * 8, dy + m * cols + c);
-      }
-      bg_cp_async_arrive(&full[s]);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with no copy in flight
-    return;
-  }
-  float acc = 0.0f;
-  unsigned va[kRows], vb[kRows];
-  auto fetch = [&](std::int64_t j, unsigned (&v)[kRows]) {
-    const int s = static_cast<int>(j % kStages);
-    bg_mbar_wait(&full[s], static_cast<unsigned>((j / kStages) & 1));
-    const unsigned short* st = bg_ring + s * (kRows * kCols) + lane;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) v[r] = st[r * kCols];
-  };
-  // Adds chunk j's values (in cur) while loading chunk j + 1's (into nxt), then frees chunk j's stage.
-  auto step = [&](std::int64_t j, unsigned (&cur)[kRows], unsigned (&nxt)[kRows]) {
-    const bool more = j + 1 < chunks;
-    const unsigned short* st = bg_ring;
-    if (more) {
-      const int s = static_cast<int>((j + 1) % kStages);
-      bg_mbar_wait(&full[s], static_cast<unsigned>(((j + 1) / kStages) & 1));
-      st = bg_ring + s * (kRows * kCols) + lane;
-    }
-    const int n = static_cast<int>(std::min<std::int64_t>(kRows, rows - j * kRows));
-    if (n == kRows) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
-        if (more) nxt[r] = st[r * kCols];
-      }
-    } else {  // the last chunk, part full: no dynamic index, so cur and nxt stay in registers
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        if (r < n) acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
-    }
-    __syncwarp();
-    if (lane == 0) bg_mbar_arrive(&empty[static_cast<int>(j % kStages)]);
-  };
-  if (chunks > 0) fetch(0, va);
-  for (std::int64_t j = 0; j < chunks; j += 2) {
-    step(j, va, vb);
-    if (j + 1 < chunks) step(j + 1, vb, va);
-  }
-  if (c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc);
-}
-
-template <int kRows, int kStages>
-void launch_bias_grad_ws(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
-  constexpr int kSmem = kStages * kRows * 32 * 2;
-  static const bool attr = [] {
-    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_ws_kernel<kRows, kStages>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attr;
-  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  bias_grad_ws_kernel<kRows, kStages>
-      <<<blocks, 64, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
-}
-
-template <int kRows, int kStages, bool kSpin>
-__global__ void __launch_bounds__(64) bias_grad_ws2_kernel(const unsigned short* __restrict__ dy, void* db, DType dbt,
-                                                          std::int64_t rows, std::int64_t cols) {
-  constexpr int kCols = 32, kVecs = 4, kPerLane = kRows * kVecs / 32;
-  extern __shared__ __align__(16) unsigned short bg_ring[];  // [kStages][kRows][32]
-  __shared__ unsigned long long full[kStages], empty[kStages];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kCols;
-  const std::int64_t chunks = (rows + kRows - 1) / kRows;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) bg_mbar_init(&full[s], 32), bg_mbar_init(&empty[s], 1);
-  }
-  __syncthreads();
-  if (warp == 1) {
-    for (std::int64_t j = 0; j < chunks; ++j) {
-      const int s = static_cast<int>(j % kStages);
-      if (j >= kStages) bg_mbar_wait(&empty[s], static_cast<unsigned>((j / kStages - 1) & 1));
-      unsigned short* st = bg_ring + s * (kRows * kCols);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i, r = e / kVecs, q = e % kVecs;
-        const std::int64_t m = j * kRows + r, c = c0 + q * 8;
-        if (m < rows && c < cols) bg_cp_async16(st + r * kCols + q * 8, dy + m * cols + c);
-      }
-      bg_cp_async_arrive(&full[s]);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with no copy in flight
-    return;
-  }
-  float acc = 0.0f;
-  unsigned va[kRows], vb[kRows];
-  // Adds chunk j's values (in cur) while loading chunk j + 1's (into nxt), then frees chunk j's stage.
-  auto wait_full = [&](std::int64_t j) {
-    const int s = static_cast<int>(j % kStages);
-    const unsigned par = static_cast<unsigned>((j / kStages) & 1);
-    if constexpr (kSpin) {
-      unsigned ok = 0;
-      do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(bg_smem(&full[s])), "r"(par) : "memory");
-      } while (!ok);
-    } else {
-      bg_mbar_wait(&full[s], par);
-    }
-    return bg_ring + s * (kRows * kCols) + lane;
-  };
-  // A whole chunk j's values (in cur) added while chunk j + 1's load (into nxt); then chunk j's stage is freed.
-  auto step = [&](std::int64_t j, unsigned (&cur)[kRows], unsigned (&nxt)[kRows]) {
-    const bool more = j + 1 < chunks;
-    const unsigned short* st = more ? wait_full(j + 1) : bg_ring;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
-      if (more) nxt[r] = st[r * kCols];
-    }
-    __syncwarp();
-    if (lane == 0) bg_mbar_arrive(&empty[static_cast<int>(j % kStages)]);
-  };
-  auto tail = [&](const unsigned (&cur)[kRows], int n) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      if (r < n) acc = __fadd_rn(acc, __uint_as_float(cur[r] << 16));
-  };
-  const std::int64_t whole = rows / kRows;
-  const int part = static_cast<int>(rows % kRows);
-  if (chunks > 0) {
-    const unsigned short* st = wait_full(0);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) va[r] = st[r * kCols];
-  }
-  std::int64_t j = 0;
-  for (; j + 2 <= whole; j += 2) {
-    step(j, va, vb);
-    step(j + 1, vb, va);
-  }
-  if (j < whole) {
-    step(j, va, vb);
-    if (part) tail(vb, part);
-  } else if (part) {
-    tail(va, part);
-  }
-  if (c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc);
-}
-
-template <int kRows, int kStages, bool kSpin>
-void launch_bias_grad_ws2(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
-  constexpr int kSmem = kStages * kRows * 32 * 2;
-  static const bool attr = [] {
-    CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_ws2_kernel<kRows, kStages, kSpin>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attr;
-  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  bias_grad_ws2_kernel<kRows, kStages, kSpin>
-      <<<blocks, 64, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
-}
 
 }  // namespace
 
@@ -774,19 +564,14 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
                cudaStream_t stream) {
   if (cols <= 0) return;
   const unsigned blocks = static_cast<unsigned>((cols + kBgCols - 1) / kBgCols);
-  const char* vs = std::getenv("CUBESIM_BG_VARIANT");  // EXPERIMENT
-  const int v = vs ? std::atoi(vs) : 2;
+  int dev = 0, sms = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (dyt == DType::bf16 && aligned16(dy) && cols % 8 == 0) {
-    switch (v) {
-      case 0: bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols); break;
-      case 1: launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream); break;
-      case 2: launch_bias_grad_ws<64, 8>(dy, db, dbt, rows, cols, stream); break;
-      case 3: launch_bias_grad_ws2<64, 8, false>(dy, db, dbt, rows, cols, stream); break;
-      case 4: launch_bias_grad_ws2<64, 8, true>(dy, db, dbt, rows, cols, stream); break;
-      case 5: launch_bias_grad_ws2<64, 12, true>(dy, db, dbt, rows, cols, stream); break;
-      case 6: launch_bias_grad_ws2<32, 16, true>(dy, db, dbt, rows, cols, stream); break;
-      default: launch_bias_grad_ws2<128, 4, true>(dy, db, dbt, rows, cols, stream); break;
-    }
+    // A warp per 32 columns wherever they fill the SMs twice over ([4096, 14336]: 448 warps); below
+    // that the 8-warp block, whose adding warp runs faster alone (kernels/cuda/NOTES.md, issue 18).
+    if ((cols + 31) / 32 >= 2 * static_cast<std::int64_t>(sms)) launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream);
+    else bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   }

@@ -193,17 +193,20 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   }
 }
 
-// The bias gradient's bf16 path (a warp per 32 columns, a ring of row chunks in flight) over shapes
-// that cut its chunks and its columns every way: fewer rows than a chunk, a chunk and one row, many
-// chunks and a part; columns a multiple of 8 but not of 32 (its 16-byte vectors), and not of 8 (the
-// element-by-element path); infinities (one sign a column) and -0 among the values. Bits equal to the host's chain.
+// The bias gradient's bf16 paths (8-warp blocks; a warp per 32 columns with a ring of row chunks in
+// flight) over shapes that cut their chunks and columns every way: fewer rows than a chunk, a chunk and
+// one row, many chunks and a part; columns a multiple of 8 but not of 32 (the 16-byte vectors), and not
+// of 8 (the element-by-element path); -0 and infinities of both signs (in different columns: inf - inf's
+// NaN payload is the hardware's) among the values. Bits equal to the host's chain.
 TEST(CudaKernels, BiasGradEqualsHostBitsAcrossShapes) {
   NEED_GPUS(1);
   auto g = cuda_ring(1);
   auto h = host_context(1);
   std::mt19937_64 rng(1818);
+  // Up to 8192 columns the 8-warp block runs; from 2 x 132 SMs x 32 = 8448 columns (on an H100 or
+  // H200) a warp per 32 columns: 8456 and 40960 columns take that path on any GPU of up to 640 SMs.
   for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {3, 40}, {127, 96}, {129, 264}, {1000, 200},
-                      {2333, 1032}, {4099, 4104}, {70, 33}})
+                      {2333, 1032}, {4099, 4104}, {70, 33}, {1, 8448}, {130, 8456}, {1100, 8712}, {67, 40960}})
   for (DType d : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C) + " " + std::string(dtype_name(d)));
     auto xs = random_values(R * C, d, rng);
