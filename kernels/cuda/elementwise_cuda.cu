@@ -409,6 +409,92 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
   if (tid < 32 && c0 + tid < cols) detail::store_elem_rt(db, dbt, c0 + tid, acc);
 }
 
+// The bf16 path for wide tensors (rows' starts 16-byte aligned): one warp per block owns kCols columns
+// and keeps kStages - 1 chunks of kRows rows in flight into a shared-memory ring (cp.async, 16 bytes a
+// copy, no registers held while they fly), while its lanes add each landed chunk's rows in order (a
+// lane per column, or two adjacent columns per lane when kCols is 64). The adds stay one chain per
+// column, row by row from +0.0f, as on the host. Used as <32, 64, 6> (24 KB a block) where the warps
+// fill the SMs several times over; what limits it is the adding warp's pace (NOTES.md, issue 18).
+__device__ __forceinline__ void bg_cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void bg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int kCols, int kRows, int kStages>
+__global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short* __restrict__ dy, void* db, DType dbt,
+                                                            std::int64_t rows, std::int64_t cols) {
+  static_assert(kCols == 16 || kCols == 32 || kCols == 64, "a lane per column, or two for 64");
+  constexpr int kVecs = kCols / 8;              // 16-byte vectors per row
+  constexpr int kPerLane = kRows * kVecs / 32;  // copies per lane per stage
+  static_assert(kRows * kVecs % 32 == 0, "whole copies per lane");
+  extern __shared__ __align__(16) unsigned short bg_ring[];  // [kStages][kRows][kCols]
+  const int lane = threadIdx.x;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kCols;
+  const std::int64_t chunks = (rows + kRows - 1) / kRows;
+  auto issue = [&](std::int64_t chunk) {
+    unsigned short* st = bg_ring + static_cast<int>(chunk % kStages) * (kRows * kCols);
+    const std::int64_t r0 = chunk * kRows;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i, r = e / kVecs, q = e % kVecs;
+      const std::int64_t m = r0 + r, c = c0 + q * 8;
+      if (m < rows && c < cols) bg_cp_async16(st + r * kCols + q * 8, dy + m * cols + c);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < chunks) issue(s);
+    bg_cp_async_commit();
+  }
+  float acc0 = 0.0f, acc1 = 0.0f;
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    bg_cp_async_wait<kStages - 2>();  // chunk i has landed (this lane's copies) ...
+    __syncwarp();                     // ... and every lane's; chunk i - 1's buffer is free
+    if (i + kStages - 1 < chunks) issue(i + kStages - 1);
+    bg_cp_async_commit();
+    const unsigned short* st = bg_ring + static_cast<int>(i % kStages) * (kRows * kCols);
+    const int n = static_cast<int>(std::min<std::int64_t>(kRows, rows - i * kRows));
+    auto add_row = [&](int r) {
+      if constexpr (kCols == 64) {
+        const unsigned w = reinterpret_cast<const unsigned*>(st + r * kCols)[lane];
+        acc0 = __fadd_rn(acc0, __uint_as_float(w << 16));
+        acc1 = __fadd_rn(acc1, __uint_as_float(w & 0xffff0000u));
+      } else {
+        acc0 = __fadd_rn(acc0, __uint_as_float(static_cast<unsigned>(st[r * kCols + (lane % kCols)]) << 16));
+      }
+    };
+    if (n == kRows) {
+#pragma unroll 32
+      for (int r = 0; r < kRows; ++r) add_row(r);
+    } else {
+      for (int r = 0; r < n; ++r) add_row(r);
+    }
+  }
+  if constexpr (kCols == 64) {
+    const std::int64_t c = c0 + 2 * lane;
+    if (c < cols) detail::store_elem_rt(db, dbt, c, acc0);
+    if (c + 1 < cols) detail::store_elem_rt(db, dbt, c + 1, acc1);
+  } else {
+    if (lane < kCols && c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc0);
+  }
+}
+
+template <int kCols, int kRows, int kStages>
+void launch_bias_grad_bf16(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
+                           cudaStream_t stream) {
+  constexpr int kSmem = kStages * kRows * kCols * 2;
+  static_assert(kSmem <= 48 * 1024, "within the default dynamic shared memory: no attribute to set per device");
+  const unsigned blocks = static_cast<unsigned>((cols + kCols - 1) / kCols);
+  bias_grad_bf16_kernel<kCols, kRows, kStages>
+      <<<blocks, 32, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
+}
+
+
 }  // namespace
 
 void checksum(const void* x, DType t, std::int64_t n, std::uint64_t base, std::uint64_t* word, std::uint64_t* mix,
@@ -478,8 +564,14 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
                cudaStream_t stream) {
   if (cols <= 0) return;
   const unsigned blocks = static_cast<unsigned>((cols + kBgCols - 1) / kBgCols);
+  int dev = 0, sms = 0;
+  CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
+  CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (dyt == DType::bf16 && aligned16(dy) && cols % 8 == 0) {
-    bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
+    // A warp per 32 columns wherever they fill the SMs twice over ([4096, 14336]: 448 warps); below
+    // that the 8-warp block, whose adding warp runs faster alone (kernels/cuda/NOTES.md, issue 18).
+    if ((cols + 31) / 32 >= 2 * static_cast<std::int64_t>(sms)) launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream);
+    else bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   }

@@ -193,6 +193,43 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   }
 }
 
+// The bias gradient's bf16 paths (8-warp blocks; a warp per 32 columns with a ring of row chunks in
+// flight) over shapes that cut their chunks and columns every way: fewer rows than a chunk, a chunk and
+// one row, many chunks and a part; columns a multiple of 8 but not of 32 (the 16-byte vectors), and not
+// of 8 (the element-by-element path); -0 and infinities of both signs (in different columns: inf - inf's
+// NaN payload is the hardware's) among the values. Bits equal to the host's chain.
+TEST(CudaKernels, BiasGradEqualsHostBitsAcrossShapes) {
+  NEED_GPUS(1);
+  auto g = cuda_ring(1);
+  auto h = host_context(1);
+  std::mt19937_64 rng(1818);
+  // Up to 8192 columns the 8-warp block runs; from 2 x 132 SMs x 32 = 8448 columns (on an H100 or
+  // H200) a warp per 32 columns: 8456 and 40960 columns take that path on any GPU of up to 640 SMs.
+  for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {3, 40}, {127, 96}, {129, 264}, {1000, 200},
+                      {2333, 1032}, {4099, 4104}, {70, 33}, {1, 8448}, {130, 8456}, {1100, 8712}, {67, 40960}})
+  for (DType d : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C) + " " + std::string(dtype_name(d)));
+    auto xs = random_values(R * C, d, rng);
+    for (std::size_t i = 0; i < xs.size(); i += 97) xs[i] *= 1024.0f;  // cancellations in the chain
+    if (xs.size() > 40) {
+      xs[C % xs.size()] = -0.0f;
+      xs[xs.size() - 1] = std::numeric_limits<float>::infinity();
+      xs[xs.size() / 2] = -std::numeric_limits<float>::infinity();
+    }
+    auto run = [&](Context& ctx) {
+      std::vector<std::uint8_t> out;
+      ctx.spawn(1, [&](int r) {
+        Tensor a = ctx.from_host_f32(r, {R, C}, d, xs);
+        Tensor db = ctx.from_host_f32(r, {C}, d, std::vector<float>(static_cast<std::size_t>(C), 12345.0f));
+        bias_grad(a, db);
+        out = db.to_host_bytes();
+      });
+      return out;
+    };
+    EXPECT_EQ(run(*g), run(*h));
+  }
+}
+
 // The bf16 GELU kernels look values up in tables of every bf16 input: every one of the 65536 bit
 // patterns (zeros, subnormals, infinities, NaNs) through gelu, gelu_backward and bias_gelu gives the
 // host's bits, both kinds.
