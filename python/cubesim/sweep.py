@@ -1561,7 +1561,8 @@ def executor_overhead(cases=4000, jobs=16, hold_ms=0.15, free_ms=4.0, tmpdir=Non
     holding the GIL hold_ms (about a real case's Python share: its config, the Context's creation and
     report) and then releasing it free_ms. Efficiency = rate / (jobs / (hold + free)): what the executor,
     the database writes and the GIL's hand-over leave of the ideal, independent of the machine's cores
-    (the held parts need at most jobs x hold / (hold + free) of one core)."""
+    (the held parts need at most jobs x hold / (hold + free) of one core). The module's run_case is the
+    synthetic one meanwhile: run no other sweep in this process at the same time."""
     import tempfile
     global run_case
     real = run_case
@@ -1574,7 +1575,8 @@ def executor_overhead(cases=4000, jobs=16, hold_ms=0.15, free_ms=4.0, tmpdir=Non
     rate = cases / res.elapsed_s
     ideal = jobs / ((hold_ms + free_ms) * 1e-3)
     return {"executor": "thread (synthetic)", "workers": jobs, "cases": cases, "cases_per_s": rate,
-            "efficiency": rate / ideal, "hold_ms": hold_ms, "free_ms": free_ms}
+            "efficiency": rate / ideal, "hold_ms": hold_ms, "free_ms": free_ms,
+            "ok": sum(r["status"] == "ok" for r in res)}
 
 
 def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(), serial_cases=None, tmpdir=None,
@@ -1585,7 +1587,9 @@ def benchmark(cases=1000, jobs=None, executors=("thread", "process"), mpi_np=(),
     executor's workers, and for MPI mpirun and the interpreters). mpi_np: worker counts to run an MPI
     sweep with (mpirun, rank 0 leading), each worker given mpi_cases_per_worker cases (weak scaling, so
     every run lasts about as long), efficiency against the run with the first count given (per
-    worker; 1 by default), and an independent ceiling measured at each count on the serial cases."""
+    worker; 1 by default), and an independent ceiling measured at each count on the serial cases.
+    With the thread executor, also the executor's own cost on synthetic cases (executor_overhead,
+    overhead_jobs threads; 0 skips it)."""
     import tempfile
     import subprocess
     jobs = jobs or os.cpu_count() or 1

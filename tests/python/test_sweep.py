@@ -355,6 +355,14 @@ def test_a_hundred_case_sweep(tmp_path):
     assert len(rows) == 100 and all(r["status"] == "ok" for r in rows)
 
 
+def test_the_executor_overhead_bench_runs_every_synthetic_case_and_restores_run_case(tmp_path):
+    real = sweep.run_case
+    row = sweep.executor_overhead(cases=48, jobs=4, hold_ms=0.05, free_ms=1.0, tmpdir=tmp_path)
+    assert sweep.run_case is real
+    assert row["executor"] == "thread (synthetic)" and row["workers"] == 4 and row["cases"] == 48
+    assert row["ok"] == 48 and row["cases_per_s"] > 0 and row["efficiency"] > 0
+
+
 # ---- looking at results --------------------------------------------------------------------------
 
 
