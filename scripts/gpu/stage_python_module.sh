@@ -33,7 +33,9 @@ objs=()
 pids=()
 for src in python/src/*.cpp; do
   o="$obj/$(basename "${src%.cpp}").o"
-  if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ -n "$(find python/src -name '*.h' -newer "$o")" ]; then
+  # Any header of the project, not only the bindings': an inline member of a class whose layout changed
+  # (sim/core/event_queue.h) compiled into an old object beside the new libraries corrupts memory.
+  if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ -n "$(find python/src base sim kernels runtime tp sdc -name '*.h' -newer "$o" | head -1)" ]; then
     echo "compiling $src"
     rm -f "$o"  # a failed compile must not leave the old object to be linked
     g++ "${flags[@]}" -c "$src" -o "$o" &

@@ -17,7 +17,10 @@ constexpr std::size_t kLine = 64;
 
 void EventQueue::FreeAligned::operator()(Key* p) const { ::operator delete[](p, std::align_val_t{kLine}); }
 
-EventQueue::EventQueue() : lane_(std::make_unique<Entry[]>(1024)), lane_cap_(1024) { grow_heap(); }
+EventQueue::EventQueue()
+    : lane_(std::make_unique<Entry[]>(1024)), lane_cap_(1024), run_(std::make_unique<Entry[]>(1024)), run_cap_(1024) {
+  grow_heap();
+}
 
 EventQueue::~EventQueue() { clear(); }
 
@@ -32,6 +35,16 @@ void EventQueue::grow_heap() {
   keys_ = std::move(keys);
   items_ = std::move(items);
   heap_cap_ = cap;
+}
+
+void EventQueue::grow_run() {
+  // Full: the ring wraps exactly, so its entries in order are [head, cap) then [0, head).
+  auto bigger = std::make_unique<Entry[]>(2 * run_cap_);
+  std::copy(run_.get() + run_head_, run_.get() + run_cap_, bigger.get());
+  std::copy(run_.get(), run_.get() + run_head_, bigger.get() + (run_cap_ - run_head_));
+  run_ = std::move(bigger);
+  run_head_ = 0;
+  run_cap_ *= 2;
 }
 
 void EventQueue::grow_pool() {
@@ -109,6 +122,8 @@ void EventQueue::clear() {
   hole_ = false;
   for (std::size_t i = lane_head_; i < lane_tail_; ++i) drop(lane_[i].item);
   lane_head_ = lane_tail_ = 0;
+  for (std::size_t i = 0; i < run_size_; ++i) drop(run_[(run_head_ + i) & (run_cap_ - 1)].item);
+  run_head_ = run_size_ = 0;
 }
 
 namespace {

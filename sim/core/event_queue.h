@@ -50,9 +50,20 @@ class EventQueue {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
-  bool empty() const { return heap_end_ == (hole_ ? kRoot + 1 : kRoot) && lane_head_ == lane_tail_; }
-  std::size_t size() const { return heap_end_ - kRoot - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_); }
-  Time next_time() const { return lane_has_next() ? now_ : keys_[kRoot].time; }
+  bool empty() const {
+    return heap_end_ == (hole_ ? kRoot + 1 : kRoot) && lane_head_ == lane_tail_ && run_size_ == 0;
+  }
+  std::size_t size() const {
+    return heap_end_ - kRoot - (hole_ ? 1 : 0) + (lane_tail_ - lane_head_) + run_size_;
+  }
+  // Precondition: !empty().
+  Time next_time() const {
+    switch (next_source()) {
+      case Source::lane: return now_;
+      case Source::run: return run_[run_head_].time;
+      default: return keys_[kRoot].time;
+    }
+  }
   Time now() const { return now_; }
 
   // Pops the earliest event, advances now() to its time, runs it: a callback is called, a
@@ -66,12 +77,21 @@ class EventQueue {
   template <class Resume>
   bool run_next(Time limit, Resume&& resume) {
     std::uintptr_t item;
-    if (lane_has_next()) {
-      if (now_ > limit) return false;
-      item = pop_lane();
-    } else {
-      if (heap_end_ == kRoot || keys_[kRoot].time > limit) return false;  // lane_has_next() settled the heap
-      item = pop_heap();
+    switch (next_source()) {
+      case Source::lane:
+        if (now_ > limit) return false;
+        item = pop_lane();
+        break;
+      case Source::run:
+        if (run_[run_head_].time > limit) return false;
+        item = pop_run();
+        break;
+      case Source::heap:
+        if (keys_[kRoot].time > limit) return false;  // next_source() settled the heap
+        item = pop_heap();
+        break;
+      default:
+        return false;
     }
     dispatch(item, resume);
     return true;
@@ -84,12 +104,21 @@ class EventQueue {
   // (The scheduler's direct hand-over from one process to the next.)
   void* pop_resume(Time limit) {
     std::uintptr_t item;
-    if (lane_has_next()) {
-      if (now_ > limit || !(lane_[lane_head_].item & 1u)) return nullptr;
-      item = pop_lane();
-    } else {
-      if (heap_end_ == kRoot || keys_[kRoot].time > limit || !(items_[kRoot] & 1u)) return nullptr;
-      item = pop_heap();
+    switch (next_source()) {
+      case Source::lane:
+        if (now_ > limit || !(lane_[lane_head_].item & 1u)) return nullptr;
+        item = pop_lane();
+        break;
+      case Source::run:
+        if (run_[run_head_].time > limit || !(run_[run_head_].item & 1u)) return nullptr;
+        item = pop_run();
+        break;
+      case Source::heap:
+        if (keys_[kRoot].time > limit || !(items_[kRoot] & 1u)) return nullptr;
+        item = pop_heap();
+        break;
+      default:
+        return nullptr;
     }
     return reinterpret_cast<void*>(item & ~std::uintptr_t{1});
   }
@@ -99,6 +128,8 @@ class EventQueue {
 
   std::uint64_t pushed() const { return seq_; }
   std::size_t lane_capacity() const { return lane_cap_; }
+  // Pending events held in the ascending run (not the heap), for tests.
+  std::size_t run_size() const { return run_size_; }
   std::uint64_t executed() const { return executed_; }
   // A running hash of (time, priority, sequence) of every executed event: two runs of the same
   // input give the same value; a test compares it across runs.
@@ -147,17 +178,45 @@ class EventQueue {
       lane_[lane_tail_++] = Entry{t, (std::uint64_t{32768} << 48) | seq, item};
       return seq;
     }
-    if (t > now_ && hole_ && static_cast<unsigned>(priority + 32768) <= 65535u) {
-      // A successor for the popped root's slot (the common case of a callback's push).
+    if (t > now_ && static_cast<unsigned>(priority + 32768) <= 65535u) {
       const std::uint64_t seq = seq_++;
-      hole_ = false;
-      sift_down(Key{t, (static_cast<std::uint64_t>(priority + 32768) << 48) | seq}, item);
+      const std::uint64_t key = (static_cast<std::uint64_t>(priority + 32768) << 48) | seq;
+      if (run_size_ == 0 || t > run_back_.time || (t == run_back_.time && key > run_back_.key)) {
+        // After every event in the run: appended, already in order.
+        if (run_size_ == run_cap_) [[unlikely]] grow_run();
+        run_[(run_head_ + run_size_++) & (run_cap_ - 1)] = Entry{t, key, item};
+        run_back_ = Key{t, key};
+        return seq;
+      }
+      if (hole_) {
+        // A successor for the popped root's slot (the common case of a callback's push).
+        hole_ = false;
+        sift_down(Key{t, key}, item);
+        return seq;
+      }
+      if (heap_end_ == heap_cap_) [[unlikely]] grow_heap();
+      sift_up(heap_end_++, Key{t, key}, item);
       return seq;
     }
     return insert_slow(t, priority, item);
   }
   std::uint64_t insert_slow(Time t, int priority, std::uintptr_t item);
-  std::uintptr_t pop() { return lane_has_next() ? pop_lane() : pop_heap(); }
+  std::uintptr_t pop() {
+    switch (next_source()) {
+      case Source::lane: return pop_lane();
+      case Source::run: return pop_run();
+      default: return pop_heap();
+    }
+  }
+  std::uintptr_t pop_run() {
+    const Entry e = run_[run_head_];
+    run_head_ = (run_head_ + 1) & (run_cap_ - 1);
+    --run_size_;
+    note(e);
+    // The next in the run is likely next to run: start loading its node, pushed long ago.
+    if (run_size_) __builtin_prefetch(reinterpret_cast<const void*>(run_[run_head_].item & ~std::uintptr_t{1}));
+    return e.item;
+  }
   std::uintptr_t pop_lane() {
     const Entry& e = lane_[lane_head_++];
     if (lane_head_ == lane_tail_) lane_head_ = lane_tail_ = 0;
@@ -192,11 +251,33 @@ class EventQueue {
   void sift_down(Key k, std::uintptr_t item);
   void grow_heap();
   void grow_pool();
-  // True when the next event to run is the front of the now-lane rather than the heap's top.
-  // (Settles a pending root removal first: after it keys_[kRoot] is the heap's true minimum.)
-  bool lane_has_next() const {
+  void grow_run();
+  // Where the next event to run is: the smallest of the now-lane's front, the run's front and the
+  // heap's top. (Settles a pending root removal first: after it keys_[kRoot] is the heap's true
+  // minimum.)
+  enum class Source { none, lane, run, heap };
+  Source next_source() const {
     settle();
-    return lane_head_ != lane_tail_ && (heap_end_ == kRoot || before(lane_[lane_head_], keys_[kRoot]));
+    Source best = Source::none;
+    Time bt = 0;
+    std::uint64_t bk = 0;
+    if (lane_head_ != lane_tail_) {
+      best = Source::lane;
+      bt = lane_[lane_head_].time;
+      bk = lane_[lane_head_].key;
+    }
+    if (run_size_) {
+      const Entry& e = run_[run_head_];
+      if (best == Source::none || before(e, Key{bt, bk})) {
+        best = Source::run;
+        bt = e.time;
+        bk = e.key;
+      }
+    }
+    if (heap_end_ != kRoot && (best == Source::none || before(Entry{keys_[kRoot].time, keys_[kRoot].key, 0}, Key{bt, bk}))) {
+      best = Source::heap;
+    }
+    return best;
   }
   // pop_heap() leaves the popped root in place (hole_) so that an event pushed while the popped
   // one runs (a callback scheduling its successor: the common case) takes the root's place with
@@ -225,6 +306,13 @@ class EventQueue {
   // its front and the heap's top. The total order is unchanged; the common case is O(1).
   std::unique_ptr<Entry[]> lane_;
   std::size_t lane_head_ = 0, lane_tail_ = 0, lane_cap_ = 0;
+  // Future events pushed after every event already in it, by (time, priority, sequence), skip the
+  // heap too: a FIFO ring in ascending order (a stream of chunks injected a pace apart, each event
+  // scheduling its successor: pushed in the order they are due). The next event is the smallest of
+  // the lane's front, this run's front and the heap's top; the total order is unchanged.
+  std::unique_ptr<Entry[]> run_;
+  std::size_t run_head_ = 0, run_size_ = 0, run_cap_ = 0;  // run_cap_ a power of two
+  Key run_back_{0, 0};  // the run's last entry
   std::vector<std::unique_ptr<Node[]>> chunks_;
   std::size_t chunk_size_ = 256;
   Node* free_ = nullptr;

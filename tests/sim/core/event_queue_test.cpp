@@ -170,6 +170,53 @@ TEST(EventQueue, PoolRecyclesNodes) {
   EXPECT_EQ(q.executed(), 5000u);
 }
 
+// Events pushed in ascending order go to the run (a ring) instead of the heap: it wraps as its front
+// is popped and grows while wrapped, and events out of its order (earlier, or ties on time with a
+// lower priority) go to the heap; the pops still follow (time, priority, sequence) exactly.
+TEST(EventQueue, TheAscendingRunWrapsGrowsAndMergesWithTheHeap) {
+  using Key = std::tuple<Time, int, std::uint64_t>;
+  EventQueue q;
+  std::set<Key> pending;
+  std::vector<Key> ran;
+  auto push = [&](Time t, int prio) {
+    auto key = std::make_shared<Key>();
+    *key = Key{t, prio, q.push(t, prio, [&ran, key] { ran.push_back(*key); })};
+    pending.insert(*key);
+  };
+  auto pop = [&](std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_FALSE(pending.empty());
+      q.pop_and_run();
+      ASSERT_EQ(ran.back(), *pending.begin());
+      pending.erase(pending.begin());
+    }
+  };
+  std::mt19937_64 rng(7);
+  Time t = 100;
+  for (int i = 0; i < 1000; ++i) push(t += 10, 0);  // ascending: all in the run
+  EXPECT_EQ(q.run_size(), 1000u);
+  pop(600);
+  for (int i = 0; i < 624; ++i) push(t += 10, 0);  // the ring wraps and fills
+  EXPECT_EQ(q.run_size(), 1024u);
+  push(t += 10, 0);  // grows while wrapped
+  EXPECT_EQ(q.run_size(), 1025u);
+  for (int i = 0; i < 2000; ++i) {
+    // Interleaved: ties on the run's last time at priorities below and above it, earlier times
+    // (the heap), and more of the run.
+    switch (rng() % 4) {
+      case 0: push(t, static_cast<int>(rng() % 5) - 2); break;
+      case 1: push(q.now() + rng() % (t - q.now() + 1), 0); break;
+      default: push(t += rng() % 20, 0); break;
+    }
+    if (rng() % 3 == 0) pop(1);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_GT(q.run_size(), 0u);
+  EXPECT_EQ(q.size(), pending.size());
+  pop(pending.size());
+  EXPECT_TRUE(q.empty());
+}
+
 // Two wake-ups ping-ponging at one instant keep the now-lane non-empty forever; it must recycle its
 // space rather than grow (regression: it once doubled on every wrap, ~24 bytes per event).
 TEST(EventQueue, SteadyWakeupsDoNotGrowTheLane) {
