@@ -1260,12 +1260,29 @@ class ResultsDB:
         """Another connection to a database open()ed before (a process worker's: it writes its rows)."""
         self = cls.__new__(cls)
         self.path = str(path)
-        self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        # No busy timeout: SQLite's own sleeps 1 ms and more when another writer holds the lock, which
+        # a row's ~50 us commit would make workers feel; insert() retries after 50 us instead.
+        self.conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.retry_s = 30.0
         return self
 
+    retry_s = None  # attach()ed: how long insert() retries while another connection writes
+
     def insert(self, row):
-        self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        if self.retry_s is None:
+            self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            return
+        end, wait = time.monotonic() + self.retry_s, 50e-6
+        while True:
+            try:
+                self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > end:
+                    raise
+            time.sleep(wait)
+            wait = min(wait * 2, 0.01)
 
     def rows(self):
         out = []
