@@ -84,6 +84,9 @@ DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600
+# The process executor's cases per call (fewer near the sweep's end): a worker writes each case's row
+# itself as it finishes, and the parent hears of a call once, so its cost a case is a CHUNK-th.
+_PROCESS_CHUNK = 8
 
 
 def check_timeout(t, where):
@@ -98,11 +101,13 @@ class SpecError(ValueError):
 
 
 class CaseTimeout(Exception):
-    pass
+    """A call past its timeout, killed; `step`: the step it was on (mark_step), 0 if it marked none."""
+    step = 0
 
 
 class WorkerCrashed(Exception):
-    pass
+    """The process running a call died; `step` as for CaseTimeout."""
+    step = 0
 
 
 # ---- the spec ------------------------------------------------------------------------------------
@@ -762,8 +767,23 @@ def _die_with_parent():
         pass
 
 
-def _worker_loop(conn, own_parent_end):
-    """A forked worker: runs (fn, args) pairs from the pipe until it is closed."""
+_SLOT = None  # in a ProcessExecutor worker: (shared array, offset) of its [call, step, since] slot
+
+
+def mark_step(k):
+    """In a call running on a ProcessExecutor: step k of the call begins now (the timeout counts from
+    here, and a killed or crashed call says which step it was on). Elsewhere: nothing."""
+    if _SLOT is not None:
+        a, o = _SLOT
+        a[o + 2] = time.monotonic()  # written before the step: a reader that sees the step sees its time
+        a[o + 1] = k
+
+
+def _worker_loop(conn, own_parent_end, slot=None):
+    """A forked worker: runs (fn, args) pairs, or (fn, args, call number) triples, from the pipe until it
+    is closed."""
+    global _SLOT
+    _SLOT = slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     for fd in list(_PARENT_ENDS):  # copies of other workers' pipes: a worker's EOF must be its own
@@ -774,9 +794,15 @@ def _worker_loop(conn, own_parent_end):
                 pass
     while True:
         try:
-            fn, args = conn.recv()
+            msg = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
+        fn, args = msg[0], msg[1]
+        if slot is not None:
+            a, o = slot
+            a[o + 2] = time.monotonic()
+            a[o + 1] = 0
+            a[o] = msg[2]  # last: a reader that sees this call's number sees its step and time
         try:
             out = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
@@ -788,31 +814,36 @@ def _worker_loop(conn, own_parent_end):
 
 
 class _Isolated:
-    """One forked child that runs calls one at a time; a call that passes its timeout kills it,
-    one that kills it (a crash) is reported; either way the next call forks a fresh child."""
+    """One forked child that runs calls in the order sent; a call that passes its timeout kills it,
+    one that kills it (a crash) is reported; either way the next call forks a fresh child. call()
+    runs one call and waits for it; ProcessExecutor uses the parts (start, send, recv, kill) to keep
+    several workers busy from one thread."""
 
-    def __init__(self):
+    def __init__(self, slot=None):
         self.proc = self.conn = None
+        self.slot = slot  # (shared array, offset): where the worker says which call and step it is on
 
-    def _start(self):
+    def start(self):
         # One fork at a time: a child forked while another worker's pipe is half set up would hold
         # a copy of that worker's child end, and the parent would never see that worker die.
         with _FORK_LOCK:
             ctx = multiprocessing.get_context("fork")
             parent, child = ctx.Pipe()
             _PARENT_ENDS.add(parent.fileno())
-            self.proc = ctx.Process(target=_worker_loop, args=(child, parent.fileno()), daemon=True)
+            self.proc = ctx.Process(target=_worker_loop, args=(child, parent.fileno(), self.slot),
+                                    daemon=True)
             self.proc.start()
             child.close()
             self.conn = parent
 
-    def call(self, fn, args, timeout):
-        if self.proc is None or not self.proc.is_alive():
-            self._start()
-        self.conn.send((fn, args))
-        if not self.conn.poll(timeout):
-            self.kill()
-            raise CaseTimeout(f"timed out after {timeout:g} s (the case was killed)")
+    def send(self, fn, args, call=None):
+        if self.proc is None:
+            self.start()
+        self.conn.send((fn, args) if call is None else (fn, args, call))
+
+    def recv(self):
+        """The next call's result; raises its error as RuntimeError, WorkerCrashed if the child died
+        (EOF: every result it sent before has been read)."""
         try:
             ok, value = self.conn.recv()
         except (EOFError, OSError):
@@ -824,6 +855,15 @@ class _Isolated:
         if not ok:
             raise RuntimeError(value)
         return value
+
+    def call(self, fn, args, timeout):
+        if self.proc is not None and not self.proc.is_alive():
+            self._close()
+        self.send(fn, args)
+        if not self.conn.poll(timeout):
+            self.kill()
+            raise CaseTimeout(f"timed out after {timeout:g} s (the case was killed)")
+        return self.recv()
 
     def kill(self):
         if self.proc is not None:
@@ -839,86 +879,218 @@ class _Isolated:
         self.proc = self.conn = None
 
 
-class _QueueExecutor(cf.Executor):
-    """What the sweep's executors share: calls go through a queue to worker threads, which take
-    (future, fn, args) items and stop at a None."""
+class ProcessExecutor(cf.Executor):
+    """A concurrent.futures.Executor of `jobs` forked workers, each call isolated: a call that passes
+    `timeout` seconds fails with CaseTimeout, one whose worker dies with WorkerCrashed; the worker is
+    replaced and the other calls go on.
 
-    def __init__(self):
-        import queue
-        self._queue = queue.Queue()
+    One thread serves every worker: it polls all their pipes at once, and keeps DEPTH calls sent to
+    each, so a worker starts its next call without waiting for the parent. A call's time starts when
+    the one before it on its worker returned, or when it last called mark_step(k): a call of several
+    steps (the sweep's chunks of cases) has the timeout per step, and a killed or crashed call's
+    error says the step (`.step`). Done-callbacks run in that thread. The rule that surprises: a call
+    is `running()` from when it is sent to a worker (cancel() cannot stop it then), and when a worker
+    is killed or dies, the calls queued behind the one it was running go back to the front of the
+    queue."""
+
+    DEPTH = 2
+
+    def __init__(self, jobs, timeout=None):
+        import collections
+        self._timeout = timeout
+        self._calls = collections.deque()  # (future, fn, args) not yet sent to a worker
+        self._lock = threading.Lock()
         self._shutdown = False
+        self._woken = False  # a byte is in the wake pipe, or the thread is about to look at _calls
+        self._wake_r, self._wake_w = os.pipe()
+        self._slots = multiprocessing.RawArray("d", 3 * jobs)  # per worker: call number, step, since
+        self._numbers = itertools.count(1)
+        self._workers = [_Isolated((self._slots, 3 * i)) for i in range(jobs)]
+        for w in self._workers:
+            w.sent = collections.deque()  # [future, fn, args, call number] sent, oldest (running) first
+            w.began = 0.0  # when the oldest began (the one before it returned)
+        self._thread = threading.Thread(target=self._serve, name="cubesim-sweep-process", daemon=True)
+        self._thread.start()
 
     def submit(self, fn, /, *args, **kwargs):
-        if self._shutdown:
-            raise RuntimeError("cannot submit after shutdown")
         if kwargs:
             args = args + (kwargs,)
             fn = _CallKw(fn)
         fut = cf.Future()
-        self._queue.put((fut, fn, args))
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot submit after shutdown")
+            self._calls.append((fut, fn, args))
+            wake, self._woken = not self._woken, True
+        if wake:
+            os.write(self._wake_w, b"x")
         return fut
 
-    def _stop(self, workers, cancel_futures):
-        """No more calls; with cancel_futures the queued ones are cancelled; a None for each worker."""
-        import queue
-        self._shutdown = True
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
-        for _ in range(workers):
-            self._queue.put(None)
-
-
-class ProcessExecutor(_QueueExecutor):
-    """A concurrent.futures.Executor of `jobs` forked workers, each call isolated: a call that passes
-    `timeout` seconds fails with CaseTimeout, one whose worker dies with WorkerCrashed; the worker is
-    replaced and the other calls go on."""
-
-    def __init__(self, jobs, timeout=None):
-        super().__init__()
-        self._timeout = timeout
-        self._threads = [threading.Thread(target=self._serve, name=f"cubesim-sweep-{i}", daemon=True)
-                         for i in range(jobs)]
-        for t in self._threads:
-            t.start()
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        with self._lock:
+            self._shutdown = True
+            cancelled = list(self._calls) if cancel_futures else []
+            if cancel_futures:
+                self._calls.clear()
+        for fut, _, _ in cancelled:
+            fut.cancel()
+        os.write(self._wake_w, b"x")
+        if wait:
+            self._thread.join()
 
     def _serve(self):
-        iso = _Isolated()
+        import select
+        poller = select.poll()
+        by_fd = {}  # a worker's pipe -> the worker
+        poller.register(self._wake_r, select.POLLIN)
         try:
             while True:
-                item = self._queue.get()
-                if item is None:
+                self._send_calls(poller, by_fd)
+                busy = [w for w in self._workers if w.sent]
+                if not busy:
+                    with self._lock:
+                        if self._shutdown and not self._calls:
+                            return
+                wait_ms = None
+                if self._timeout is not None and busy:
+                    first = min(self._where(w)[1] for w in busy) + self._timeout
+                    wait_ms = max(0.0, first - time.monotonic()) * 1e3 + 1
+                for fd, _ in poller.poll(wait_ms):
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 4096)
+                        with self._lock:
+                            self._woken = False
+                    else:
+                        self._collect(by_fd[fd], poller, by_fd)
+                if self._timeout is not None:
+                    now = time.monotonic()
+                    for w in self._workers:
+                        if w.sent and now - self._where(w)[1] > self._timeout:
+                            self._kill_late(w, poller, by_fd)
+        except BaseException as e:  # noqa: BLE001 - a bug here must not leave callers waiting
+            failed = [tuple(x[:3]) for w in self._workers for x in w.sent]
+            with self._lock:
+                self._shutdown = True
+                failed += list(self._calls)
+                self._calls.clear()
+            for fut, _, _ in failed:
+                if not fut.done():
+                    if fut.running() or fut.set_running_or_notify_cancel():
+                        fut.set_exception(e)
+            raise
+        finally:
+            for w in self._workers:
+                w.kill()
+            os.close(self._wake_r)
+
+    def _send_calls(self, poller, by_fd):
+        """Tops every worker up to DEPTH sent calls (forking a worker where there is none)."""
+        import select
+        for w in self._workers:
+            while len(w.sent) < self.DEPTH and self._calls:
+                try:
+                    item = self._calls.popleft()
+                except IndexError:  # shutdown(cancel_futures=True) took it
                     return
                 fut, fn, args = item
-                if not fut.set_running_or_notify_cancel():
-                    continue
+                if not (fut.running() or fut.set_running_or_notify_cancel()):
+                    continue  # cancelled
+                if w.proc is None:
+                    w.start()
+                    by_fd[w.conn.fileno()] = w
+                    poller.register(w.conn, select.POLLIN)
+                if not w.sent:
+                    w.began = time.monotonic()
+                number = next(self._numbers)
+                w.sent.append([fut, fn, args, number])
                 try:
-                    fut.set_result(iso.call(fn, args, self._timeout))
-                except BaseException as e:  # noqa: BLE001
+                    w.conn.send((fn, args, number))
+                except (BrokenPipeError, OSError):  # it died: its pipe's EOF says so
+                    if len(w.sent) == 1:  # between calls: this one never ran
+                        w.sent.pop()
+                        self._calls.appendleft(item)
+                    break
+                except BaseException as e:  # noqa: BLE001 - e.g. an argument that cannot be pickled
+                    w.sent.pop()
                     fut.set_exception(e)
-        finally:
-            iso.kill()
 
-    def shutdown(self, wait=True, *, cancel_futures=False):
-        self._stop(len(self._threads), cancel_futures)
-        if wait:
-            for t in self._threads:
-                t.join()
+    def _collect(self, w, poller, by_fd):
+        """The next result waiting in w's pipe; at EOF (the worker died) its running call fails with
+        WorkerCrashed and the calls behind it go back to the queue."""
+        try:
+            self._finish(w)  # one message: poll() reports the pipe again while more are waiting
+        except WorkerCrashed as e:
+            self._lost(w, e, poller, by_fd)
+
+    def _where(self, w):
+        """(step, since) of w's oldest call: what the worker marked, once it has begun that call."""
+        a, o = w.slot
+        if a[o] == w.sent[0][3]:
+            step = a[o + 1]  # read before the time: the worker writes the time first
+            return int(step), max(a[o + 2], w.began)
+        return 0, w.began
+
+    def _finish(self, w):
+        """Reads w's next result (WorkerCrashed at EOF) and completes its oldest call."""
+        try:
+            value = w.recv()
+        except WorkerCrashed:
+            raise
+        except Exception as e:  # noqa: BLE001 - the call's own error
+            w.began = time.monotonic()
+            w.sent.popleft()[0].set_exception(e)
+            return
+        w.began = time.monotonic()
+        w.sent.popleft()[0].set_result(value)
+
+    def _kill_late(self, w, poller, by_fd):
+        """w's oldest call is past the timeout: kill w, keep the results it sent before it died; the
+        call it was running then fails with CaseTimeout unless it had only just begun (a result
+        arrived after all: then it goes back to the queue)."""
+        poller.unregister(w.conn)
+        by_fd.pop(w.conn.fileno(), None)
+        w.proc.kill()
+        w.proc.join(5)
+        returned = 0
+        try:
+            while w.conn.poll():
+                self._finish(w)
+                returned += 1
+        except WorkerCrashed:
+            pass  # the EOF of the kill (recv closed the pipe)
+        w.kill()
+        if w.sent and not returned:
+            err = CaseTimeout(f"timed out after {self._timeout:g} s (the case was killed)")
+            err.step = self._where(w)[0]
+            w.sent.popleft()[0].set_exception(err)
+        self._requeue(w)
+
+    def _lost(self, w, err, poller, by_fd):
+        for fd in [fd for fd, x in by_fd.items() if x is w]:
+            poller.unregister(fd)
+            del by_fd[fd]
+        if w.sent:
+            err.step = self._where(w)[0]
+            w.sent.popleft()[0].set_exception(err)
+        self._requeue(w)
+
+    def _requeue(self, w):
+        with self._lock:
+            while w.sent:
+                self._calls.appendleft(tuple(w.sent.pop()[:3]))
 
 
-class ThreadExecutor(_QueueExecutor):
+class ThreadExecutor(cf.Executor):
     """A concurrent.futures.Executor of `jobs` daemon threads (the simulator releases the GIL while it
-    runs). A call cannot be stopped from outside; `abandon()` says one has outlived its timeout: a
-    new thread takes its place, and the old one ends when its call does. Daemon threads do not hold
-    the process open at exit."""
+    runs), which take (future, fn, args) items from a queue and stop at a None. A call cannot be
+    stopped from outside; `abandon()` says one has outlived its timeout: a new thread takes its
+    place, and the old one ends when its call does. Daemon threads do not hold the process open at
+    exit."""
 
     def __init__(self, jobs):
-        super().__init__()
+        import queue
+        self._queue = queue.Queue()
+        self._shutdown = False
         self._lock = threading.Lock()
         self._target = jobs
         self._live = 0
@@ -957,10 +1129,32 @@ class ThreadExecutor(_QueueExecutor):
         with self._lock:
             self._target -= 1
 
+    def submit(self, fn, /, *args, **kwargs):
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        if kwargs:
+            args = args + (kwargs,)
+            fn = _CallKw(fn)
+        fut = cf.Future()
+        self._queue.put((fut, fn, args))
+        return fut
+
     def shutdown(self, wait=True, *, cancel_futures=False):
+        """No more calls; with cancel_futures the queued ones are cancelled; a None for each thread."""
+        import queue
+        self._shutdown = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
         with self._lock:
             n = self._live
-        self._stop(n, cancel_futures)
+        for _ in range(n):
+            self._queue.put(None)
 
 
 class _CallKw:
@@ -1024,7 +1218,8 @@ class ResultsDB:
                 raise SpecError(f"{self.path}: not a sweep database (schema {schema!r}, expected {SCHEMA!r})")
             return
         try:
-            self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            # The process executor writes rows from its own thread (its done-callbacks), one at a time.
+            self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -1051,11 +1246,43 @@ class ResultsDB:
         return self.conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0]
 
     def write(self, case, status, metrics=None, error=None, wall_s=None):
+        self.insert(self.row(case, status, metrics, error, wall_s))
+
+    @staticmethod
+    def row(case, status, metrics=None, error=None, wall_s=None):
+        """A case's row as insert() takes it (a process worker makes its own, JSON and all)."""
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        self.conn.execute(
-            "INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (case.index, case.hash, json.dumps(case.params, sort_keys=True), json.dumps(case.config, sort_keys=True),
-             status, json.dumps(metrics, sort_keys=True) if metrics is not None else None, error, wall_s, now))
+        return (case.index, case.hash, json.dumps(case.params, sort_keys=True), json.dumps(case.config, sort_keys=True),
+                status, json.dumps(metrics, sort_keys=True) if metrics is not None else None, error, wall_s, now)
+
+    @classmethod
+    def attach(cls, path):
+        """Another connection to a database open()ed before (a process worker's: it writes its rows)."""
+        self = cls.__new__(cls)
+        self.path = str(path)
+        # No busy timeout: SQLite's own sleeps 1 ms and more when another writer holds the lock, which
+        # a row's ~50 us commit would make workers feel; insert() retries after 50 us instead.
+        self.conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.retry_s = 30.0
+        return self
+
+    retry_s = None  # attach()ed: how long insert() retries while another connection writes
+
+    def insert(self, row):
+        if self.retry_s is None:
+            self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            return
+        end, wait = time.monotonic() + self.retry_s, 50e-6
+        while True:
+            try:
+                self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > end:
+                    raise
+            time.sleep(wait)
+            wait = min(wait * 2, 0.01)
 
     def rows(self):
         out = []
@@ -1243,10 +1470,102 @@ def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed
         d.close()
 
 
+_WORKER_DB = None  # in a process worker: the ResultsDB it writes its cases' rows to
+
+
+def _case_rows(db_path, cases):
+    """What a process worker runs: a few cases, writing each one's row to the database as it finishes
+    (a case's own error is its row; an error writing the row is the call's). mark_step(k) before case
+    k: the executor's timeout is per case, and a killed or crashed call says which case it was on."""
+    global _WORKER_DB
+    if _WORKER_DB is None or _WORKER_DB.path != db_path:
+        _WORKER_DB = ResultsDB.attach(db_path)
+    for k, c in enumerate(cases):
+        mark_step(k)
+        try:
+            value = run_case(c.config)
+            row = ResultsDB.row(c, "ok", metrics=value["metrics"], wall_s=value["wall_s"])
+        except Exception as e:  # noqa: BLE001 - the case's own failure
+            row = ResultsDB.row(c, "failed", error=f"{type(e).__name__}: {e}")
+        _WORKER_DB.insert(row)
+    return len(cases)
+
+
+def _drive_process(d, todo, jobs, timeout, progress):
+    """The process executor's driver: submits the cases in chunks (guided: up to CHUNK cases, fewer as
+    the sweep nears its end, one at the end); each worker writes every case's row as it finishes.
+    The parent only hears of a chunk when it ends, and writes the rows of the case a worker was
+    killed on (timeout) or died on (crashed), sending the chunk's rest again. Done-callbacks run in
+    the executor's thread; this one waits and reports progress."""
+    import functools
+    chunk = _PROCESS_CHUNK
+    ex = ProcessExecutor(jobs, timeout)
+    all_done = threading.Event()
+    lock = threading.Lock()  # a callback runs in this thread if its call ended before it was added
+    state = {"finished": 0, "error": None}
+
+    def submit(cases):
+        ex.submit(_case_rows, d.path, cases).add_done_callback(functools.partial(on_done, cases))
+
+    def lost(c, status, e):
+        """The row of the case a worker was on when it was killed or died, unless it wrote it first."""
+        row = d.conn.execute("SELECT status FROM cases WHERE hash = ?", (c.hash,)).fetchone()
+        if row is None or row[0] != "ok":  # todo holds no case already ok: an ok row is this run's
+            d.write(c, status, error=str(e), wall_s=timeout if status == "timeout" else None)
+
+    def on_done(cases, f):
+        if f.cancelled():
+            return
+        with lock:
+            try:
+                try:
+                    done = f.result()
+                except (CaseTimeout, WorkerCrashed) as e:
+                    k = min(e.step, len(cases) - 1)
+                    lost(cases[k], "timeout" if isinstance(e, CaseTimeout) else "crashed", e)
+                    done = k + 1
+                    if cases[done:]:
+                        submit(cases[done:])
+            except BaseException as e:  # noqa: BLE001 - the database, or the executor: the driver raises it
+                state["error"] = state["error"] or e
+                all_done.set()
+                return
+            state["finished"] += done
+            if state["finished"] >= len(todo):
+                all_done.set()
+
+    interrupted = False
+    try:
+        i = 0
+        while i < len(todo):
+            size = max(1, min(chunk, (len(todo) - i) // (4 * jobs)))
+            submit(todo[i:i + size])
+            i += size
+        t0 = time.monotonic()
+        while True:
+            n = state["finished"]
+            if progress is not None:
+                el = time.monotonic() - t0
+                progress(n, len(todo), el, el / n * (len(todo) - n) if n else None)
+            if all_done.is_set():
+                break
+            all_done.wait(0.1 if progress is not None else 1.0)
+        if state["error"] is not None:
+            raise state["error"]
+    except BaseException:  # Ctrl-C: keep what finished, stop waiting for the rest (resume runs it)
+        interrupted = True
+        raise
+    finally:
+        ex.shutdown(wait=not interrupted, cancel_futures=True)
+    return 0
+
+
 def _drive(p, d, todo, kind, jobs, timeout, progress, mpi_ex=None):
     """Submits every case, then records each as it finishes (a done-callback queues it: O(1) a
     case, where waiting on the whole pending set would cost O(cases) each time)."""
     import queue
+    if kind == "process":
+        return _drive_process(d, todo, jobs, timeout, progress)
     ex = mpi_ex if kind == "mpi" else make_executor(kind, jobs, timeout)
     starts = {}  # thread executor: case index -> when it began, while it runs
     fut_of = {}  # thread executor: case index -> its future

@@ -234,6 +234,40 @@ def test_failed_crashed_and_timed_out_cases_are_recorded_and_the_others_finish(t
     assert all(r["status"] == "ok" for r in rows2) and len(rows2) == len(p.cases)
 
 
+def test_a_crash_a_failure_and_a_hang_inside_a_process_workers_chunk(tmp_path, monkeypatch):
+    # 100 cases on 2 workers go in chunks of 8: the bad cases sit mid-chunk; each is recorded, the
+    # chunk's cases before it are kept (the worker wrote them), those after it run elsewhere.
+    spec = coll_spec(n_bw=25)
+    p = sweep.plan(spec)
+    crash, fail, hang = p.cases[11].hash, p.cases[20].hash, p.cases[29].hash
+    real = sweep.run_case
+    _FLAKY.update(crash=crash, fail=fail, hang=hang, real=real)
+    monkeypatch.setattr(sweep, "run_case", _flaky)
+    rows = sweep.run(spec, tmp_path / "c.db", executor="process", jobs=2, timeout=2)
+    assert len(rows) == 100 and len({r["hash"] for r in rows}) == 100
+    status = {r["hash"]: r for r in rows}
+    assert status[crash]["status"] == "crashed" and "SIGSEGV" in status[crash]["error"]
+    assert status[fail]["status"] == "failed" and "ValueError: a case's own error" in status[fail]["error"]
+    assert status[hang]["status"] == "timeout" and "timed out after 2 s" in status[hang]["error"]
+    monkeypatch.setattr(sweep, "run_case", real)
+    ref = sweep.run(spec, tmp_path / "t.db", executor="thread", jobs=2)
+    ok = {h: m for h, m in metrics_by_hash(rows).items() if h not in (crash, fail, hang)}
+    assert ok == {h: m for h, m in metrics_by_hash(ref).items() if h in ok} and all(s == "ok" for s, _ in ok.values())
+
+
+def _slow(config):
+    time.sleep(0.2)
+    return _FLAKY["real"](config)
+
+
+def test_the_process_executors_timeout_is_per_case_not_per_chunk(tmp_path, monkeypatch):
+    spec = coll_spec(n_bw=2)  # 8 cases on 1 worker: chunks of 2 (0.4 s) against a 0.3 s timeout
+    _FLAKY.update(real=sweep.run_case)
+    monkeypatch.setattr(sweep, "run_case", _slow)
+    rows = sweep.run(spec, tmp_path / "s.db", executor="process", jobs=1, timeout=0.3)
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+
+
 def test_the_thread_executor_records_a_timeout_and_goes_on_without_waiting(tmp_path):
     # case 0 takes ~6 s (it cannot be stopped in a thread and runs on); case 1 a few milliseconds
     spec = {"job": "mlp", "base": {"topology": "torus8x8"},
