@@ -67,6 +67,7 @@ std::uint64_t EventQueue::insert_slow(Time t, int priority, std::uintptr_t item)
   }
   const std::uint64_t seq = seq_++;
   assert(seq <= kSeqMask);
+  if (!(t == now_ && priority == kDefaultPriority) && t < horizon_) horizon_ = t;  // into the heap
   const std::uint64_t key = (static_cast<std::uint64_t>(priority + 32768) << kSeqBits) | (seq & kSeqMask);
   if (t == now_ && priority == kDefaultPriority) {
     // The lane's tail reached its end. Its head advances too (the lane only resets when it
@@ -124,6 +125,7 @@ void EventQueue::clear() {
   lane_head_ = lane_tail_ = 0;
   for (std::size_t i = 0; i < run_size_; ++i) drop(run_[(run_head_ + i) & (run_cap_ - 1)].item);
   run_head_ = run_size_ = 0;
+  horizon_ = sim::kTimeMax;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 //   while (!q.empty()) q.pop_and_run();   // sets q.now() before running each callback
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -46,7 +47,7 @@ class EventQueue {
   }
   // Schedules a bare pointer (a process to resume): no callback node at all. pop_and_run hands it
   // to its `resume` argument. The pointer must be at least 2-byte aligned.
-  std::uint64_t push_resume(Time t, int priority, void* target) {
+  [[gnu::always_inline]] std::uint64_t push_resume(Time t, int priority, void* target) {
     return insert(t, priority, reinterpret_cast<std::uintptr_t>(target) | 1u);
   }
 
@@ -172,13 +173,14 @@ class EventQueue {
     n->next_free = free_;
     free_ = n;
   }
-  std::uint64_t insert(Time t, int priority, std::uintptr_t item) {
+  [[gnu::always_inline]] std::uint64_t insert(Time t, int priority, std::uintptr_t item) {
     if (t == now_ && priority == kDefaultPriority && lane_tail_ < lane_cap_) [[likely]] {
       const std::uint64_t seq = seq_++;
       lane_[lane_tail_++] = Entry{t, (std::uint64_t{32768} << 48) | seq, item};
       return seq;
     }
     if (t > now_ && static_cast<unsigned>(priority + 32768) <= 65535u) {
+      if (t < horizon_) horizon_ = t;
       const std::uint64_t seq = seq_++;
       const std::uint64_t key = (static_cast<std::uint64_t>(priority + 32768) << 48) | seq;
       if (run_size_ == 0 || t > run_back_.time || (t == run_back_.time && key > run_back_.key)) {
@@ -258,26 +260,23 @@ class EventQueue {
   enum class Source { none, lane, run, heap };
   Source next_source() const {
     settle();
-    Source best = Source::none;
-    Time bt = 0;
-    std::uint64_t bk = 0;
-    if (lane_head_ != lane_tail_) {
-      best = Source::lane;
-      bt = lane_[lane_head_].time;
-      bk = lane_[lane_head_].key;
-    }
-    if (run_size_) {
-      const Entry& e = run_[run_head_];
-      if (best == Source::none || before(e, Key{bt, bk})) {
-        best = Source::run;
-        bt = e.time;
-        bk = e.key;
+    const bool run = run_size_ != 0, heap = heap_end_ != kRoot;
+    if (lane_head_ != lane_tail_) [[likely]] {
+      // The lane's front is due now; the others are due now or later, and beat it only when due
+      // now with a smaller key (an earlier push at a lower priority). Mostly they are due later,
+      // which a lower bound of their times says without reading them.
+      if (horizon_ > now_) [[likely]] return Source::lane;
+      const Time rt = run ? run_[run_head_].time : kTimeMax, ht = heap ? keys_[kRoot].time : kTimeMax;
+      horizon_ = std::min(rt, ht);
+      if (horizon_ > now_) return Source::lane;
+      const std::uint64_t lk = lane_[lane_head_].key;
+      if (!(run && rt == now_ && run_[run_head_].key < lk) && !(heap && ht == now_ && keys_[kRoot].key < lk)) {
+        return Source::lane;
       }
     }
-    if (heap_end_ != kRoot && (best == Source::none || before(Entry{keys_[kRoot].time, keys_[kRoot].key, 0}, Key{bt, bk}))) {
-      best = Source::heap;
-    }
-    return best;
+    if (!run) return heap ? Source::heap : Source::none;
+    if (!heap) return Source::run;
+    return before(run_[run_head_], keys_[kRoot]) ? Source::run : Source::heap;
   }
   // pop_heap() leaves the popped root in place (hole_) so that an event pushed while the popped
   // one runs (a callback scheduling its successor: the common case) takes the root's place with
@@ -313,6 +312,9 @@ class EventQueue {
   std::unique_ptr<Entry[]> run_;
   std::size_t run_head_ = 0, run_size_ = 0, run_cap_ = 0;  // run_cap_ a power of two
   Key run_back_{0, 0};  // the run's last entry
+  // At most the earliest time in the run and the heap (lowered by every push there, made exact when
+  // the lane's front is weighed against them): while it is after now(), the lane's front is next.
+  mutable Time horizon_ = kTimeMax;
   std::vector<std::unique_ptr<Node[]>> chunks_;
   std::size_t chunk_size_ = 256;
   Node* free_ = nullptr;
