@@ -371,6 +371,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   } else {
     __syncthreads();
   }
+  // Programmatic dependent launch (the host sets the attribute): past the wait, the kernel before
+  // this one in the stream has completed and its writes are visible, so no global memory (A, B, C,
+  // bias) is touched before it; only the barrier set-up above overlaps that kernel's tail. The
+  // trigger lets the next kernel of the stream, if launched the same way, be scheduled as this
+  // one's CTAs leave (it waits for this grid's completion in the same way before reading C).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   // Persistent: cluster c takes units c, c + clusters, ...; one ring of stages runs across units,
   // so the producer fills the next tile's first stages while the consumers store the last one.
@@ -666,16 +673,22 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   const long long units = m_units * ((o.N + C::BN - 1) / C::BN);
   if (units * C::CLUSTER > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
   cudaLaunchConfig_t lc = {};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C::CLUSTER;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch: this grid may be scheduled while the previous kernel of the
+  // stream drains (its CTAs run their prologue, then wait in griddepcontrol.wait for that kernel's
+  // completion and memory), so back-to-back GEMMs do not pay the launch gap. Every global access of
+  // the kernel comes after the wait; the numerics are untouched.
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   lc.blockDim = dim3(C::THREADS);
   lc.dynamicSmemBytes = C::SMEM;
   lc.stream = stream;
   lc.attrs = attr;
-  lc.numAttrs = 1;
+  lc.numAttrs = 2;
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
   const int fit = std::max(1, resident_clusters<C>() - (sm_margin + C::CLUSTER - 1) / C::CLUSTER);
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
