@@ -1,7 +1,8 @@
 // det_gemm_tc.cu — GemmMode::tensor_core: bf16 wgmma with f32 accumulators, TMA loads, sm_90a.
 //
-// Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread
-// streams 64-wide k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
+// Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread (or,
+// for the small m64n32 tile, one in each of its four warps, taking k-tiles in turn) streams 64-wide
+// k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
 // the bulk tensor copy engine (128-byte swizzle, completion on a "full" mbarrier per stage), running
 // ahead into the next tile. Each operand is read in place in either major-ness: k-major (A row-major,
 // B = Wᵀ: the forward layer) as one box of rows x 64 k, or MN-major (the backward GEMMs' transposed
@@ -14,6 +15,8 @@
 // turn (tile p of a CTA's sequence to consumer p % 2, stage ring unchanged): a named-barrier handshake
 // lets one consumer's MMAs start once the other has issued all of its tile's, so one's epilogue runs
 // under the other's mainloop. The arithmetic of an element is the same as in every other tile.
+// Launches are programmatic dependent launches: a CTA may start while the stream's previous kernel
+// drains, and touches no global memory before griddepcontrol.wait says that kernel is complete.
 //
 // Why a row of C does not depend on M, the tile configuration, or the other rows:
 //  - every element's accumulator starts at 0.0f in a register and receives the same sequence of
@@ -89,6 +92,13 @@ struct Cfg {
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int THREADS = 128 * (NC_ + 1);
+  // Producer threads (one a warp of warpgroup 0), taking k-tiles in turn. One thread issuing every
+  // load is the limit of the m64n32 tile: its loop (empty-barrier wait, expect_tx, two TMA issues
+  // with their uniform-register set-up) takes ~350 clocks a k-tile while the MMAs need ~100, so the
+  // consumer waited on data with the ring never full, whatever its depth (8-18 stages measured the
+  // same). Four take M <= 64 at N = K = 4096 from 14.6 to 13.6 us (H200). The large tiles' k-tiles
+  // take ~1000 clocks of MMAs: one producer, as before.
+  static constexpr int PRODUCERS = BN_ <= 32 ? 4 : 1;
   // Consumer warpgroups that read (and free) each stage: all of them, or one in ping-pong.
   static constexpr int STAGE_READERS = PINGPONG ? 1 : NC_;
   // Output staging for the TMA-store epilogue, per consumer warpgroup: two buffers of 64 rows x 128
@@ -385,14 +395,25 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     if constexpr (C::NC >= 2) setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
-      int it = 0;
-      for (int unit = cluster_id; unit < units; unit += clusters) {
+    // C::PRODUCERS threads, one in each of as many warps: warp pw fills the stages of the k-tiles
+    // it with it % PRODUCERS == pw. A warp waits on a stage's empty barrier by parity; it is never
+    // two phases ahead of the consumers because its previous k-tile (it - PRODUCERS) waited for
+    // k-tile it - PRODUCERS - STAGES to be consumed, which is past round it / STAGES - 2 of every
+    // stage when STAGES >= PRODUCERS.
+    constexpr int PRODUCERS = C::PRODUCERS;
+    static_assert(C::STAGES >= PRODUCERS && (PRODUCERS & (PRODUCERS - 1)) == 0, "producers: a power of 2, <= stages");
+    const int pw = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0 && pw < PRODUCERS) {
+      if (pw == 0) {
+        asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
+      }
+      int it0 = 0;  // the first k-tile of this unit in the CTA's sequence
+      for (int unit = cluster_id; unit < units; unit += clusters, it0 += ktiles) {
         int m_tile, n_tile;
         unit_coords(unit, m_tile, n_tile);
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        for (int kt = (pw - it0) & (PRODUCERS - 1); kt < ktiles; kt += PRODUCERS) {
+          const int it = it0 + kt;
           const int s = it % C::STAGES;
           // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
           // this CTA's slice of B lands in all of them.
