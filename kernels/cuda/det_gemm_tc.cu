@@ -1,7 +1,7 @@
 // det_gemm_tc.cu — GemmMode::tensor_core: bf16 wgmma with f32 accumulators, TMA loads, sm_90a.
 //
 // Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread (or,
-// for the small m64n32 tile, one in each of its four warps, taking k-tiles in turn) streams 64-wide
+// for the n32 tiles of small M, one in each of its four warps, taking k-tiles in turn) streams 64-wide
 // k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
 // the bulk tensor copy engine (128-byte swizzle, completion on a "full" mbarrier per stage), running
 // ahead into the next tile. Each operand is read in place in either major-ness: k-major (A row-major,
@@ -116,6 +116,7 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
+using CfgS2 = Cfg<2, 32, 11>;  // m128n32: M = 65..128 with N / 32 CTAs, B read once for both halves
 
 // Ping-pong: each consumer owns whole m64n256 tiles (4 stages of 40 KB).
 using CfgPW = Cfg<2, 256, 4, 1, true>;   // m64n256_pp
@@ -740,6 +741,7 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m64n32: return detail::resident_clusters<detail::CfgS>() * detail::CfgS::CLUSTER;
     case TcConfig::m64n256_pp: return detail::resident_clusters<detail::CfgPW>() * detail::CfgPW::CLUSTER;
     case TcConfig::m64n256_pp_c2: return detail::resident_clusters<detail::CfgPW2>() * detail::CfgPW2::CLUSTER;
+    case TcConfig::m128n32: return detail::resident_clusters<detail::CfgS2>() * detail::CfgS2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
@@ -748,6 +750,9 @@ int tc_config_resident_ctas(TcConfig c) {
 TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   if (requested != TcConfig::automatic) return requested;
   if (M <= 64) return TcConfig::m64n32;
+  // M = 65..128: m128n128 would run N / 128 CTAs (32 at N = 4096); m128n32 runs N / 32, each
+  // reading its B panel once for both 64-row halves.
+  if (M <= 128) return TcConfig::m128n32;
   const std::int64_t sms = detail::num_sms();
   const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
   if (big < sms) return TcConfig::m128n128;
@@ -778,6 +783,7 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n32: return launch<CfgS2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

@@ -189,8 +189,8 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
   return o;
 }
 
-const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128,
-                                TcConfig::m64n32,   TcConfig::m64n256_pp,  TcConfig::m64n256_pp_c2};
+const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
+                                TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32};
 const TcConfig kPingPongConfigs[] = {TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2};
 
 }  // namespace
@@ -216,7 +216,7 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
   };
   for (const Case& cs : cases) {
     for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2}) {
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
@@ -241,7 +241,7 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
   // The per-M tile choice must not change an element: the configurations are compared bit for bit
   // on shapes whose edges cut every tile (N, K not multiples of 256, 128, 32 or 64).
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {64, 4096, 4096}, {1000, 520, 77},
-                         {1, 1000, 300}, {17, 520, 77}}) {
+                         {1, 1000, 300}, {17, 520, 77}, {100, 1000, 300}, {128, 520, 77}}) {
     SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
     Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
@@ -350,11 +350,12 @@ TEST_F(CudaGemmTc, BackToBackGemmsOnOneStreamSeeEachOthersData) {
   // complete. Chains with no synchronisation in between: X = A·B1, then Y = X·B2 reads X (read
   // after write), then X = A2·B1 overwrites the X that Y's GEMM reads (write after read), then
   // Z = X·B2 reads the new X; every result equals the same GEMMs run one at a time, bit for bit.
-  // Small M (m64n32: a short kernel after a short kernel) and the large tiles `automatic` picks
-  // (m128n256_c2, m64n256_pp_c2 and m128n128), on a created stream and on the legacy default
+  // Small M (m64n32, m128n32: a short kernel after a short kernel) and the large tiles `automatic`
+  // picks (m128n256_c2, m64n256_pp_c2 and m128n128), on a created stream and on the legacy default
   // stream, repeated.
   for (auto [M, N1, K, N2] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{64, 1024, 4096, 512},
-                              {1, 4096, 1000, 300}, {4096, 4096, 256, 1024}, {4096, 3584, 256, 640}}) {
+                              {1, 4096, 1000, 300}, {100, 1024, 512, 256}, {4096, 4096, 256, 1024},
+                              {4096, 3584, 256, 640}}) {
     SCOPED_TRACE("M=" + std::to_string(M) + " N1=" + std::to_string(N1) + " K=" + std::to_string(K) +
                  " N2=" + std::to_string(N2) + " seed=" + std::to_string(seed_));
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
