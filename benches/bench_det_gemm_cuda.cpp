@@ -559,7 +559,7 @@ int main(int argc, char** argv) try {
   if (!cfg_rows.empty()) {
     fmt::print("\ntensor_core TFLOP/s by forced configuration (resident CTAs:");
     for (TcConfig cfg : {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2})
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32})
       fmt::print(" {} {}", tc_config_name(cfg), tc_config_resident_ctas(cfg));
     fmt::print(")\n");
     for (const auto& r : cfg_rows) fmt::print("  {}\n", r);

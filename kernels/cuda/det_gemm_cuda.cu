@@ -40,6 +40,7 @@ const char* tc_config_name(TcConfig c) {
     case TcConfig::m64n32: return "m64n32";
     case TcConfig::m64n256_pp: return "m64n256_pp";
     case TcConfig::m64n256_pp_c2: return "m64n256_pp_c2";
+    case TcConfig::m128n32: return "m128n32";
   }
   return "?";
 }

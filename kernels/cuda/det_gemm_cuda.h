@@ -67,6 +67,7 @@ enum class TcConfig : std::uint8_t {
   // cores (one's epilogue runs under the other's MMAs), 1 TMA producer warpgroup, 4 stages.
   m64n256_pp,
   m64n256_pp_c2,  // the same in clusters of 2 CTAs along M, each multicasting half of the B tile
+  m128n32,   // 2 consumer warpgroups of m64n32, 11 stages: 65 <= M <= 128, many CTAs along N
 };
 const char* tc_config_name(TcConfig c);
 // The configuration a tensor_core call of this shape runs on the current device (`requested`

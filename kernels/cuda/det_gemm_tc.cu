@@ -1,7 +1,8 @@
 // det_gemm_tc.cu — GemmMode::tensor_core: bf16 wgmma with f32 accumulators, TMA loads, sm_90a.
 //
-// Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread
-// streams 64-wide k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
+// Persistent CTAs (one per SM) walk BM x BN tiles of C. Warpgroup 0 is the producer: one thread (or,
+// for the n32 tiles of small M, one in each of its four warps, taking k-tiles in turn) streams 64-wide
+// k-tiles of A (BM x 64) and Bᵀ (BN x 64) into a ring of shared-memory stages with
 // the bulk tensor copy engine (128-byte swizzle, completion on a "full" mbarrier per stage), running
 // ahead into the next tile. Each operand is read in place in either major-ness: k-major (A row-major,
 // B = Wᵀ: the forward layer) as one box of rows x 64 k, or MN-major (the backward GEMMs' transposed
@@ -14,6 +15,8 @@
 // turn (tile p of a CTA's sequence to consumer p % 2, stage ring unchanged): a named-barrier handshake
 // lets one consumer's MMAs start once the other has issued all of its tile's, so one's epilogue runs
 // under the other's mainloop. The arithmetic of an element is the same as in every other tile.
+// Launches are programmatic dependent launches: a CTA may start while the stream's previous kernel
+// drains, and touches no global memory before griddepcontrol.wait says that kernel is complete.
 //
 // Why a row of C does not depend on M, the tile configuration, or the other rows:
 //  - every element's accumulator starts at 0.0f in a register and receives the same sequence of
@@ -89,6 +92,13 @@ struct Cfg {
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int THREADS = 128 * (NC_ + 1);
+  // Producer threads (one a warp of warpgroup 0), taking k-tiles in turn. One thread issuing every
+  // load is the limit of the m64n32 tile: its loop (empty-barrier wait, expect_tx, two TMA issues
+  // with their uniform-register set-up) takes ~350 clocks a k-tile while the MMAs need ~100, so the
+  // consumer waited on data with the ring never full, whatever its depth (8-18 stages measured the
+  // same). Four take M <= 64 at N = K = 4096 from 14.6 to 13.6 us (H200). The large tiles' k-tiles
+  // take ~1000 clocks of MMAs: one producer, as before.
+  static constexpr int PRODUCERS = BN_ <= 32 ? 4 : 1;
   // Consumer warpgroups that read (and free) each stage: all of them, or one in ping-pong.
   static constexpr int STAGE_READERS = PINGPONG ? 1 : NC_;
   // Output staging for the TMA-store epilogue, per consumer warpgroup: two buffers of 64 rows x 128
@@ -106,6 +116,7 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
+using CfgS2 = Cfg<2, 32, 11>;  // m128n32: M = 65..128 with N / 32 CTAs, B read once for both halves
 
 // Ping-pong: each consumer owns whole m64n256 tiles (4 stages of 40 KB).
 using CfgPW = Cfg<2, 256, 4, 1, true>;   // m64n256_pp
@@ -371,6 +382,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   } else {
     __syncthreads();
   }
+  // Programmatic dependent launch (the host sets the attribute): past the wait, the kernel before
+  // this one in the stream has completed and its writes are visible, so no global memory (A, B, C,
+  // bias) is touched before it; only the barrier set-up above overlaps that kernel's tail. The
+  // trigger lets the next kernel of the stream, if launched the same way, be scheduled as this
+  // one's CTAs leave (it waits for this grid's completion in the same way before reading C).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   // Persistent: cluster c takes units c, c + clusters, ...; one ring of stages runs across units,
   // so the producer fills the next tile's first stages while the consumers store the last one.
@@ -378,14 +396,25 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     if constexpr (C::NC >= 2) setmaxnreg_dec<40>();
-    if (threadIdx.x == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
-      int it = 0;
-      for (int unit = cluster_id; unit < units; unit += clusters) {
+    // C::PRODUCERS threads, one in each of as many warps: warp pw fills the stages of the k-tiles
+    // it with it % PRODUCERS == pw. A warp waits on a stage's empty barrier by parity; it is never
+    // two phases ahead of the consumers because its previous k-tile (it - PRODUCERS) waited for
+    // k-tile it - PRODUCERS - STAGES to be consumed, which is past round it / STAGES - 2 of every
+    // stage when STAGES >= PRODUCERS.
+    constexpr int PRODUCERS = C::PRODUCERS;
+    static_assert(C::STAGES >= PRODUCERS && (PRODUCERS & (PRODUCERS - 1)) == 0, "producers: a power of 2, <= stages");
+    const int pw = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0 && pw < PRODUCERS) {
+      if (pw == 0) {
+        asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_a)) : "memory");
+        asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(&tma_b)) : "memory");
+      }
+      int it0 = 0;  // the first k-tile of this unit in the CTA's sequence
+      for (int unit = cluster_id; unit < units; unit += clusters, it0 += ktiles) {
         int m_tile, n_tile;
         unit_coords(unit, m_tile, n_tile);
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        for (int kt = (pw - it0) & (PRODUCERS - 1); kt < ktiles; kt += PRODUCERS) {
+          const int it = it0 + kt;
           const int s = it % C::STAGES;
           // Free in every CTA of the cluster (the empty barrier counts all their consumers), since
           // this CTA's slice of B lands in all of them.
@@ -666,16 +695,22 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   const long long units = m_units * ((o.N + C::BN - 1) / C::BN);
   if (units * C::CLUSTER > 0x7fffffffLL) throw_shape_error("det_gemm_cuda: too many tiles for one launch");
   cudaLaunchConfig_t lc = {};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C::CLUSTER;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch: this grid may be scheduled while the previous kernel of the
+  // stream drains (its CTAs run their prologue, then wait in griddepcontrol.wait for that kernel's
+  // completion and memory), so back-to-back GEMMs do not pay the launch gap. Every global access of
+  // the kernel comes after the wait; the numerics are untouched.
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   lc.blockDim = dim3(C::THREADS);
   lc.dynamicSmemBytes = C::SMEM;
   lc.stream = stream;
   lc.attrs = attr;
-  lc.numAttrs = 1;
+  lc.numAttrs = 2;
   // Persistent: as many clusters as fit at once (one CTA per SM), never more than there are units.
   const int fit = std::max(1, resident_clusters<C>() - (sm_margin + C::CLUSTER - 1) / C::CLUSTER);
   lc.gridDim = dim3(static_cast<unsigned>(C::CLUSTER * std::min<long long>(units, fit)));
@@ -706,6 +741,7 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m64n32: return detail::resident_clusters<detail::CfgS>() * detail::CfgS::CLUSTER;
     case TcConfig::m64n256_pp: return detail::resident_clusters<detail::CfgPW>() * detail::CfgPW::CLUSTER;
     case TcConfig::m64n256_pp_c2: return detail::resident_clusters<detail::CfgPW2>() * detail::CfgPW2::CLUSTER;
+    case TcConfig::m128n32: return detail::resident_clusters<detail::CfgS2>() * detail::CfgS2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
@@ -715,6 +751,10 @@ TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   if (requested != TcConfig::automatic) return requested;
   if (M <= 64) return TcConfig::m64n32;
   const std::int64_t sms = detail::num_sms();
+  // M = 65..128: m128n128 runs N / 128 CTAs (32 at N = 4096: 26 us, 0.59 of cuBLAS on the H200);
+  // m128n32 runs N / 32, each reading its B panel once for both 64-row halves (16.5 us), while
+  // its tiles fit in one wave: at N = 14336 (448 tiles) it took 63 us against m128n128's 37.
+  if (M <= 128 && (N + 31) / 32 <= sms) return TcConfig::m128n32;
   const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
   if (big < sms) return TcConfig::m128n128;
   // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
@@ -744,6 +784,7 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m64n32: return launch<CfgS>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n32: return launch<CfgS2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

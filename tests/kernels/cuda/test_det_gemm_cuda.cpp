@@ -189,8 +189,8 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
   return o;
 }
 
-const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128,
-                                TcConfig::m64n32,   TcConfig::m64n256_pp,  TcConfig::m64n256_pp_c2};
+const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
+                                TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32};
 const TcConfig kPingPongConfigs[] = {TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2};
 
 }  // namespace
@@ -216,7 +216,7 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
   };
   for (const Case& cs : cases) {
     for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2}) {
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
@@ -241,7 +241,7 @@ TEST_F(CudaGemmTc, EveryConfigurationGivesTheSameBits) {
   // The per-M tile choice must not change an element: the configurations are compared bit for bit
   // on shapes whose edges cut every tile (N, K not multiples of 256, 128, 32 or 64).
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {64, 4096, 4096}, {1000, 520, 77},
-                         {1, 1000, 300}, {17, 520, 77}}) {
+                         {1, 1000, 300}, {17, 520, 77}, {100, 1000, 300}, {128, 520, 77}}) {
     SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " seed=" + std::to_string(seed_));
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
     Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
@@ -341,6 +341,64 @@ TEST_F(CudaGemmTc, PingPongOddTileCountsGiveTheSameBits) {
         }
       }
     }
+  }
+}
+
+TEST_F(CudaGemmTc, BackToBackGemmsOnOneStreamSeeEachOthersData) {
+  // Tensor-core launches are programmatic dependent launches: a GEMM may be scheduled while the one
+  // before it in the stream drains, and must not read or write global memory before that one is
+  // complete. Chains with no synchronisation in between: X = A·B1, then Y = X·B2 reads X (read
+  // after write), then X = A2·B1 overwrites the X that Y's GEMM reads (write after read), then
+  // Z = X·B2 reads the new X; every result equals the same GEMMs run one at a time, bit for bit.
+  // Small M (m64n32, m128n32: a short kernel after a short kernel) and the large tiles `automatic`
+  // picks (m128n256_c2, m64n256_pp_c2 and m128n128), on a created stream and on the legacy default
+  // stream, repeated.
+  for (auto [M, N1, K, N2] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{64, 1024, 4096, 512},
+                              {1, 4096, 1000, 300}, {100, 1024, 512, 256}, {4096, 4096, 256, 1024},
+                              {4096, 3584, 256, 640}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N1=" + std::to_string(N1) + " K=" + std::to_string(K) +
+                 " N2=" + std::to_string(N2) + " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand a2 = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b1 = Operand::random(rng_, DType::bf16, K, N1, Layout::col_major);
+    Operand b2 = Operand::random(rng_, DType::bf16, N1, N2, Layout::row_major);  // N-major: read in place
+    // One at a time: each GEMM finished before the next is launched.
+    Operand x_ref = Operand::output(DType::bf16, M, N1, Layout::row_major), y_ref = Operand::output(DType::f32, M, N2, Layout::row_major);
+    Operand x2_ref = Operand::output(DType::bf16, M, N1, Layout::row_major), z_ref = Operand::output(DType::f32, M, N2, Layout::row_major);
+    det_gemm_cuda(a.dev(), b1.dev(), nullptr, x_ref.dev_mut(), tc(), nullptr);
+    CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+    det_gemm_cuda(x_ref.dev(), b2.dev(), nullptr, y_ref.dev_mut(), tc(), nullptr);
+    CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+    det_gemm_cuda(a2.dev(), b1.dev(), nullptr, x2_ref.dev_mut(), tc(), nullptr);
+    CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+    det_gemm_cuda(x2_ref.dev(), b2.dev(), nullptr, z_ref.dev_mut(), tc(), nullptr);
+    CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+    y_ref.download();
+    x2_ref.download();
+    z_ref.download();
+    cudaStream_t created = nullptr;
+    CUBESIM_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    for (cudaStream_t st : {created, static_cast<cudaStream_t>(nullptr)}) {
+      for (int rep = 0; rep < 5; ++rep) {
+        Operand x = Operand::output(DType::bf16, M, N1, Layout::row_major), y = Operand::output(DType::f32, M, N2, Layout::row_major);
+        Operand z = Operand::output(DType::f32, M, N2, Layout::row_major);
+        x.poison();
+        y.poison();
+        z.poison();
+        det_gemm_cuda(a.dev(), b1.dev(), nullptr, x.dev_mut(), tc(), st);
+        det_gemm_cuda(x.dev(), b2.dev(), nullptr, y.dev_mut(), tc(), st);
+        det_gemm_cuda(a2.dev(), b1.dev(), nullptr, x.dev_mut(), tc(), st);
+        det_gemm_cuda(x.dev(), b2.dev(), nullptr, z.dev_mut(), tc(), st);
+        CUBESIM_CUDA_CHECK(cudaStreamSynchronize(st));
+        y.download();
+        x.download();
+        z.download();
+        EXPECT_EQ(count_bit_mismatches(y, 0, y_ref, 0, M), 0) << "Y (read after write), rep " << rep;
+        EXPECT_EQ(count_bit_mismatches(x, 0, x2_ref, 0, M), 0) << "X overwritten (write after read), rep " << rep;
+        EXPECT_EQ(count_bit_mismatches(z, 0, z_ref, 0, M), 0) << "Z, rep " << rep;
+      }
+    }
+    CUBESIM_CUDA_CHECK(cudaStreamDestroy(created));
   }
 }
 
