@@ -84,9 +84,6 @@ DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600
-# The process executor's cases per call (fewer near the sweep's end): a worker writes each case's row
-# itself as it finishes, and the parent hears of a call once, so its cost a case is a CHUNK-th.
-_PROCESS_CHUNK = 8
 
 
 def check_timeout(t, where):
@@ -101,13 +98,11 @@ class SpecError(ValueError):
 
 
 class CaseTimeout(Exception):
-    """A call past its timeout, killed; `step`: the step it was on (mark_step), 0 if it marked none."""
-    step = 0
+    pass
 
 
 class WorkerCrashed(Exception):
-    """The process running a call died; `step` as for CaseTimeout."""
-    step = 0
+    pass
 
 
 # ---- the spec ------------------------------------------------------------------------------------
@@ -767,23 +762,8 @@ def _die_with_parent():
         pass
 
 
-_SLOT = None  # in a ProcessExecutor worker: (shared array, offset) of its [call, step, since] slot
-
-
-def mark_step(k):
-    """In a call running on a ProcessExecutor: step k of the call begins now (the timeout counts from
-    here, and a killed or crashed call says which step it was on). Elsewhere: nothing."""
-    if _SLOT is not None:
-        a, o = _SLOT
-        a[o + 2] = time.monotonic()  # written before the step: a reader that sees the step sees its time
-        a[o + 1] = k
-
-
-def _worker_loop(conn, own_parent_end, slot=None):
-    """A forked worker: runs (fn, args) pairs, or (fn, args, call number) triples, from the pipe until it
-    is closed."""
-    global _SLOT
-    _SLOT = slot
+def _worker_loop(conn, own_parent_end):
+    """A forked worker: runs (fn, args) pairs from the pipe until it is closed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     for fd in list(_PARENT_ENDS):  # copies of other workers' pipes: a worker's EOF must be its own
@@ -794,15 +774,9 @@ def _worker_loop(conn, own_parent_end, slot=None):
                 pass
     while True:
         try:
-            msg = conn.recv()
+            fn, args = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
-        fn, args = msg[0], msg[1]
-        if slot is not None:
-            a, o = slot
-            a[o + 2] = time.monotonic()
-            a[o + 1] = 0
-            a[o] = msg[2]  # last: a reader that sees this call's number sees its step and time
         try:
             out = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
@@ -819,9 +793,8 @@ class _Isolated:
     runs one call and waits for it; ProcessExecutor uses the parts (start, send, recv, kill) to keep
     several workers busy from one thread."""
 
-    def __init__(self, slot=None):
+    def __init__(self):
         self.proc = self.conn = None
-        self.slot = slot  # (shared array, offset): where the worker says which call and step it is on
 
     def start(self):
         # One fork at a time: a child forked while another worker's pipe is half set up would hold
@@ -830,16 +803,15 @@ class _Isolated:
             ctx = multiprocessing.get_context("fork")
             parent, child = ctx.Pipe()
             _PARENT_ENDS.add(parent.fileno())
-            self.proc = ctx.Process(target=_worker_loop, args=(child, parent.fileno(), self.slot),
-                                    daemon=True)
+            self.proc = ctx.Process(target=_worker_loop, args=(child, parent.fileno()), daemon=True)
             self.proc.start()
             child.close()
             self.conn = parent
 
-    def send(self, fn, args, call=None):
+    def send(self, fn, args):
         if self.proc is None:
             self.start()
-        self.conn.send((fn, args) if call is None else (fn, args, call))
+        self.conn.send((fn, args))
 
     def recv(self):
         """The next call's result; raises its error as RuntimeError, WorkerCrashed if the child died
@@ -886,12 +858,10 @@ class ProcessExecutor(cf.Executor):
 
     One thread serves every worker: it polls all their pipes at once, and keeps DEPTH calls sent to
     each, so a worker starts its next call without waiting for the parent. A call's time starts when
-    the one before it on its worker returned, or when it last called mark_step(k): a call of several
-    steps (the sweep's chunks of cases) has the timeout per step, and a killed or crashed call's
-    error says the step (`.step`). Done-callbacks run in that thread. The rule that surprises: a call
-    is `running()` from when it is sent to a worker (cancel() cannot stop it then), and when a worker
-    is killed or dies, the calls queued behind the one it was running go back to the front of the
-    queue."""
+    the one before it on its worker returned. Done-callbacks run in that thread. The rule that
+    surprises: a call is `running()` from when it is sent to a worker (cancel() cannot stop it then),
+    and when a worker is killed or dies, the calls queued behind the one it was running go back to
+    the front of the queue."""
 
     DEPTH = 2
 
@@ -903,11 +873,9 @@ class ProcessExecutor(cf.Executor):
         self._shutdown = False
         self._woken = False  # a byte is in the wake pipe, or the thread is about to look at _calls
         self._wake_r, self._wake_w = os.pipe()
-        self._slots = multiprocessing.RawArray("d", 3 * jobs)  # per worker: call number, step, since
-        self._numbers = itertools.count(1)
-        self._workers = [_Isolated((self._slots, 3 * i)) for i in range(jobs)]
+        self._workers = [_Isolated() for _ in range(jobs)]
         for w in self._workers:
-            w.sent = collections.deque()  # [future, fn, args, call number] sent, oldest (running) first
+            w.sent = collections.deque()  # items sent, oldest (running) first
             w.began = 0.0  # when the oldest began (the one before it returned)
         self._thread = threading.Thread(target=self._serve, name="cubesim-sweep-process", daemon=True)
         self._thread.start()
@@ -922,9 +890,14 @@ class ProcessExecutor(cf.Executor):
                 raise RuntimeError("cannot submit after shutdown")
             self._calls.append((fut, fn, args))
             wake, self._woken = not self._woken, True
-        if wake:
-            os.write(self._wake_w, b"x")
+            if wake:
+                self._wake()
         return fut
+
+    def _wake(self):
+        # Under self._lock: the serve thread closes the pipe (and clears _wake_w) under it when it ends.
+        if self._wake_w is not None:
+            os.write(self._wake_w, b"x")
 
     def shutdown(self, wait=True, *, cancel_futures=False):
         with self._lock:
@@ -934,7 +907,8 @@ class ProcessExecutor(cf.Executor):
                 self._calls.clear()
         for fut, _, _ in cancelled:
             fut.cancel()
-        os.write(self._wake_w, b"x")
+        with self._lock:
+            self._wake()  # a second shutdown, after the thread ended, writes nothing
         if wait:
             self._thread.join()
 
@@ -953,7 +927,7 @@ class ProcessExecutor(cf.Executor):
                             return
                 wait_ms = None
                 if self._timeout is not None and busy:
-                    first = min(self._where(w)[1] for w in busy) + self._timeout
+                    first = min(w.began for w in busy) + self._timeout
                     wait_ms = max(0.0, first - time.monotonic()) * 1e3 + 1
                 for fd, _ in poller.poll(wait_ms):
                     if fd == self._wake_r:
@@ -965,10 +939,10 @@ class ProcessExecutor(cf.Executor):
                 if self._timeout is not None:
                     now = time.monotonic()
                     for w in self._workers:
-                        if w.sent and now - self._where(w)[1] > self._timeout:
+                        if w.sent and now - w.began > self._timeout:
                             self._kill_late(w, poller, by_fd)
         except BaseException as e:  # noqa: BLE001 - a bug here must not leave callers waiting
-            failed = [tuple(x[:3]) for w in self._workers for x in w.sent]
+            failed = [item for w in self._workers for item in w.sent]
             with self._lock:
                 self._shutdown = True
                 failed += list(self._calls)
@@ -981,7 +955,10 @@ class ProcessExecutor(cf.Executor):
         finally:
             for w in self._workers:
                 w.kill()
-            os.close(self._wake_r)
+            with self._lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = None
 
     def _send_calls(self, poller, by_fd):
         """Tops every worker up to DEPTH sent calls (forking a worker where there is none)."""
@@ -1001,10 +978,9 @@ class ProcessExecutor(cf.Executor):
                     poller.register(w.conn, select.POLLIN)
                 if not w.sent:
                     w.began = time.monotonic()
-                number = next(self._numbers)
-                w.sent.append([fut, fn, args, number])
+                w.sent.append(item)
                 try:
-                    w.conn.send((fn, args, number))
+                    w.conn.send((fn, args))
                 except (BrokenPipeError, OSError):  # it died: its pipe's EOF says so
                     if len(w.sent) == 1:  # between calls: this one never ran
                         w.sent.pop()
@@ -1021,14 +997,6 @@ class ProcessExecutor(cf.Executor):
             self._finish(w)  # one message: poll() reports the pipe again while more are waiting
         except WorkerCrashed as e:
             self._lost(w, e, poller, by_fd)
-
-    def _where(self, w):
-        """(step, since) of w's oldest call: what the worker marked, once it has begun that call."""
-        a, o = w.slot
-        if a[o] == w.sent[0][3]:
-            step = a[o + 1]  # read before the time: the worker writes the time first
-            return int(step), max(a[o + 2], w.began)
-        return 0, w.began
 
     def _finish(self, w):
         """Reads w's next result (WorkerCrashed at EOF) and completes its oldest call."""
@@ -1060,9 +1028,8 @@ class ProcessExecutor(cf.Executor):
             pass  # the EOF of the kill (recv closed the pipe)
         w.kill()
         if w.sent and not returned:
-            err = CaseTimeout(f"timed out after {self._timeout:g} s (the case was killed)")
-            err.step = self._where(w)[0]
-            w.sent.popleft()[0].set_exception(err)
+            fut = w.sent.popleft()[0]
+            fut.set_exception(CaseTimeout(f"timed out after {self._timeout:g} s (the case was killed)"))
         self._requeue(w)
 
     def _lost(self, w, err, poller, by_fd):
@@ -1070,14 +1037,13 @@ class ProcessExecutor(cf.Executor):
             poller.unregister(fd)
             del by_fd[fd]
         if w.sent:
-            err.step = self._where(w)[0]
             w.sent.popleft()[0].set_exception(err)
         self._requeue(w)
 
     def _requeue(self, w):
         with self._lock:
             while w.sent:
-                self._calls.appendleft(tuple(w.sent.pop()[:3]))
+                self._calls.appendleft(w.sent.pop())
 
 
 class ThreadExecutor(cf.Executor):
@@ -1255,34 +1221,8 @@ class ResultsDB:
         return (case.index, case.hash, json.dumps(case.params, sort_keys=True), json.dumps(case.config, sort_keys=True),
                 status, json.dumps(metrics, sort_keys=True) if metrics is not None else None, error, wall_s, now)
 
-    @classmethod
-    def attach(cls, path):
-        """Another connection to a database open()ed before (a process worker's: it writes its rows)."""
-        self = cls.__new__(cls)
-        self.path = str(path)
-        # No busy timeout: SQLite's own sleeps 1 ms and more when another writer holds the lock, which
-        # a row's ~50 us commit would make workers feel; insert() retries after 50 us instead.
-        self.conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.retry_s = 30.0
-        return self
-
-    retry_s = None  # attach()ed: how long insert() retries while another connection writes
-
     def insert(self, row):
-        if self.retry_s is None:
-            self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
-            return
-        end, wait = time.monotonic() + self.retry_s, 50e-6
-        while True:
-            try:
-                self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
-                return
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > end:
-                    raise
-            time.sleep(wait)
-            wait = min(wait * 2, 0.01)
+        self.conn.execute("INSERT OR REPLACE INTO cases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def rows(self):
         out = []
@@ -1470,77 +1410,49 @@ def _run(spec, db, executor, jobs, resume, overwrite, skip_invalid, retry_failed
         d.close()
 
 
-_WORKER_DB = None  # in a process worker: the ResultsDB it writes its cases' rows to
-
-
-def _case_rows(db_path, cases):
-    """What a process worker runs: a few cases, writing each one's row to the database as it finishes
-    (a case's own error is its row; an error writing the row is the call's). mark_step(k) before case
-    k: the executor's timeout is per case, and a killed or crashed call says which case it was on."""
-    global _WORKER_DB
-    if _WORKER_DB is None or _WORKER_DB.path != db_path:
-        _WORKER_DB = ResultsDB.attach(db_path)
-    for k, c in enumerate(cases):
-        mark_step(k)
-        try:
-            value = run_case(c.config)
-            row = ResultsDB.row(c, "ok", metrics=value["metrics"], wall_s=value["wall_s"])
-        except Exception as e:  # noqa: BLE001 - the case's own failure
-            row = ResultsDB.row(c, "failed", error=f"{type(e).__name__}: {e}")
-        _WORKER_DB.insert(row)
-    return len(cases)
+def _case_row(case):
+    """What a process worker runs: the case, and its database row ready to insert (the JSON is
+    encoded in the worker, not in the parent that writes every row)."""
+    value = run_case(case.config)
+    return ResultsDB.row(case, "ok", metrics=value["metrics"], wall_s=value["wall_s"])
 
 
 def _drive_process(d, todo, jobs, timeout, progress):
-    """The process executor's driver: submits the cases in chunks (guided: up to CHUNK cases, fewer as
-    the sweep nears its end, one at the end); each worker writes every case's row as it finishes.
-    The parent only hears of a chunk when it ends, and writes the rows of the case a worker was
-    killed on (timeout) or died on (crashed), sending the chunk's rest again. Done-callbacks run in
-    the executor's thread; this one waits and reports progress."""
+    """The process executor's driver: submits every case; each one's done-callback writes its row,
+    in the executor's thread, as its result arrives (no hand-off to this thread, which only waits
+    and reports progress)."""
     import functools
-    chunk = _PROCESS_CHUNK
     ex = ProcessExecutor(jobs, timeout)
     all_done = threading.Event()
-    lock = threading.Lock()  # a callback runs in this thread if its call ended before it was added
+    write_lock = threading.Lock()  # a callback runs here instead if its case finished before it was added
     state = {"finished": 0, "error": None}
 
-    def submit(cases):
-        ex.submit(_case_rows, d.path, cases).add_done_callback(functools.partial(on_done, cases))
-
-    def lost(c, status, e):
-        """The row of the case a worker was on when it was killed or died, unless it wrote it first."""
-        row = d.conn.execute("SELECT status FROM cases WHERE hash = ?", (c.hash,)).fetchone()
-        if row is None or row[0] != "ok":  # todo holds no case already ok: an ok row is this run's
-            d.write(c, status, error=str(e), wall_s=timeout if status == "timeout" else None)
-
-    def on_done(cases, f):
+    def on_done(c, f):
         if f.cancelled():
             return
-        with lock:
+        try:
+            row = f.result()
+        except CaseTimeout as e:
+            row = ResultsDB.row(c, "timeout", error=str(e), wall_s=timeout)
+        except WorkerCrashed as e:
+            row = ResultsDB.row(c, "crashed", error=str(e))
+        except Exception as e:  # noqa: BLE001 - the case's own error (a RuntimeError from the worker)
+            row = ResultsDB.row(c, "failed", error=str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}")
+        with write_lock:
             try:
-                try:
-                    done = f.result()
-                except (CaseTimeout, WorkerCrashed) as e:
-                    k = min(e.step, len(cases) - 1)
-                    lost(cases[k], "timeout" if isinstance(e, CaseTimeout) else "crashed", e)
-                    done = k + 1
-                    if cases[done:]:
-                        submit(cases[done:])
-            except BaseException as e:  # noqa: BLE001 - the database, or the executor: the driver raises it
+                d.insert(row)
+            except BaseException as e:  # noqa: BLE001 - the database: the driver raises it
                 state["error"] = state["error"] or e
                 all_done.set()
                 return
-            state["finished"] += done
-            if state["finished"] >= len(todo):
+            state["finished"] += 1
+            if state["finished"] == len(todo):
                 all_done.set()
 
     interrupted = False
     try:
-        i = 0
-        while i < len(todo):
-            size = max(1, min(chunk, (len(todo) - i) // (4 * jobs)))
-            submit(todo[i:i + size])
-            i += size
+        for c in todo:
+            ex.submit(_case_row, c).add_done_callback(functools.partial(on_done, c))
         t0 = time.monotonic()
         while True:
             n = state["finished"]

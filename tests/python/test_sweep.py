@@ -234,9 +234,9 @@ def test_failed_crashed_and_timed_out_cases_are_recorded_and_the_others_finish(t
     assert all(r["status"] == "ok" for r in rows2) and len(rows2) == len(p.cases)
 
 
-def test_a_crash_a_failure_and_a_hang_inside_a_process_workers_chunk(tmp_path, monkeypatch):
-    # 100 cases on 2 workers go in chunks of 8: the bad cases sit mid-chunk; each is recorded, the
-    # chunk's cases before it are kept (the worker wrote them), those after it run elsewhere.
+def test_a_crash_a_failure_and_a_hang_among_a_hundred_process_cases(tmp_path, monkeypatch):
+    # 100 cases on 2 workers, two calls queued in each: a crash, a failure and a hang among them are
+    # each recorded once, and every other case runs to the thread executor's results.
     spec = coll_spec(n_bw=25)
     p = sweep.plan(spec)
     crash, fail, hang = p.cases[11].hash, p.cases[20].hash, p.cases[29].hash
@@ -260,12 +260,24 @@ def _slow(config):
     return _FLAKY["real"](config)
 
 
-def test_the_process_executors_timeout_is_per_case_not_per_chunk(tmp_path, monkeypatch):
-    spec = coll_spec(n_bw=2)  # 8 cases on 1 worker: chunks of 2 (0.4 s) against a 0.3 s timeout
+def test_the_process_executors_timeout_is_per_case_not_per_batch(tmp_path, monkeypatch):
+    spec = coll_spec(n_bw=2)  # 8 cases of 0.2 s on 1 worker, two queued at a time, a 0.3 s timeout
     _FLAKY.update(real=sweep.run_case)
     monkeypatch.setattr(sweep, "run_case", _slow)
     rows = sweep.run(spec, tmp_path / "s.db", executor="process", jobs=1, timeout=0.3)
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+
+
+def test_the_process_executor_shuts_down_twice_and_leaks_no_descriptor():
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        ex = sweep.ProcessExecutor(2)
+        assert ex.submit(pow, 2, 10).result() == 1024
+        ex.shutdown()
+        ex.shutdown()  # the Executor contract: a second call is harmless
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            ex.submit(pow, 2, 3)
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_the_thread_executor_records_a_timeout_and_goes_on_without_waiting(tmp_path):
