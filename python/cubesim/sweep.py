@@ -973,7 +973,12 @@ class ProcessExecutor(cf.Executor):
                 if not (fut.running() or fut.set_running_or_notify_cancel()):
                     continue  # cancelled
                 if w.proc is None:
-                    w.start()
+                    try:
+                        w.start()
+                    except BaseException as e:  # noqa: BLE001 - a failed fork: the call says so, not a hang
+                        w.proc = None
+                        fut.set_exception(e)
+                        raise
                     by_fd[w.conn.fileno()] = w
                     poller.register(w.conn, select.POLLIN)
                 if not w.sent:

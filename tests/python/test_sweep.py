@@ -280,6 +280,19 @@ def test_the_process_executor_shuts_down_twice_and_leaks_no_descriptor():
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_a_failed_fork_fails_the_call_instead_of_hanging(monkeypatch):
+    def no_fork(self):
+        raise OSError("fork: Resource temporarily unavailable")
+
+    monkeypatch.setattr(sweep._Isolated, "start", no_fork)
+    monkeypatch.setattr(sweep.threading, "excepthook", lambda args: None)  # the serving thread's end
+    ex = sweep.ProcessExecutor(1)
+    f = ex.submit(pow, 2, 3)
+    with pytest.raises(OSError, match="Resource temporarily unavailable"):
+        f.result(timeout=30)
+    ex.shutdown()
+
+
 def test_the_thread_executor_records_a_timeout_and_goes_on_without_waiting(tmp_path):
     # case 0 takes ~6 s (it cannot be stopped in a thread and runs on); case 1 a few milliseconds
     spec = {"job": "mlp", "base": {"topology": "torus8x8"},
