@@ -881,9 +881,7 @@ class ProcessExecutor(cf.Executor):
         self._thread.start()
 
     def submit(self, fn, /, *args, **kwargs):
-        if kwargs:
-            args = args + (kwargs,)
-            fn = _CallKw(fn)
+        fn, args = _CallKw.of(fn, args, kwargs)
         fut = cf.Future()
         with self._lock:
             if self._shutdown:
@@ -1103,9 +1101,7 @@ class ThreadExecutor(cf.Executor):
     def submit(self, fn, /, *args, **kwargs):
         if self._shutdown:
             raise RuntimeError("cannot submit after shutdown")
-        if kwargs:
-            args = args + (kwargs,)
-            fn = _CallKw(fn)
+        fn, args = _CallKw.of(fn, args, kwargs)
         fut = cf.Future()
         self._queue.put((fut, fn, args))
         return fut
@@ -1129,8 +1125,15 @@ class ThreadExecutor(cf.Executor):
 
 
 class _CallKw:
+    """fn with keyword arguments, sent as one more positional argument (picklable, unlike a lambda)."""
+
     def __init__(self, fn):
         self.fn = fn
+
+    @staticmethod
+    def of(fn, args, kwargs):
+        """What an executor's submit(fn, *args, **kwargs) sends: (fn, args) as they are without kwargs."""
+        return (_CallKw(fn), args + (kwargs,)) if kwargs else (fn, args)
 
     def __call__(self, *args):
         return self.fn(*args[:-1], **args[-1])
