@@ -38,6 +38,9 @@ struct Stage {
   sim::Duration post = 0;  // after it leaves (wire latency)
   bool src_side = false;   // a memory read: addresses come from the source region
   bool arrival = false;    // served at the head's arrival (PathUnit::Order::arrival)
+  // Which serve() the chunk level calls: a memory's and a link's without the virtual call (both
+  // classes are final; the chunk loop's first touch of the unit is then its own data, not its vtable).
+  enum class Serve : std::uint8_t { memory, link, other } serve = Serve::other;
   L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
   const StageFigures* fig = nullptr;  // the unit's figures (an L2 read's: cold), one copy per unit
 };

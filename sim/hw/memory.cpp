@@ -32,6 +32,16 @@ Memory::Memory(sim::Simulator& sim, HazardTracker& hazards, MemorySetup setup)
   for (Server& c : channels_) c.bandwidth = sim::Bandwidth{bandwidth.bytes_per_s / n};
   stripe_.bandwidth = channels_[0].bandwidth;
   if (hashed_) per_channel_.assign(n, 0);
+  // serve()'s test for an even chunk (multiple of the interleave at the address, of the stripe in
+  // size, and of the stripe at the address when hashed) as two masks, when both sizes are powers of two.
+  const std::uint64_t stripe = interleave_ * n;
+  auto pow2 = [](std::uint64_t x) { return x != 0 && (x & (x - 1)) == 0; };
+  fast_single_ = n == 1;
+  fast_masks_ = n > 1 && pow2(interleave_) && pow2(stripe);
+  if (fast_masks_) {
+    addr_mask_ = (hashed_ ? stripe : interleave_) - 1;
+    bytes_mask_ = stripe - 1;
+  }
 }
 
 std::uint32_t Memory::channel_of(std::uint64_t addr) const {

@@ -130,6 +130,26 @@ class Memory final : public PathUnit {
   // them), from the head's arrival plus `pre` on; the chunk leaves once the work is done and its
   // tail has arrived.
   Passage serve(const ChunkVisit& v) override;
+  // serve() for the chunk level's loop: the common case inline (an untraced chunk of one row that
+  // books whole stripes while the channels are in step, or any untraced chunk of a one-channel
+  // memory: one booking), the rest through serve(). The same bookings, counters and times.
+  Passage serve_chunk(const ChunkVisit& v) {
+    if (v.trace == nullptr && v.region->rows == 1 && (fast_single_ || (uniform_ && fast_masks_))) {
+      const std::uint64_t addr = v.region->addr + v.offset;
+      if (fast_single_ || ((addr & addr_mask_) | (v.bytes & bytes_mask_)) == 0) {
+        Server& s = fast_single_ ? channels_[0] : stripe_;
+        if (v.bytes != fast_bytes_) {
+          fast_bytes_ = v.bytes;
+          fast_duration_ = s.duration(fast_single_ ? v.bytes : v.bytes / channels_.size());
+        }
+        const sim::Duration d = fast_duration_;
+        const auto [start, end] = s.book(v.forget_before, v.head + v.pre, d);
+        s.account(v.bytes, d);
+        return {start + v.post, std::max(end, v.tail + v.pre) + v.post};
+      }
+    }
+    return serve(v);
+  }
   StageFigures figures() const override;
   // The HBM's channel tracks ("hbm.ch0", ...), or the memory's own track when it has one channel.
   void declare_tracks(sim::Trace& trace) override;
@@ -158,6 +178,13 @@ class Memory final : public PathUnit {
   // server stands for all of them: a chunk costs one booking instead of one per channel.
   Server stripe_;
   bool uniform_ = true;
+  // serve_chunk()'s test for an even chunk with power-of-two interleave and stripe: (addr &
+  // addr_mask_) | (bytes & bytes_mask_) == 0 (fast_masks_ false: other sizes take serve()); one
+  // channel: every chunk is one booking (fast_single_). The last chunk size's booking time.
+  bool fast_masks_ = false, fast_single_ = false;
+  std::uint64_t addr_mask_ = 0, bytes_mask_ = 0;
+  std::uint64_t fast_bytes_ = ~std::uint64_t{0};
+  sim::Duration fast_duration_ = 0;
   SparseStore store_;
   Allocator allocator_;
   // Transfers reading from / writing to this memory right now (for the hazard checker).

@@ -61,12 +61,13 @@ struct Server {
   // start of the first piece and the end of the last. Bookings that ended at or before
   // `forget_before` are dropped first (no request will be ready that early again).
   std::pair<Time, Time> book(Time forget_before, Time ready, sim::Duration d) {
-    forget(forget_before);
-    if (d == 0) return {ready, ready};
     auto& v = booked_;
-    // Two cases a stream of chunks mostly is, without the bisection and gap walk (what the loop below
-    // does in them): ready after every booking (booked from ready on, after the last or joined to
-    // it), or ready inside the last booking (queued behind it: joined to its end).
+    if (head_ < v.size() && v[head_].second <= forget_before) forget(forget_before);
+    if (d == 0) return {ready, ready};
+    // Two cases a stream of chunks mostly is, without the bisection and gap walk (book_in_gaps):
+    // ready after every booking (booked from ready on, after the last or joined to it), or ready
+    // inside the last booking (queued behind it: joined to its end). Inline: the chunk level books
+    // twice a chunk.
     if (v.size() == head_ || v.back().second <= ready) {
       if (v.size() > head_ && v.back().second == ready) {
         v.back().second = ready + d;
@@ -82,6 +83,38 @@ struct Server {
       if (start + d > free) free = start + d;
       return {start, start + d};
     }
+    return book_in_gaps(ready, d);
+  }
+  // Drops bookings that ended at or before t.
+  [[gnu::noinline]] void forget(Time t) {
+    while (head_ < booked_.size() && booked_[head_].second <= t) ++head_;
+    if (head_ == booked_.size()) {
+      booked_.clear();
+      head_ = 0;
+    } else if (head_ > 64 && head_ * 2 > booked_.size()) {
+      booked_.erase(booked_.begin(), booked_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+  std::size_t bookings() const { return booked_.size() - head_; }
+  // Makes this server's bookings a copy of another's (a memory splitting its striped view into
+  // channels).
+  void copy_bookings(const Server& o) {
+    booked_.assign(o.booked_.begin() + static_cast<std::ptrdiff_t>(o.head_), o.booked_.end());
+    head_ = 0;
+    if (o.free > free) free = o.free;
+  }
+
+  void account(std::uint64_t b, sim::Duration occupied) {
+    bytes += b;
+    ++chunks;
+    busy += occupied;
+  }
+
+ private:
+  // book()'s general case: `ready` before the last booking's start.
+  [[gnu::noinline]] std::pair<Time, Time> book_in_gaps(Time ready, sim::Duration d) {
+    auto& v = booked_;
     // Bookings are disjoint and sorted, so their ends are sorted too: find the first that ends
     // after `ready` by bisection (a congested link can leave thousands booked ahead).
     std::size_t i = static_cast<std::size_t>(
@@ -123,33 +156,7 @@ struct Server {
     if (t > free) free = t;
     return {first, t};
   }
-  // Drops bookings that ended at or before t.
-  void forget(Time t) {
-    while (head_ < booked_.size() && booked_[head_].second <= t) ++head_;
-    if (head_ == booked_.size()) {
-      booked_.clear();
-      head_ = 0;
-    } else if (head_ > 64 && head_ * 2 > booked_.size()) {
-      booked_.erase(booked_.begin(), booked_.begin() + static_cast<std::ptrdiff_t>(head_));
-      head_ = 0;
-    }
-  }
-  std::size_t bookings() const { return booked_.size() - head_; }
-  // Makes this server's bookings a copy of another's (a memory splitting its striped view into
-  // channels).
-  void copy_bookings(const Server& o) {
-    booked_.assign(o.booked_.begin() + static_cast<std::ptrdiff_t>(o.head_), o.booked_.end());
-    head_ = 0;
-    if (o.free > free) free = o.free;
-  }
 
-  void account(std::uint64_t b, sim::Duration occupied) {
-    bytes += b;
-    ++chunks;
-    busy += occupied;
-  }
-
- private:
   std::uint64_t memo_bytes_ = std::numeric_limits<std::uint64_t>::max();
   sim::Duration memo_duration_ = 0;
   std::vector<std::pair<Time, Time>> booked_;  // [head_, size): live bookings

@@ -325,6 +325,9 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
                               .post = post,
                               .src_side = src_side,
                               .arrival = u.order() == PathUnit::Order::arrival,
+                              .serve = dynamic_cast<Memory*>(&u) ? Stage::Serve::memory
+                                       : dynamic_cast<Link*>(&u) ? Stage::Serve::link
+                                                                 : Stage::Serve::other,
                               .fig = &unit_figures(u, false)});
   };
   // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
@@ -609,22 +612,30 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
                .forget_before = now > lookback_ ? now - lookback_ : 0,
                .trace = tr.enabled() ? &tr : nullptr};
   const std::uint64_t payload = v.bytes;
-  for (std::size_t i = stage; i < p.stages.size(); ++i) {
-    const Stage& st = p.stages[i];
+  const bool scaled = !r->wire.identity();
+  const Stage* const first = p.stages.data();
+  const Stage* const end = first + p.stages.size();
+  for (const Stage* s = first + stage; s != end; ++s) {
+    const Stage& st = *s;
     // An arrival-ordered unit (a link) is served when the chunk's head reaches it, so chunks from
     // different flows meet in arrival order.
     if (st.arrival && head > now) {
-      sim_->at(head, ChunkStep{r, tail, chunk, static_cast<std::uint32_t>(i)});
+      sim_->at(head, ChunkStep{r, tail, chunk, static_cast<std::uint32_t>(s - first)});
       return;
     }
-    if (!r->wire.identity()) v.bytes = st.arrival ? r->wire.of(payload) : payload;
+    if (scaled) v.bytes = st.arrival ? r->wire.of(payload) : payload;
     v.region = st.src_side ? &r->src_region : &r->dst_region;
     v.read = st.src_side;
     v.head = head;
     v.tail = tail;
     v.pre = st.pre;
     v.post = st.post;
-    const Passage out = st.unit->serve(v);
+    Passage out;
+    switch (st.serve) {
+      case Stage::Serve::memory: out = static_cast<Memory*>(st.unit)->serve_chunk(v); break;
+      case Stage::Serve::link: out = static_cast<Link*>(st.unit)->serve(v); break;
+      case Stage::Serve::other: out = st.unit->serve(v); break;
+    }
     head = out.head;
     tail = out.tail;
   }
