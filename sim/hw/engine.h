@@ -235,6 +235,9 @@ class FlowEngine {
     sim::Time tail;  // when its last byte reaches the unit
   };
   void hop(const Hop& h);
+  // The work of the chunks of r's path's other transfers whose heads reached link e before r's last
+  // chunk's but whose fluid is still arriving (hop).
+  double in_round(const FlowResource& e, const TransferRecord* r) const;
   // A last chunk going through the queues on a path through an L2: the L2 looks it up now.
   void look_up_last(TransferRecord* r);
   void trace_flow(TransferRecord* r, std::uint64_t bytes);

@@ -329,7 +329,7 @@ void FlowEngine::hop(const Hop& h) {
   // (counting it there would make the unit look congested and speed its fluid up to drain it).
   const bool congested = e.queued() || e.load_in > 1.0 + kSlack;
   if (!congested) e.backlog = 0;
-  const sim::Time start = now + static_cast<sim::Duration>(std::ceil(e.backlog));
+  const sim::Time start = now + static_cast<sim::Duration>(std::ceil(e.backlog + (congested && e.unit->order() == PathUnit::Order::arrival ? in_round(e, h.r) : 0.0)));
   const sim::Time end = std::max(start + static_cast<sim::Duration>(std::ceil(work)), h.tail);
   if (congested) {
     e.backlog += work;
@@ -344,6 +344,30 @@ void FlowEngine::hop(const Hop& h) {
   } else {
     sim.at(std::max(end, now + 1), FlowPacketOut{this, h.r});
   }
+}
+
+double FlowEngine::in_round(const FlowResource& e, const TransferRecord* r) const {
+  // At a link the chunk level queues a chunk whole when its head arrives; here the others' chunks
+  // arrive as fluid over their source's chunk time, so part of a chunk whose head came before r's is
+  // still to arrive: r's last chunk waits for it too. Counted only for transfers between the same
+  // two memories (a collective's channels, one pair's messages): their chunks come on a beat with
+  // the same fixed delays as r's, so the phase is known; a head arriving together with r's is ahead
+  // when its transfer was issued first. (From other sources the phase is off by the difference of
+  // the fixed delays, which the flow level leaves out: counting those made dgx_h100x8's tree 18%
+  // slow, docs/PERFORMANCE.md.) Only flows arriving at their source's pace (held back nowhere
+  // before this unit) keep the beat.
+  const sim::Time now = sys_->simulator().now();
+  double work = 0;
+  for (const FlowResource::Entry& x : e.flows) {
+    const TransferRecord* f = x.flow;
+    if (f == r || f->path != r->path || f->nchunks < 2 || differs(x.in, f->cap, kSlack)) continue;
+    const sim::Duration pace = f->full / static_cast<sim::Duration>(f->nchunks - 1);
+    if (pace == 0) continue;
+    const sim::Duration phase = (now - f->started) % pace;
+    const sim::Duration left = phase > 0 ? pace - phase : f->id < r->id ? pace : 0;
+    work += x.weight * x.in * static_cast<double>(left);
+  }
+  return work;
 }
 
 void FlowEngine::packet_out(TransferRecord* r) {
