@@ -110,6 +110,7 @@ struct TransferRecord : TransferInfo {
   sim::Duration tail = 0;        // the last chunk at its slowest stage (its time on an idle path)
   sim::Time started = 0;
   std::uint32_t generation = 0;  // its source's stop event is current only while this matches (never reset)
+  std::uint64_t quiet = 0;       // FlowEngine::marks_ when it started on the fast path (else never matches)
 };
 
 // The flow level's view of a unit: a FIFO queue of fluid, as the chunk level's links are (and,
@@ -146,9 +147,12 @@ struct FlowResource {
   sim::Time wake_at = 0;         // the last departure a wake-up is scheduled for
   std::uint32_t drain_gen = 0;   // the drain event is current only while this matches
   bool dirty = false;            // in FlowEngine::dirty_
+  std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
   sim::Trace::TrackId track = Server::kNoTrack;
   sim::Time traced_until = 0;
-  bool queued() const;  // a backlog (or changes still on their way to its head)
+  // A backlog of at least kNoBacklog ps, or changes still on their way to its head.
+  static constexpr double kNoBacklog = 1.0;
+  bool queued() const { return backlog >= kNoBacklog || pending_head < pending.size(); }
 };
 
 // Flow-level timing (SystemOptions::timing = flow): the chunk level's FIFO queues as a fluid.
@@ -245,13 +249,15 @@ class FlowEngine {
   System* sys_;
   std::vector<FlowResource> res_;  // by UnitId, made on first use
   std::uint32_t leg_stamp_ = 0;    // start's: marks the resources of the flow being set up
-  std::vector<std::uint32_t> leg_mark_, leg_of_;  // by UnitId: start's scratch
   std::vector<FlowResource*> dirty_;  // units to settle at this time, in the order they changed
   std::vector<TransferRecord*> done_;  // flows whose fluid's last byte left at this settlement
   std::vector<Hop> hops_, hop_scratch_;  // last chunks reaching a unit at this time
   Path::FlowTimes times_scratch_;       // times() of a path too long to memoize: the last one asked
   const Path* scratch_path_ = nullptr;  // (a message's start asks right after its by_chunks())
   bool settle_due_ = false;             // its event is scheduled
+  // Units marked for settling so far (odd: never a flow's `quiet`): a flow that started on the fast
+  // path stops on it if none was marked since, with no look at its units.
+  std::uint64_t marks_ = 1;
   double slack_ = 0;                    // settle_unit's margin for a changed rate (kSlack, or looser late in a settlement)
 };
 

@@ -27,8 +27,6 @@ namespace {
 // Float slack: a unit is over capacity, a rate has changed, beyond this relative margin (rounding
 // must not count a unit one flow fills exactly as congested, nor send a change on for nothing).
 constexpr double kSlack = 1e-9;
-// A backlog below this (ps of work) is none: the unit passes its arrivals straight on.
-constexpr double kNoBacklog = 1.0;
 // Settling one time: a change goes on from unit to unit along its flows' paths; where paths make a
 // cycle of congested units, the changes shrink round it (each congested unit passes on a part) but
 // need not vanish, so past this many settlements of units at one time a change below this margin is
@@ -102,8 +100,6 @@ bool held(const L2Cache& l2, const Region& r) {
 
 }  // namespace
 
-bool FlowResource::queued() const { return backlog >= kNoBacklog || pending_head < pending.size(); }
-
 FlowEngine::FlowEngine(System& sys) : sys_(&sys) {}
 
 const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
@@ -134,11 +130,7 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
 }
 
 FlowResource& FlowEngine::resource(PathUnit& u) {
-  if (res_.empty()) {
-    res_.resize(static_cast<std::size_t>(sys_->num_units()));
-    leg_mark_.assign(res_.size(), 0);
-    leg_of_.assign(res_.size(), 0);
-  }
+  if (res_.empty()) res_.resize(static_cast<std::size_t>(sys_->num_units()));
   FlowResource& e = res_[u.id().value];
   if (!e.unit) {
     e.unit = &u;
@@ -224,38 +216,45 @@ void FlowEngine::start(TransferRecord* r) {
     return;
   }
   if (++leg_stamp_ == 0) {
-    std::fill(leg_mark_.begin(), leg_mark_.end(), 0);
+    for (FlowResource& e : res_) e.leg_mark = 0;
     leg_stamp_ = 1;
   }
   for (const Stage& st : p.stages) {
     FlowResource& e = resource(*st.unit);
-    const std::uint32_t id = st.unit->id().value;
     const double w = e.ps_per_byte * (st.arrival && !r->wire.identity()
                                           ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
                                           : 1.0);
-    if (leg_mark_[id] == leg_stamp_) {
-      r->legs[leg_of_[id]].weight += w;  // a copy within one memory reads and writes it
+    if (e.leg_mark == leg_stamp_) {
+      r->legs[e.leg].weight += w;  // a copy within one memory reads and writes it
     } else {
-      leg_mark_[id] = leg_stamp_;
-      leg_of_[id] = static_cast<std::uint32_t>(r->legs.size());
+      e.leg_mark = leg_stamp_;
+      e.leg = static_cast<std::uint32_t>(r->legs.size());
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
   }
-  // Fast path: no unit of its path has a backlog or would be over capacity with it: its rate passes
-  // every unit unchanged and nobody else's changes (what settling would find, without it).
+  // Fast path: no unit of its path has a backlog or is over capacity with it: its rate passes every
+  // unit unchanged and nobody else's changes (what settling would find, without it). Entered at its
+  // rate, taken back to nothing where that does not hold (rare: contention).
   bool fast = true;
-  for (const FlowLeg& l : r->legs) {
-    const FlowResource& e = *l.res;
-    fast = fast && !e.dirty && !e.queued() && e.load_in + l.weight * r->cap <= 1.0 + kSlack;
-  }
-  const double rate = fast ? r->cap : 0.0;
   for (std::uint32_t i = 0; i < r->legs.size(); ++i) {
     FlowLeg& l = r->legs[i];
     FlowResource& e = *l.res;
     l.slot = static_cast<std::uint32_t>(e.flows.size());
-    e.flows.push_back({.flow = r, .weight = l.weight, .leg = &l, .index = i, .in = rate, .head = rate, .out = rate});
-    e.load_in += l.weight * rate;
-    e.load_head += l.weight * rate;
+    const double load = l.weight * r->cap;
+    e.flows.push_back({.flow = r, .weight = l.weight, .leg = &l, .index = i, .in = r->cap, .head = r->cap, .out = r->cap});
+    e.load_in += load;
+    e.load_head += load;
+    fast = fast && !e.dirty && !e.queued() && e.load_in <= 1.0 + kSlack;
+  }
+  r->quiet = fast ? marks_ : 0;
+  if (!fast) {
+    for (const FlowLeg& l : r->legs) {
+      FlowResource& e = *l.res;
+      FlowResource::Entry& x = e.flows[l.slot];
+      e.load_in -= l.weight * r->cap;
+      e.load_head -= l.weight * r->cap;
+      x.in = x.head = x.out = 0;
+    }
   }
   if (!fast) arrive(r, 0, r->cap);
   sim.at(sim.now() + r->full, FlowStop{this, r, r->generation});
@@ -267,10 +266,15 @@ void FlowEngine::stop(TransferRecord* r, std::uint32_t generation) {
   // Fast path: no unit of its path has a backlog or is over capacity: the fluid's last byte passes
   // them all now, its leaving changes nobody's rate, and the last chunk takes its idle time (or, on
   // a path through an L2, the chunk level's).
-  bool fast = true;
-  for (const FlowLeg& l : r->legs) {
-    const FlowResource& e = *l.res;
-    fast = fast && !e.dirty && !e.queued() && e.load_head <= 1.0 + kSlack;
+  // (Nothing marked since it started on the fast path: every unit of its path is as then, or was
+  // touched only by other flows on the fast path, which keep it within capacity.)
+  bool fast = r->quiet == marks_;
+  if (!fast) {
+    fast = true;
+    for (const FlowLeg& l : r->legs) {
+      const FlowResource& e = *l.res;
+      fast = fast && !e.dirty && !e.queued() && e.load_head <= 1.0 + kSlack;
+    }
   }
   if (fast) {
     r->split = r->tail > 0 && r->path->l2;
@@ -382,6 +386,7 @@ void FlowEngine::arrive(TransferRecord* r, std::uint32_t index, double rate) {
 }
 
 void FlowEngine::mark(FlowResource& e) {
+  marks_ += 2;
   if (!e.dirty) {
     e.dirty = true;
     dirty_.push_back(&e);
