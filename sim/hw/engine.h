@@ -175,9 +175,11 @@ struct FlowResource {
 // Fast path: a flow whose units are all without backlog and stay at or below capacity with it
 // starts and ends without an event of its own beyond its end (ring steps), as on an idle path.
 //
-// A message of one chunk is no flow: the chunk level times it (System::start_transfer asks
-// by_chunks): queued with others at a link, FIFO finishes such messages one after another; NCCL's
-// plans are made of them, and they cost the chunk level one event per link, as a flow. On a path
+// A message of one or two chunks is no flow: the chunk level times it (System::start_transfer asks
+// by_chunks). Queued with others at a link, FIFO finishes such messages one after another; NCCL's
+// plans are made of them; and one chunk of fluid beside a last chunk in one piece is where the fluid's
+// spreading of a chunk over its chunk time misleads most (halving-doubling's and tree's small
+// exchanges on torus8x8 were 15-25% off). They cost the chunk level one event per chunk per link. On a path
 // through an L2 a message's flow is its chunks but the last, which the chunk level then times (the
 // L2's state decides its read time there). The two levels do not see each other's load.
 //
@@ -187,8 +189,11 @@ struct FlowResource {
 class FlowEngine {
  public:
   static constexpr sim::Duration kLatencyBound = 1000;  // ps
+  // Messages of at most this many chunks go through the chunk level (by_chunks).
+  static constexpr std::uint64_t kByChunks = 2;
   explicit FlowEngine(System& sys);
-  // Whether r goes through the chunk level instead: a message of one chunk that is not latency-bound.
+  // Whether r goes through the chunk level instead: a message of at most kByChunks chunks that is not
+  // latency-bound.
   bool by_chunks(const TransferRecord* r);
   // Starts r's flow now (the record is set up, r->first_inject <= now).
   void start(TransferRecord* r);

@@ -141,9 +141,10 @@ FlowResource& FlowEngine::resource(PathUnit& u) {
 }
 
 bool FlowEngine::by_chunks(const TransferRecord* r) {
-  if (r->nchunks != 1) return false;
-  // One chunk: the slowest stage decides whether it is latency-bound (a flow outside the queues).
-  return times(r).slowest > kLatencyBound;
+  if (r->nchunks > kByChunks) return false;
+  // The slowest stage decides whether it is latency-bound (a flow outside the queues).
+  const Path::FlowTimes& t = times(r);
+  return static_cast<sim::Duration>(r->nchunks - 1) * t.pace + t.slowest > kLatencyBound;
 }
 
 void FlowEngine::start(TransferRecord* r) {

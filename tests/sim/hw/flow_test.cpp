@@ -263,15 +263,16 @@ TEST(FlowTiming, LatencyBoundFlowsDoNotShare) {
   EXPECT_GE(link_bytes, 4 * mib + 16);
 }
 
-// Messages of one chunk (not latency-bound) are timed by the chunk level: sixteen of them from four
-// sources queued at one link (NCCL's slices) land one after another exactly as at the chunk level, where
-// fair sharing would land them all together at the end; a multi-chunk flow beside them is a flow.
-TEST(FlowTiming, OneChunkMessagesTakeTheChunkLevel) {
+// Messages of one or two chunks (not latency-bound) are timed by the chunk level: sixteen of them from
+// two sources queued at one link (NCCL's slices) land one after another exactly as at the chunk level,
+// where fair sharing would land them all together at the end; a longer flow beside them is a flow.
+TEST(FlowTiming, MessagesOfOneOrTwoChunksTakeTheChunkLevel) {
   const Topology t = load_topology("ring4");
+  ASSERT_EQ(FlowEngine::kByChunks, 2u);
   std::vector<Xfer> xs;
   for (int i = 0; i < 16; ++i) {
-    xs.push_back({.src = i % 2 == 0 ? 0 : 3, .dst = 1, .bytes = t.chunk_bytes - 64 * static_cast<std::uint64_t>(i),
-                  .at = sim::ns(3 * i)});
+    const std::uint64_t bytes = (i % 3 == 0 ? 2 * t.chunk_bytes : t.chunk_bytes) - 64 * static_cast<std::uint64_t>(i);
+    xs.push_back({.src = i % 2 == 0 ? 0 : 3, .dst = 1, .bytes = bytes, .at = sim::ns(3 * i)});
   }
   const Outcome f = run_pattern(t, TimingModel::flow, xs);
   const Outcome c = run_pattern(t, TimingModel::chunk, xs);
