@@ -127,6 +127,8 @@ struct FlowResource {
     double in = 0;    // bytes per ps arriving now
     double head = 0;  // bytes per ps arriving when the bytes now at the head of the backlog arrived
     double out = 0;   // bytes per ps leaving now: head, or head / load_head while there is a backlog
+    bool ended = false;  // the flow's last byte has reached the head (its `last` change)
+    bool passed = false;  // and that was handed on to the next unit (or the flow is through)
   };
   std::vector<Entry> flows;
   // A change of a flow's arrival rate that has not reached the head of the backlog yet: it does at
@@ -136,10 +138,15 @@ struct FlowResource {
     TransferRecord* flow;
     std::uint32_t index;  // the flow's leg
     double rate;
+    bool last = false;    // the flow's last byte comes with it (rate 0 from then on)
   };
   std::vector<Change> pending;  // [pending_head, size): in departure order
   std::size_t pending_head = 0;
   std::vector<Change> inbox;    // arrival rates changed at this time, not yet taken in (dirty)
+  // Last chunks in its backlog, [start, end) in time order from pause_head: the unit serves them,
+  // not its fluid, then (what leaves meanwhile is the last chunk, not fluid for the next unit).
+  std::vector<std::pair<sim::Time, sim::Time>> pauses;
+  std::size_t pause_head = 0;
   double load_in = 0;    // sum of weight x in: above 1 the backlog grows
   double load_head = 0;  // sum of weight x head
   double backlog = 0;    // ps of work queued at `backlog_at`
@@ -226,8 +233,9 @@ class FlowEngine {
   // by_chunks()), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.
   static constexpr std::size_t kMemoStages = 16;
   const Path::FlowTimes& times(const TransferRecord* r);
-  // Flow r's arrival rate at its leg `index` is now `rate`: taken in at this time's settlement.
-  void arrive(TransferRecord* r, std::uint32_t index, double rate);
+  // Flow r's arrival rate at its leg `index` is now `rate` (`last`: its last byte arrives, rate 0
+  // from then on): taken in at this time's settlement.
+  void arrive(TransferRecord* r, std::uint32_t index, double rate, bool last = false);
   void mark(FlowResource& e);
   // Takes e's arrivals and backlog to now and works out its flows' leaving rates.
   void settle_unit(FlowResource& e);

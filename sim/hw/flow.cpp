@@ -282,7 +282,7 @@ void FlowEngine::stop(TransferRecord* r, std::uint32_t generation) {
     body_out(r);
     return;
   }
-  arrive(r, 0, 0.0);
+  arrive(r, 0, 0.0, true);
   if (r->tail > 0) {
     r->packet = true;
     if (r->path->l2) look_up_last(r);
@@ -338,6 +338,8 @@ void FlowEngine::hop(const Hop& h) {
   const sim::Time end = std::max(start + static_cast<sim::Duration>(std::ceil(work)), h.tail);
   if (congested) {
     e.backlog += work;
+    e.pauses.push_back({start, start + static_cast<sim::Duration>(std::ceil(work))});
+    if (start > now) sim.at(start, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
     mark(e);  // (its drain moves)
   }
   if (h.index + 1 < h.r->legs.size()) {
@@ -380,9 +382,9 @@ void FlowEngine::packet_out(TransferRecord* r) {
   if (r->body_done) complete(r);
 }
 
-void FlowEngine::arrive(TransferRecord* r, std::uint32_t index, double rate) {
+void FlowEngine::arrive(TransferRecord* r, std::uint32_t index, double rate, bool last) {
   FlowResource& e = *r->legs[index].res;
-  e.inbox.push_back({.depart = 0, .flow = r, .index = index, .rate = rate});
+  e.inbox.push_back({.depart = 0, .flow = r, .index = index, .rate = rate, .last = last});
   mark(e);
 }
 
@@ -445,7 +447,9 @@ void FlowEngine::settle_unit(FlowResource& e) {
   };
   while (e.pending_head < e.pending.size() && e.pending[e.pending_head].depart <= now) {
     const FlowResource::Change& c = e.pending[e.pending_head++];
-    entry(c).head = c.rate;
+    FlowResource::Entry& x = entry(c);
+    x.head = c.rate;
+    x.ended = x.ended || c.last;
   }
   if (e.pending_head == e.pending.size()) {
     e.pending.clear();
@@ -466,9 +470,10 @@ void FlowEngine::settle_unit(FlowResource& e) {
       FlowResource::Entry& x = entry(c);
       x.in = c.rate;
       if (backlog) {
-        e.pending.push_back({.depart = depart, .flow = c.flow, .index = c.index, .rate = c.rate});
+        e.pending.push_back({.depart = depart, .flow = c.flow, .index = c.index, .rate = c.rate, .last = c.last});
       } else {
         x.head = c.rate;
+        x.ended = x.ended || c.last;
       }
     }
     e.inbox.clear();
@@ -485,19 +490,32 @@ void FlowEngine::settle_unit(FlowResource& e) {
   e.load_in = in;
   e.load_head = head;
   // Leaving rates: as they arrived, or, with a backlog (or over capacity as one starts), the unit's
-  // full rate shared in proportion to the rates at the head.
+  // full rate shared in proportion to the rates at the head; nothing while it serves a last chunk.
+  while (e.pause_head < e.pauses.size() && e.pauses[e.pause_head].second <= now) ++e.pause_head;
+  if (e.pause_head == e.pauses.size()) {
+    e.pauses.clear();
+    e.pause_head = 0;
+  }
+  const bool paused = e.pause_head < e.pauses.size() && e.pauses[e.pause_head].first <= now;
+  if (paused) sim.at(e.pauses[e.pause_head].second, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
   const bool full = backlog || head > 1.0 + kSlack;
-  const double scale = !full ? 1.0 : head > 0 ? 1.0 / head : 0.0;
+  const double scale = paused ? 0.0 : !full ? 1.0 : head > 0 ? 1.0 / head : 0.0;
   for (FlowResource::Entry& x : e.flows) {
     const double out = x.head * scale;
-    if (!differs(out, x.out, slack_)) continue;
-    x.out = out;
     TransferRecord* f = x.flow;
-    if (x.index + 1 < f->legs.size()) {
-      arrive(f, x.index + 1, out);
-    } else if (out == 0 && f->stopped) {
-      done_.push_back(f);  // its last byte has left its last unit
+    if (x.ended && !x.passed) {  // its last byte leaves (FIFO: the work before it is done)
+      x.passed = true;
+      x.out = 0;
+      if (x.index + 1 < f->legs.size()) {
+        arrive(f, x.index + 1, 0.0, true);
+      } else {
+        done_.push_back(f);  // its last byte has left its last unit
+      }
+      continue;
     }
+    if (x.passed || !differs(out, x.out, slack_)) continue;
+    x.out = out;
+    if (x.index + 1 < f->legs.size()) arrive(f, x.index + 1, out);
   }
   ++e.drain_gen;
   if (e.backlog > 0 && in < 1.0 - kSlack) {
@@ -554,6 +572,8 @@ void FlowEngine::abandon() {
     e.pending.clear();
     e.pending_head = 0;
     e.inbox.clear();
+    e.pauses.clear();
+    e.pause_head = 0;
     e.load_in = e.load_head = e.backlog = 0;
     e.backlog_at = 0;
     e.wake_at = 0;
