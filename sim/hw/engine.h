@@ -166,29 +166,36 @@ struct FlowResource {
 //
 // At the chunk level a source injects its chunks at its idle pace whatever happens downstream
 // (buffers are unbounded), and every unit serves what reaches it in arrival order; a congested unit
-// builds a backlog. Here a transfer is a flow whose source injects `cap` bytes per ps for `full` (its
-// idle time less the fixed delays: an uncontended transfer takes exactly the chunk level's time), and
-// every unit is a FIFO queue of fluid of capacity 1: while the flows arriving there offer it at
-// most 1 and nothing is queued, each leaves at the rate it arrives; otherwise a backlog of `backlog`
-// ps of work builds (or drains) and the unit serves at full rate, each flow in proportion to its rate
-// at the time the bytes now at the head arrived (FIFO: a flow throttled upstream gets less, and a
-// flow that starts behind a backlog waits for it). A change of a flow's arrival rate reaches the
-// head after the work queued before it (an event then), and a flow's new leaving rate is the next
-// unit's new arrival rate, at once (no time between units: the fixed delays are paid at the end).
-// A flow's last byte leaves its last unit when its leaving rate there falls to zero; it lands the
-// path's fixed delays later. Everything that happens at one simulated time is settled by one event
-// after every other at that time (flows starting together cost one settlement).
+// builds a backlog. Here a transfer is a flow whose source injects `cap` bytes per ps for `full` (the
+// chunks but the last at the chunk level's pace), and every unit is a FIFO queue of fluid of
+// capacity 1: while the flows arriving there offer it at most 1 and nothing is queued, each leaves at
+// the rate it arrives; otherwise a backlog of `backlog` ps of work builds (or drains) and the unit
+// serves at full rate, each flow in proportion to its rate at the time the bytes now at the head
+// arrived (FIFO: a flow throttled upstream gets less, and a flow that starts behind a backlog waits
+// for it). A change of a flow's arrival rate reaches the head after the work queued before it (an
+// event then), and a flow's new leaving rate is the next unit's new arrival rate, at once (no time
+// between units: the fixed delays are paid at the end). The source's stop carries a mark (`last`)
+// unit to unit: when it leaves the last unit the fluid is through. Everything that happens at one
+// simulated time is settled by one event after every other at that time (flows starting together
+// cost one settlement).
+//
+// The last chunk goes through the queues as one piece (hop): behind each unit's backlog (and, at a
+// link, the rest of the chunks its path's other transfers injected before it), cut-through to the
+// next unit; a congested unit adds its work to the backlog and passes no fluid while serving it.
+// Equal contenders then end a chunk apart in the order they started, as at the chunk level. The
+// transfer lands the path's fixed delays after its last chunk leaves the last unit.
 //
 // Fast path: a flow whose units are all without backlog and stay at or below capacity with it
-// starts and ends without an event of its own beyond its end (ring steps), as on an idle path.
+// starts without touching anyone and, if its path is still so when its source stops, lands the last
+// chunk's idle time later (ring steps: one event at the stop, one at the landing, as on an idle path;
+// through an L2 the chunk level times that last chunk).
 //
 // A message of one or two chunks is no flow: the chunk level times it (System::start_transfer asks
 // by_chunks). Queued with others at a link, FIFO finishes such messages one after another; NCCL's
 // plans are made of them; and one chunk of fluid beside a last chunk in one piece is where the fluid's
 // spreading of a chunk over its chunk time misleads most (halving-doubling's and tree's small
-// exchanges on torus8x8 were 15-25% off). They cost the chunk level one event per chunk per link. On a path
-// through an L2 a message's flow is its chunks but the last, which the chunk level then times (the
-// L2's state decides its read time there). The two levels do not see each other's load.
+// exchanges on torus8x8 were 15-25% off). They cost the chunk level one event per chunk per link.
+// The two levels do not see each other's load.
 //
 // A latency-bound flow, one through an idle path in at most kLatencyBound (a barrier's token, a
 // flag: bytes, not kilobytes), takes no part: it lands at its idle time and takes nothing from the
