@@ -338,8 +338,10 @@ void FlowEngine::hop(const Hop& h) {
   const sim::Time end = std::max(start + static_cast<sim::Duration>(std::ceil(work)), h.tail);
   if (congested) {
     e.backlog += work;
-    e.pauses.push_back({start, start + static_cast<sim::Duration>(std::ceil(work))});
+    const sim::Time served = start + static_cast<sim::Duration>(std::ceil(work));
+    e.pauses.push_back({start, served});
     if (start > now) sim.at(start, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
+    sim.at(served, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});  // its fluid resumes
     mark(e);  // (its drain moves)
   }
   if (h.index + 1 < h.r->legs.size()) {
@@ -497,7 +499,6 @@ void FlowEngine::settle_unit(FlowResource& e) {
     e.pause_head = 0;
   }
   const bool paused = e.pause_head < e.pauses.size() && e.pauses[e.pause_head].first <= now;
-  if (paused) sim.at(e.pauses[e.pause_head].second, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
   const bool full = backlog || head > 1.0 + kSlack;
   const double scale = paused ? 0.0 : !full ? 1.0 : head > 0 ? 1.0 / head : 0.0;
   for (FlowResource::Entry& x : e.flows) {
