@@ -4,9 +4,9 @@
 // A transfer is a TransferRecord (pooled by the System) moving along a Path (a chain of Stages,
 // built once per pair of memories). Which model times it is SystemOptions::timing:
 //   chunk  the message is cut into chunks; each chunk is served by every stage in turn (transfer.h)
-//   flow   the message is one flow through the path's units, which share each unit's bandwidth
-//          max-min fairly with the other flows on it; rates change only when a flow starts or
-//          ends (FlowEngine below)
+//   flow   the message is one flow of fluid through the path's units, each a FIFO queue as the
+//          chunk level's are: rates change only where flows start or end and where such a change
+//          reaches the head of a unit's backlog (FlowEngine below)
 #pragma once
 
 #include <cstdint>
@@ -76,6 +76,8 @@ struct Path {
 
 // A flow's use of one unit: the share of the unit's time one byte per picosecond of the flow takes
 // (wire bytes per payload byte over the unit's bandwidth), and where the flow sits in the unit's list.
+// A flow's legs are in path order (a unit twice on the path, a copy within one memory: one leg of
+// twice the weight, at its first place).
 struct FlowLeg {
   FlowResource* res = nullptr;
   double weight = 0;
@@ -96,127 +98,190 @@ struct TransferRecord : TransferInfo {
   TransferRecord* next_free = nullptr;
 
   // ---- flow level (flow.cpp) ----
-  std::vector<FlowLeg> legs;     // one per distinct unit of the path
-  double cap = 0;                // bytes per ps on an idle path: bytes / full
-  double rate = 0;               // bytes per ps now (0 until the flow starts)
-  double remaining = 0;          // bytes not yet through at `updated`
-  double fill = 0;               // scratch of the max-min computation
+  std::vector<FlowLeg> legs;     // one per distinct unit of the path, in path order
+  double cap = 0;                // bytes per ps its source injects at (every byte of the flow in `full`)
   sim::Duration full = 0;        // the flow's time through an idle path, fixed delays aside
   sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
                                  // request overhead, less the HBM's latency where the L2 holds the source)
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
-  bool split = false;            // the flow is all chunks but the last (its idle time: tail)
-  bool throttled = false;        // a unit held it below its cap at some time: the chunk level times its last chunk
-  bool tailing = false;          // its last chunk is at the chunk level: it keeps its rate on its units until released
-  bool l2_path = false;          // an L2 on its path: the chunk level times a split flow's last chunk
-  sim::Duration tail = 0;        // a split flow's last chunk at its slowest stage
-  sim::Time started = 0, updated = 0;
-  std::uint32_t generation = 0;  // its end event is current only while this matches (never reset)
-  std::uint32_t mark = 0;        // visit stamp of the max-min computation
-  bool frozen = false;           // scratch: its rate is settled
+  bool split = false;            // its last chunk goes to the chunk level (a path through an L2, idle)
+  bool packet = false;           // its last chunk goes through the queues as one piece (FlowEngine::hop)
+  bool stopped = false;          // its source has injected every byte of the fluid
+  bool body_done = false;        // the fluid's last byte has left its last unit
+  bool packet_done = false;      // the last chunk has left its last unit
+  bool tailing = false;          // its last chunk is at the chunk level (split)
+  sim::Duration tail = 0;        // the last chunk at its slowest stage (its time on an idle path)
+  sim::Time started = 0;
+  std::uint32_t generation = 0;  // its source's stop event is current only while this matches (never reset)
+  std::uint64_t quiet = 0;       // FlowEngine::marks_ when it started on the fast path (else never matches)
 };
 
-// The flow level's view of a unit: its flows and the figures the max-min computation needs.
+// The flow level's view of a unit: a FIFO queue of fluid, as the chunk level's links are (and,
+// nearly, its memories and DMA channels, which book chunks in the order they come). Its capacity is
+// 1 (time per time); a flow at r bytes per ps offers weight x r of it.
 struct FlowResource {
   PathUnit* unit = nullptr;
   double ps_per_byte = 0;  // 1 / the unit's bandwidth (all channels together)
   struct Entry {
     TransferRecord* flow;
     double weight;
-    double cap;         // the flow's (kept here: the demand and fill level read no record)
-    FlowLeg* leg;       // the flow's leg on this unit (its legs do not move while it runs)
+    FlowLeg* leg;     // the flow's leg on this unit (its legs do not move while it runs)
+    std::uint32_t index;  // that leg's place in the flow's legs
+    double in = 0;    // bytes per ps arriving now
+    double head = 0;  // bytes per ps arriving when the bytes now at the head of the backlog arrived
+    double out = 0;   // bytes per ps leaving now: head, or head / load_head while there is a backlog
+    bool ended = false;  // the flow's last byte has reached the head (its `last` change)
+    bool passed = false;  // and that was handed on to the next unit (or the flow is through)
   };
   std::vector<Entry> flows;
-  double demand = 0;        // sum of weight x cap over its flows: > 1 means it can limit them
-  double used = 0, wsum = 0;  // scratch of the max-min computation
-  bool saturated = false;
-  bool changed = false;  // in FlowEngine::changed_
-  std::uint32_t mark = 0;
+  // A change of a flow's arrival rate that has not reached the head of the backlog yet: it does at
+  // `depart`, when every byte that arrived before it has left (FIFO).
+  struct Change {
+    sim::Time depart;
+    TransferRecord* flow;
+    std::uint32_t index;  // the flow's leg
+    double rate;
+    bool last = false;    // the flow's last byte comes with it (rate 0 from then on)
+  };
+  std::vector<Change> pending;  // [pending_head, size): in departure order
+  std::size_t pending_head = 0;
+  std::vector<Change> inbox;    // arrival rates changed at this time, not yet taken in (dirty)
+  // Last chunks in its backlog, [start, end) in time order from pause_head: the unit serves them,
+  // not its fluid, then (what leaves meanwhile is the last chunk, not fluid for the next unit).
+  std::vector<std::pair<sim::Time, sim::Time>> pauses;
+  std::size_t pause_head = 0;
+  double load_in = 0;    // sum of weight x in: above 1 the backlog grows
+  double load_head = 0;  // sum of weight x head
+  double backlog = 0;    // ps of work queued at `backlog_at`
+  sim::Time backlog_at = 0;
+  sim::Time wake_at = 0;         // the last departure a wake-up is scheduled for
+  std::uint32_t drain_gen = 0;   // the drain event is current only while this matches
+  bool dirty = false;            // in FlowEngine::dirty_
   std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
   sim::Trace::TrackId track = Server::kNoTrack;
   sim::Time traced_until = 0;
+  // A backlog of at least kNoBacklog ps, or changes still on their way to its head.
+  static constexpr double kNoBacklog = 1.0;
+  bool queued() const { return backlog >= kNoBacklog || pending_head < pending.size(); }
 };
 
-// Flow-level timing (SystemOptions::timing = flow). A transfer occupies its path's units from the
-// time the chunk level would inject its first chunk for `full` at its idle rate; while other flows
-// share a unit, each unit's bandwidth is shared max-min fairly (progressive filling: every flow's
-// rate grows alike until a unit it crosses is full or it reaches its idle rate). Rates are
-// recomputed when flows start or end (once for all that do at one time, by an event after every
-// other at that time), only for the flows that can be affected: those on the changed flows' units
-// and, transitively, on units whose flows could together exceed them (units with less demand than
-// bandwidth limit nobody). One event per rate change of a flow (its new end;
-// the old one is ignored), one when it lands, the path's fixed delays after its end.
+// Flow-level timing (SystemOptions::timing = flow): the chunk level's FIFO queues as a fluid.
 //
-// A message of one chunk is no flow: the chunk level times it (System::start_transfer asks
-// by_chunks). Queued with others at a link, FIFO finishes such messages one after another where fair
-// sharing would finish them all together at the end; NCCL's plans are made of them (slices of a
-// chunk or less forwarded hop by hop), and they cost the chunk level one event per link, as a flow.
-// Likewise the last chunk of a longer message: its flow is the other chunks. If a unit ever held the
-// flow below its cap (or an L2 is on its path), the last chunk goes by the chunk level once they are
-// through (System::inject_tail), after waiting for what the flows still running on its units leave
-// it, at least a fair turn (start_tail); otherwise it lands the last chunk's idle time later. Equal contenders on a link then end a
-// chunk time apart in the order they started, as the chunk level's round robin of their chunks ends
-// them, not all together a round later (which a message forwarded hop by hop would pay at every
-// hop). Otherwise the two levels do not see each other's load on a unit they share.
+// At the chunk level a source injects its chunks at its idle pace whatever happens downstream
+// (buffers are unbounded), and every unit serves what reaches it in arrival order; a congested unit
+// builds a backlog. Here a transfer is a flow whose source injects `cap` bytes per ps for `full` (the
+// chunks but the last at the chunk level's pace), and every unit is a FIFO queue of fluid of
+// capacity 1: while the flows arriving there offer it at most 1 and nothing is queued, each leaves at
+// the rate it arrives; otherwise a backlog of `backlog` ps of work builds (or drains) and the unit
+// serves at full rate, each flow in proportion to its rate at the time the bytes now at the head
+// arrived (FIFO: a flow throttled upstream gets less, and a flow that starts behind a backlog waits
+// for it). A change of a flow's arrival rate reaches the head after the work queued before it (an
+// event then), and a flow's new leaving rate is the next unit's new arrival rate, at once (no time
+// between units: the fixed delays are paid at the end). The source's stop carries a mark (`last`)
+// unit to unit: when it leaves the last unit the fluid is through. Everything that happens at one
+// simulated time is settled by one event after every other at that time (flows starting together
+// cost one settlement).
+//
+// The last chunk goes through the queues as one piece (hop): behind each unit's backlog (and, at a
+// link, the rest of the chunks its path's other transfers injected before it), cut-through to the
+// next unit; a congested unit adds its work to the backlog and passes no fluid while serving it.
+// Equal contenders then end a chunk apart in the order they started, as at the chunk level. The
+// transfer lands the path's fixed delays after its last chunk leaves the last unit.
+//
+// Fast path: a flow whose units are all without backlog and stay at or below capacity with it
+// starts without touching anyone and, if its path is still so when its source stops, lands the last
+// chunk's idle time later (ring steps: one event at the stop, one at the landing, as on an idle path;
+// through an L2 the chunk level times that last chunk).
+//
+// A message of one or two chunks is no flow: the chunk level times it (System::start_transfer asks
+// by_chunks). Queued with others at a link, FIFO finishes such messages one after another; NCCL's
+// plans are made of them; and one chunk of fluid beside a last chunk in one piece is where the fluid's
+// spreading of a chunk over its chunk time misleads most (halving-doubling's and tree's small
+// exchanges on torus8x8 were 15-25% off). They cost the chunk level one event per chunk per link.
+// The two levels do not see each other's load.
 //
 // A latency-bound flow, one through an idle path in at most kLatencyBound (a barrier's token, a
-// flag: bytes, not kilobytes), takes no part in the sharing: it runs at its idle rate and takes
-// nothing from the others. Sharing could lengthen it by at most its own time per flow it meets, which
-// is below what the chunk level's FIFO adds to such a message anyway (it waits behind whole chunks of
-// the others), and its bytes could slow the others by less; in return the many-hop tokens of a
-// dissemination barrier no longer join every link's flows into one computation.
+// flag: bytes, not kilobytes), takes no part: it lands at its idle time and takes nothing from the
+// others (the many-hop tokens of a dissemination barrier would otherwise touch every link).
 class FlowEngine {
  public:
   static constexpr sim::Duration kLatencyBound = 1000;  // ps
+  // Messages of at most this many chunks go through the chunk level (by_chunks).
+  static constexpr std::uint64_t kByChunks = 2;
   explicit FlowEngine(System& sys);
-  // Whether r goes through the chunk level instead: a message of one chunk that is not latency-bound.
+  // Whether r goes through the chunk level instead: a message of at most kByChunks chunks that is not
+  // latency-bound.
   bool by_chunks(const TransferRecord* r);
   // Starts r's flow now (the record is set up, r->first_inject <= now).
   void start(TransferRecord* r);
-  // r's end event: current when `generation` matches.
-  void end(TransferRecord* r, std::uint32_t generation);
-  // A split flow's last chunk, once the flows ending with it have ended (its own event).
-  void start_tail(TransferRecord* r);
-  // A tailing flow leaves its units (its last chunk has passed its slowest stage, or it landed).
-  void release(TransferRecord* r);
+  // r's source has injected its last byte (current when `generation` matches).
+  void stop(TransferRecord* r, std::uint32_t generation);
+  // A latency-bound flow is through.
+  void finish_unshared(TransferRecord* r);
+  // r's last chunk reaches its leg `index` (an event at its head's arrival there).
+  void hop_due(TransferRecord* r, std::uint32_t index, sim::Time tail);
+  // r's last chunk has left its last unit.
+  void packet_out(TransferRecord* r);
+  // Unit e's backlog has a change at its head, or has drained: settle it at this time.
+  void wake(FlowResource* e, std::uint32_t drain_gen, bool drain);
+  // A split flow's last chunk has landed (System::land).
+  void release(TransferRecord* r) { r->tailing = false; }
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
   // System::evict_paths dropped paths: a new one may take an evicted one's address, so the memo of
   // the last long path's times is forgotten.
   void paths_evicted() { scratch_path_ = nullptr; }
-  // Recomputes the rates around the units changed since the last time (its own event, changed()).
-  void reshare();
+  // Settles every unit whose arrivals or backlog head changed at this time (its own event, after
+  // every other at this time).
+  void settle();
 
  private:
   FlowResource& resource(PathUnit& u);
-  // Takes r off its units; whether one of them could limit (the rates around it may change).
-  bool leave(TransferRecord* r);
   // r's path's stage times for r's chunk, last chunk and wire scale (without an L2 hit): memoized on
   // a path of up to kMemoStages stages, worked out each time for a longer one (a barrier's many-hop
   // tokens: only the last one asked is kept, which a message's start asks again right after its
   // by_chunks()), so the memo adds at most 32 x kMemoStages bytes to a cached path. Valid until the next call.
   static constexpr std::size_t kMemoStages = 16;
   const Path::FlowTimes& times(const TransferRecord* r);
-  // Notes that the flows on r's units changed; the rates are recomputed once, by an event after
-  // every other at this time (flows starting and ending together cost one recomputation).
-  void changed(const TransferRecord* r);
-
-  void reschedule(TransferRecord* f);
-  static void refresh_demand(FlowResource& e);
-  double fill_level(const FlowResource& e);  // the rate at which e is full when its flows rise alike
+  // Flow r's arrival rate at its leg `index` is now `rate` (`last`: its last byte arrives, rate 0
+  // from then on): taken in at this time's settlement.
+  void arrive(TransferRecord* r, std::uint32_t index, double rate, bool last = false);
+  void mark(FlowResource& e);
+  // Takes e's arrivals and backlog to now and works out its flows' leaving rates.
+  void settle_unit(FlowResource& e);
+  // The fluid's last byte has left r's last unit: r leaves its units.
+  void body_out(TransferRecord* r);
+  // r is through (fluid and last chunk): it counts and lands (or hands its last chunk to the chunk level).
+  void complete(TransferRecord* r);
+  void settle_soon();
+  // The last chunk at leg h.index now: it queues behind the unit's backlog (FIFO), adds its work to
+  // it, and goes on to the next unit when it starts there (cut-through).
+  struct Hop {
+    TransferRecord* r;
+    std::uint32_t index;
+    sim::Time tail;  // when its last byte reaches the unit
+  };
+  void hop(const Hop& h);
+  // The work of the chunks of r's path's other transfers whose heads reached link e before r's last
+  // chunk's but whose fluid is still arriving (hop).
+  double in_round(const FlowResource& e, const TransferRecord* r) const;
+  // A last chunk going through the queues on a path through an L2: the L2 looks it up now.
+  void look_up_last(TransferRecord* r);
   void trace_flow(TransferRecord* r, std::uint64_t bytes);
 
   System* sys_;
   std::vector<FlowResource> res_;  // by UnitId, made on first use
-  std::uint32_t stamp_ = 0;
-  std::uint32_t leg_stamp_ = 0;  // start's: marks the resources of the flow being set up
-  std::vector<TransferRecord*> comp_flows_;  // scratch
-  std::vector<FlowResource*> comp_res_;      // scratch
-  std::vector<std::pair<double, double>> level_scratch_;  // (cap, weight), fill_level's
-  std::vector<FlowResource*> changed_;  // units whose flows changed since the last reshare
+  std::uint32_t leg_stamp_ = 0;    // start's: marks the resources of the flow being set up
+  std::vector<FlowResource*> dirty_;  // units to settle at this time, in the order they changed
+  std::vector<TransferRecord*> done_;  // flows whose fluid's last byte left at this settlement
+  std::vector<Hop> hops_, hop_scratch_;  // last chunks reaching a unit at this time
   Path::FlowTimes times_scratch_;       // times() of a path too long to memoize: the last one asked
   const Path* scratch_path_ = nullptr;  // (a message's start asks right after its by_chunks())
-  bool reshare_due_ = false;            // its event is scheduled
+  bool settle_due_ = false;             // its event is scheduled
+  // Units marked for settling so far (odd: never a flow's `quiet`): a flow that started on the fast
+  // path stops on it if none was marked since, with no look at its units.
+  std::uint64_t marks_ = 1;
+  double slack_ = 0;                    // settle_unit's margin for a changed rate (kSlack, or looser late in a settlement)
 };
 
 }  // namespace cubesim::hw

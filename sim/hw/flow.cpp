@@ -1,14 +1,17 @@
-// Flow-level timing: a transfer is one flow sharing its path's units max-min fairly (engine.h).
+// Flow-level timing: a transfer is one flow of fluid through its path's units, each a FIFO queue
+// as at the chunk level (engine.h has the model).
 //
-// Each unit is a constraint: the sum over its flows of weight x rate is at most 1 (a weight is the
-// unit's time per payload byte of that flow: wire bytes over bandwidth). Each flow is also capped at
-// its idle rate, bytes / full, where full is exactly the chunk level's time for the transfer on an
-// idle path less its fixed delays: so an uncontended transfer lands when the chunk level says, and
-// contended ones share as the chunk level's FIFO interleaving does, up to the pipelining the flow
-// level leaves out (the chunks of a message filling a path one after another).
+// Units are settled at the simulated times where something changes there: a flow's arrival rate (it
+// starts, its source stops, or the unit before it changed the rate it leaves at), a change reaching
+// the head of the unit's backlog, the backlog draining. Settling a unit takes its backlog to now,
+// takes in the changes that reached the head, queues the new arrivals behind the backlog (or takes
+// them in at once when there is none) and works out each flow's leaving rate, which is its arrival
+// rate at its next unit, settled at this same time. Rates are doubles computed in a fixed order (the
+// order units and flows changed), so a run gives the same bits every time.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -21,50 +24,63 @@ namespace cubesim::hw {
 
 namespace {
 
-// Float slack: a unit is full, a flow at its cap, within this relative margin. Rates are doubles
-// computed in a fixed order, so the same run gives the same bits; the margin only keeps rounding from
-// counting a unit one flow fills exactly as one that limits.
+// Float slack: a unit is over capacity, a rate has changed, beyond this relative margin (rounding
+// must not count a unit one flow fills exactly as congested, nor send a change on for nothing).
 constexpr double kSlack = 1e-9;
+// Settling one time: a change goes on from unit to unit along its flows' paths; where paths make a
+// cycle of congested units, the changes shrink round it (each congested unit passes on a part) but
+// need not vanish, so past this many settlements of units at one time a change below this margin is
+// no longer sent on.
+constexpr std::size_t kSettlePerUnit = 64;
+constexpr double kLooseSlack = 1e-6;
 
 struct FlowStart {
   FlowEngine* e;
   TransferRecord* r;
   void operator()() const { e->start(r); }
 };
-struct FlowReshare {
-  FlowEngine* e;
-  void operator()() const { e->reshare(); }
-};
-// A flow whose remaining time at its rate is this long (10^6 s) or more, or infinite at rate 0, is
-// starved: it waits for the next recomputation instead of an end event.
-constexpr double kStarved = 1e18;
-
-// Whether a unit can hold a flow below its cap: its flows' caps together exceed it.
-bool limits(const FlowResource& e) { return e.demand > 1.0 + kSlack; }
-
-// After every other event at its time: the flows that start and end then are all known.
-constexpr int kReshareLast = 32767;
-// After the flows ending at its time have ended, before their rates are reshared.
-constexpr int kTailAfterEnds = kReshareLast - 1;
-struct FlowTail {
-  FlowEngine* e;
-  TransferRecord* r;
-  void operator()() const { e->start_tail(r); }
-};
-struct FlowRelease {
+struct FlowStop {
   FlowEngine* e;
   TransferRecord* r;
   std::uint32_t generation;
-  void operator()() const {
-    if (r->generation == generation) e->release(r);  // else it landed (and was released) already
-  }
+  void operator()() const { e->stop(r, generation); }
 };
-struct FlowEnd {
+struct FlowUnshared {
   FlowEngine* e;
   TransferRecord* r;
-  std::uint32_t generation;
-  void operator()() const { e->end(r, generation); }
+  void operator()() const { e->finish_unshared(r); }
 };
+struct FlowWake {
+  FlowEngine* e;
+  FlowResource* res;
+  std::uint32_t drain_gen;
+  bool drain;
+  void operator()() const { e->wake(res, drain_gen, drain); }
+};
+struct FlowHop {
+  FlowEngine* e;
+  TransferRecord* r;
+  sim::Time tail;
+  std::uint32_t index;
+  void operator()() const { e->hop_due(r, index, tail); }
+};
+struct FlowPacketOut {
+  FlowEngine* e;
+  TransferRecord* r;
+  void operator()() const { e->packet_out(r); }
+};
+struct FlowSettle {
+  FlowEngine* e;
+  void operator()() const { e->settle(); }
+};
+// After every other event at its time: the changes at that time are all known.
+constexpr int kSettleLast = 32767;
+
+bool differs(double a, double b, double slack) {
+  if (a == b) return false;
+  if (a == 0 || b == 0) return true;
+  return std::abs(a - b) > slack * std::max(a, b);
+}
 
 // The time `bytes` occupy stage s of path p (on a link: the wire bytes; an L2 read that hits: the
 // L2's own figures, not the cold path's).
@@ -124,32 +140,11 @@ FlowResource& FlowEngine::resource(PathUnit& u) {
   return e;
 }
 
-double FlowEngine::fill_level(const FlowResource& e) {
-  // Every flow's rate rises alike, each stopping at its cap: the level at which the unit is full.
-  level_scratch_.clear();
-  for (const FlowResource::Entry& x : e.flows) level_scratch_.push_back({x.cap, x.weight});
-  std::sort(level_scratch_.begin(), level_scratch_.end());
-  double below = 0, wrest = 0;  // weight x cap of the flows capped below the level; weight of the rest
-  for (const auto& [cap, w] : level_scratch_) wrest += w;
-  for (const auto& [cap, w] : level_scratch_) {
-    if (below + wrest * cap >= 1.0) return (1.0 - below) / wrest;
-    below += w * cap;
-    wrest -= w;
-  }
-  return std::numeric_limits<double>::infinity();
-}
-
-void FlowEngine::refresh_demand(FlowResource& e) {
-  double d = 0;
-  for (const FlowResource::Entry& x : e.flows) d += x.weight * x.cap;
-  e.demand = d;
-}
-
 bool FlowEngine::by_chunks(const TransferRecord* r) {
-  if (r->nchunks != 1) return false;
-  // One chunk: the last is the message; the slowest stage decides whether it is latency-bound (a flow
-  // outside the sharing).
-  return times(r).slowest > kLatencyBound;
+  if (r->nchunks > kByChunks) return false;
+  // The slowest stage decides whether it is latency-bound (a flow outside the queues).
+  const Path::FlowTimes& t = times(r);
+  return static_cast<sim::Duration>(r->nchunks - 1) * t.pace + t.slowest > kLatencyBound;
 }
 
 void FlowEngine::start(TransferRecord* r) {
@@ -161,16 +156,14 @@ void FlowEngine::start(TransferRecord* r) {
   const Path& p = *r->path;
   // An L2 on the path keeps its state as at the chunk level: the whole transfer is looked up (and
   // filled, or allocated by a write) now, and a source it holds entirely is read at the L2's figures
-  // without the HBM's latency. (Its counters, hits and misses come from that lookup.)
+  // without the HBM's latency. (Its counters, hits and misses come from that lookup.) The chunk level
+  // times the last chunk of such a message (engine.h).
   r->l2_hit = false;
   r->delays = p.figures.alpha - p.injector_overhead;
-  r->split = r->nchunks > 1;  // the flow is the chunks but the last (engine.h); the chunk level does that one
-  const std::uint64_t body = r->split ? (r->nchunks - 1) * r->chunk : r->bytes;
-  r->l2_path = false;
+  const std::uint64_t body = r->nchunks > 1 ? (r->nchunks - 1) * r->chunk : r->bytes;
   for (const Stage& st : p.stages) {
     if (!p.l2) break;  // most paths have none: no walk over their stages' units
     if (st.unit->kind() != UnitKind::l2) continue;
-    r->l2_path = true;
     auto& l2 = static_cast<L2Cache&>(*st.unit);
     const Region& reg = st.src_side ? r->src_region : r->dst_region;
     if (st.cache_read && held(l2, reg)) {
@@ -181,10 +174,20 @@ void FlowEngine::start(TransferRecord* r) {
     l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .region = &reg, .bytes = body,
                         .head = now, .tail = now, .pre = st.pre, .forget_before = now, .read = st.src_side});
   }
-  // The idle time: every full chunk at the pace of the slowest stage, the last at its own. A split
-  // flow is the full chunks; the last one follows (tail).
+  // The idle time: every full chunk at the pace of the slowest stage, the last at its own. The
+  // source injects at one rate over it (the last chunk's bytes spread over the flow). A protocol's
+  // wire scale does not slow the source (the chunk level injects at the path's pace for the payload,
+  // and its links queue the wire bytes): such a flow's links then build a backlog of it even alone,
+  // which drains in the idle time (to the picosecond per chunk), and beside others it takes the
+  // share of a link its wire bytes arrive at, as at the chunk level.
   sim::Duration pace = 0, slowest = 0;
-  if (!r->l2_hit) {
+  if (!r->wire.identity()) {
+    const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
+    for (std::size_t s = 0; s < p.stages.size(); ++s) {
+      pace = std::max(pace, stage_time(p, s, r->chunk, WireScale{}, r->l2_hit));
+      slowest = std::max(slowest, stage_time(p, s, last, WireScale{}, r->l2_hit));
+    }
+  } else if (!r->l2_hit) {
     const Path::FlowTimes& t = times(r);
     pace = t.pace;
     slowest = t.slowest;
@@ -195,17 +198,22 @@ void FlowEngine::start(TransferRecord* r) {
       slowest = std::max(slowest, stage_time(p, s, last, r->wire, true));
     }
   }
-  r->tail = r->split ? slowest : 0;
-  r->full = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + (r->split ? 0 : slowest));
+  // The source injects the chunks but the last at the pace; the last chunk follows as one piece
+  // (engine.h), or, where nothing on the path is congested by then, lands its idle time later.
+  const sim::Duration whole = std::max<sim::Duration>(1, static_cast<sim::Duration>(r->nchunks - 1) * pace + slowest);
+  r->full = r->nchunks > 1 ? static_cast<sim::Duration>(r->nchunks - 1) * pace : whole;
+  r->tail = r->nchunks > 1 ? slowest : 0;
   r->cap = static_cast<double>(body) / static_cast<double>(r->full);
-  r->throttled = false;
-  r->rate = 0;
-  r->remaining = static_cast<double>(body);
-  r->started = r->updated = sim.now();
+  r->split = r->packet = false;
+  r->stopped = r->body_done = r->packet_done = false;
+  r->tailing = false;
+  r->started = sim.now();
   r->legs.clear();
-  if (r->full <= kLatencyBound) {  // latency-bound: outside the sharing
-    r->rate = r->cap;
-    reschedule(r);  // at its idle time, the chunk level's
+  ++r->generation;
+  if (whole <= kLatencyBound) {  // latency-bound: outside the queues
+    r->full = whole;
+    r->tail = 0;
+    sim.at(sim.now() + whole, FlowUnshared{this, r});
     return;
   }
   if (++leg_stamp_ == 0) {
@@ -225,262 +233,358 @@ void FlowEngine::start(TransferRecord* r) {
       r->legs.push_back(FlowLeg{&e, w, 0});
     }
   }
-  bool limited = false;
-  for (std::size_t i = 0; i < r->legs.size(); ++i) {
+  // Fast path: no unit of its path has a backlog or is over capacity with it: its rate passes every
+  // unit unchanged and nobody else's changes (what settling would find, without it). Entered at its
+  // rate, taken back to nothing where that does not hold (rare: contention).
+  bool fast = true;
+  for (std::uint32_t i = 0; i < r->legs.size(); ++i) {
     FlowLeg& l = r->legs[i];
-    l.slot = static_cast<std::uint32_t>(l.res->flows.size());
-    l.res->flows.push_back({r, l.weight, r->cap, &l});
-    l.res->demand += l.weight * r->cap;
-    limited = limited || limits(*l.res);
+    FlowResource& e = *l.res;
+    l.slot = static_cast<std::uint32_t>(e.flows.size());
+    const double load = l.weight * r->cap;
+    e.flows.push_back({.flow = r, .weight = l.weight, .leg = &l, .index = i, .in = r->cap, .head = r->cap, .out = r->cap});
+    e.load_in += load;
+    e.load_head += load;
+    fast = fast && !e.dirty && !e.queued() && e.load_in <= 1.0 + kSlack;
   }
-  if (limited) {
-    changed(r);
-    return;
+  r->quiet = fast ? marks_ : 0;
+  if (!fast) {
+    for (const FlowLeg& l : r->legs) {
+      FlowResource& e = *l.res;
+      FlowResource::Entry& x = e.flows[l.slot];
+      e.load_in -= l.weight * r->cap;
+      e.load_head -= l.weight * r->cap;
+      x.in = x.head = x.out = 0;
+    }
   }
-  // No unit of its path can hold anyone below their cap, even with it: it runs at its cap and
-  // nobody's rate changes (what the recomputation would find, without it).
-  r->rate = r->cap;
-  reschedule(r);
+  if (!fast) arrive(r, 0, r->cap);
+  sim.at(sim.now() + r->full, FlowStop{this, r, r->generation});
 }
 
-void FlowEngine::end(TransferRecord* r, std::uint32_t generation) {
-  if (r->generation != generation) return;  // its rate changed since: a later event ends it
-  sim::Simulator& sim = sys_->simulator();
-  r->remaining = 0;
-  ++r->generation;
-  const bool by_chunks = r->split && (r->throttled || r->l2_path);
-  if (by_chunks) {
-    r->tailing = true;  // keeps its rate and its place on its units until its last chunk has passed
-  } else {
-    r->rate = 0;
-    if (leave(r)) changed(r);
+void FlowEngine::stop(TransferRecord* r, std::uint32_t generation) {
+  if (r->generation != generation) return;  // (a record of an abandoned run, reused)
+  r->stopped = true;
+  // Fast path: no unit of its path has a backlog or is over capacity: the fluid's last byte passes
+  // them all now, its leaving changes nobody's rate, and the last chunk takes its idle time (or, on
+  // a path through an L2, the chunk level's).
+  // (Nothing marked since it started on the fast path: every unit of its path is as then, or was
+  // touched only by other flows on the fast path, which keep it within capacity.)
+  bool fast = r->quiet == marks_;
+  if (!fast) {
+    fast = true;
+    for (const FlowLeg& l : r->legs) {
+      const FlowResource& e = *l.res;
+      fast = fast && !e.dirty && !e.queued() && e.load_head <= 1.0 + kSlack;
+    }
   }
+  if (fast) {
+    r->split = r->tail > 0 && r->path->l2;
+    body_out(r);
+    return;
+  }
+  arrive(r, 0, 0.0, true);
+  if (r->tail > 0) {
+    r->packet = true;
+    if (r->path->l2) look_up_last(r);
+    hops_.push_back({.r = r, .index = 0, .tail = sys_->simulator().now()});
+  }
+}
+
+void FlowEngine::look_up_last(TransferRecord* r) {
+  // As the chunk level's last chunk would: looked up (and filled) now, read without the HBM's
+  // latency where the L2 holds it.
+  const sim::Time now = sys_->simulator().now();
+  const std::uint64_t off = (r->nchunks - 1) * r->chunk, last = r->bytes - off;
+  for (const Stage& st : r->path->stages) {
+    if (st.unit->kind() != UnitKind::l2) continue;
+    auto& l2 = static_cast<L2Cache&>(*st.unit);
+    const Region& reg = st.src_side ? r->src_region : r->dst_region;
+    if (st.cache_read) {
+      const bool hit = reg.rows == 1 ? l2.holds(reg.addr + off, last) : held(l2, reg);
+      if (hit != r->l2_hit) r->delays += hit ? -l2.memory().latency() : l2.memory().latency();
+    }
+    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .chunk = r->nchunks - 1,
+                        .region = &reg, .offset = off, .bytes = last, .head = now, .tail = now, .pre = st.pre,
+                        .forget_before = now, .read = st.src_side});
+  }
+}
+
+void FlowEngine::finish_unshared(TransferRecord* r) {
+  r->stopped = true;
+  body_out(r);
+}
+
+void FlowEngine::hop_due(TransferRecord* r, std::uint32_t index, sim::Time tail) {
+  hops_.push_back({.r = r, .index = index, .tail = tail});
+  settle_soon();
+}
+
+void FlowEngine::hop(const Hop& h) {
+  sim::Simulator& sim = sys_->simulator();
+  const sim::Time now = sim.now();
+  const FlowLeg& l = h.r->legs[h.index];
+  FlowResource& e = *l.res;
+  if (e.backlog_at < now) {
+    e.backlog = std::max(0.0, e.backlog + (e.load_in - 1.0) * static_cast<double>(now - e.backlog_at));
+    e.backlog_at = now;
+  }
+  const double work = l.weight * static_cast<double>(h.r->bytes - (h.r->nchunks - 1) * h.r->chunk);
+  // Its place in the queue: behind the backlog (FIFO). A congested unit counts its work in the
+  // backlog, so what arrives later waits for it too; a unit with room passes it beside its fluid
+  // (counting it there would make the unit look congested and speed its fluid up to drain it).
+  const bool congested = e.queued() || e.load_in > 1.0 + kSlack;
+  if (!congested) e.backlog = 0;
+  const sim::Time start = now + static_cast<sim::Duration>(std::ceil(e.backlog + (congested && e.unit->order() == PathUnit::Order::arrival ? in_round(e, h.r) : 0.0)));
+  const sim::Time end = std::max(start + static_cast<sim::Duration>(std::ceil(work)), h.tail);
+  if (congested) {
+    e.backlog += work;
+    const sim::Time served = start + static_cast<sim::Duration>(std::ceil(work));
+    e.pauses.push_back({start, served});
+    if (start > now) sim.at(start, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
+    sim.at(served, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});  // its fluid resumes
+    mark(e);  // (its drain moves)
+  }
+  if (h.index + 1 < h.r->legs.size()) {
+    if (start > now) {
+      sim.at(start, FlowHop{.e = this, .r = h.r, .tail = end, .index = h.index + 1});
+    } else {
+      hops_.push_back({.r = h.r, .index = h.index + 1, .tail = end});
+    }
+  } else {
+    sim.at(std::max(end, now + 1), FlowPacketOut{this, h.r});
+  }
+}
+
+double FlowEngine::in_round(const FlowResource& e, const TransferRecord* r) const {
+  // At a link the chunk level queues a chunk whole when its head arrives; here the others' chunks
+  // arrive as fluid over their source's chunk time, so part of a chunk whose head came before r's is
+  // still to arrive: r's last chunk waits for it too. Counted only for transfers between the same
+  // two memories (a collective's channels, one pair's messages): their chunks come on a beat with
+  // the same fixed delays as r's, so the phase is known; a head arriving together with r's is ahead
+  // when its transfer was issued first. (From other sources the phase is off by the difference of
+  // the fixed delays, which the flow level leaves out: counting those made dgx_h100x8's tree 18%
+  // slow, docs/PERFORMANCE.md.) Only flows arriving at their source's pace (held back nowhere
+  // before this unit) keep the beat.
+  const sim::Time now = sys_->simulator().now();
+  double work = 0;
+  for (const FlowResource::Entry& x : e.flows) {
+    const TransferRecord* f = x.flow;
+    if (f == r || f->path != r->path || f->nchunks < 2 || differs(x.in, f->cap, kSlack)) continue;
+    const sim::Duration pace = f->full / static_cast<sim::Duration>(f->nchunks - 1);
+    if (pace == 0) continue;
+    const sim::Duration phase = (now - f->started) % pace;
+    const sim::Duration left = phase > 0 ? pace - phase : f->id < r->id ? pace : 0;
+    work += x.weight * x.in * static_cast<double>(left);
+  }
+  return work;
+}
+
+void FlowEngine::packet_out(TransferRecord* r) {
+  r->packet_done = true;
+  if (r->body_done) complete(r);
+}
+
+void FlowEngine::arrive(TransferRecord* r, std::uint32_t index, double rate, bool last) {
+  FlowResource& e = *r->legs[index].res;
+  e.inbox.push_back({.depart = 0, .flow = r, .index = index, .rate = rate, .last = last});
+  mark(e);
+}
+
+void FlowEngine::mark(FlowResource& e) {
+  marks_ += 2;
+  if (!e.dirty) {
+    e.dirty = true;
+    dirty_.push_back(&e);
+  }
+  settle_soon();
+}
+
+void FlowEngine::settle_soon() {
+  if (!settle_due_) {
+    settle_due_ = true;
+    sys_->simulator().at(sys_->simulator().now(), FlowSettle{this}, kSettleLast);
+  }
+}
+
+void FlowEngine::wake(FlowResource* e, std::uint32_t drain_gen, bool drain) {
+  if (drain && drain_gen != e->drain_gen) return;  // its arrivals changed since: a later event drains it
+  mark(*e);
+}
+
+void FlowEngine::settle() {
+  // Units in the order they changed; one settled again when a change comes back to it (paths that
+  // meet again further on, or a cycle of congested units: see kSettlePerUnit). Last chunks reaching
+  // a unit now queue once its arrivals are settled (behind its own fluid's last byte).
+  const std::size_t loose_after = kSettlePerUnit * (dirty_.size() + 16);
+  std::size_t i = 0;
+  for (;;) {
+    for (; i < dirty_.size(); ++i) {
+      FlowResource& e = *dirty_[i];
+      e.dirty = false;
+      slack_ = i < loose_after ? kSlack : kLooseSlack;
+      settle_unit(e);
+    }
+    if (hops_.empty()) break;
+    hop_scratch_.swap(hops_);
+    for (const Hop& h : hop_scratch_) hop(h);
+    hop_scratch_.clear();
+  }
+  dirty_.clear();
+  settle_due_ = false;
+  for (std::size_t k = 0; k < done_.size(); ++k) body_out(done_[k]);  // may start flows (a landing's callback)
+  done_.clear();
+}
+
+void FlowEngine::settle_unit(FlowResource& e) {
+  sim::Simulator& sim = sys_->simulator();
+  const sim::Time now = sim.now();
+  if (e.backlog_at < now) {
+    e.backlog = std::max(0.0, e.backlog + (e.load_in - 1.0) * static_cast<double>(now - e.backlog_at));
+    e.backlog_at = now;
+  }
+  // Changes that reached the head: the bytes leaving now arrived at those rates.
+  auto entry = [](const FlowResource::Change& c) -> FlowResource::Entry& {
+    const FlowLeg& l = c.flow->legs[c.index];
+    return l.res->flows[l.slot];
+  };
+  while (e.pending_head < e.pending.size() && e.pending[e.pending_head].depart <= now) {
+    const FlowResource::Change& c = e.pending[e.pending_head++];
+    FlowResource::Entry& x = entry(c);
+    x.head = c.rate;
+    x.ended = x.ended || c.last;
+  }
+  if (e.pending_head == e.pending.size()) {
+    e.pending.clear();
+    e.pending_head = 0;
+  } else if (e.pending_head > 64 && 2 * e.pending_head > e.pending.size()) {
+    e.pending.erase(e.pending.begin(), e.pending.begin() + static_cast<std::ptrdiff_t>(e.pending_head));
+    e.pending_head = 0;
+  }
+  const bool backlog = e.queued();
+  if (!backlog) e.backlog = 0;
+  if (!e.inbox.empty()) {
+    // New arrival rates: behind the backlog, they reach the head once the work queued before them
+    // is done; without one, at once.
+    // (Each settlement's changes depart after the last one's, by a picosecond if need be, so a flow's
+    // rate never rises and falls back within one departure and its last byte is always seen to leave.)
+    const sim::Time depart = std::max(now + static_cast<sim::Duration>(std::ceil(e.backlog)), e.wake_at + 1);
+    for (const FlowResource::Change& c : e.inbox) {
+      FlowResource::Entry& x = entry(c);
+      x.in = c.rate;
+      if (backlog) {
+        e.pending.push_back({.depart = depart, .flow = c.flow, .index = c.index, .rate = c.rate, .last = c.last});
+      } else {
+        x.head = c.rate;
+        x.ended = x.ended || c.last;
+      }
+    }
+    e.inbox.clear();
+    if (backlog) {
+      e.wake_at = depart;
+      sim.at(depart, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});
+    }
+  }
+  double in = 0, head = 0;
+  for (const FlowResource::Entry& x : e.flows) {
+    in += x.weight * x.in;
+    head += x.weight * x.head;
+  }
+  e.load_in = in;
+  e.load_head = head;
+  // Leaving rates: as they arrived, or, with a backlog (or over capacity as one starts), the unit's
+  // full rate shared in proportion to the rates at the head; nothing while it serves a last chunk.
+  while (e.pause_head < e.pauses.size() && e.pauses[e.pause_head].second <= now) ++e.pause_head;
+  if (e.pause_head == e.pauses.size()) {
+    e.pauses.clear();
+    e.pause_head = 0;
+  }
+  const bool paused = e.pause_head < e.pauses.size() && e.pauses[e.pause_head].first <= now;
+  const bool full = backlog || head > 1.0 + kSlack;
+  const double scale = paused ? 0.0 : !full ? 1.0 : head > 0 ? 1.0 / head : 0.0;
+  for (FlowResource::Entry& x : e.flows) {
+    const double out = x.head * scale;
+    TransferRecord* f = x.flow;
+    if (x.ended && !x.passed) {  // its last byte leaves (FIFO: the work before it is done)
+      x.passed = true;
+      x.out = 0;
+      if (x.index + 1 < f->legs.size()) {
+        arrive(f, x.index + 1, 0.0, true);
+      } else {
+        done_.push_back(f);  // its last byte has left its last unit
+      }
+      continue;
+    }
+    if (x.passed || !differs(out, x.out, slack_)) continue;
+    x.out = out;
+    if (x.index + 1 < f->legs.size()) arrive(f, x.index + 1, out);
+  }
+  ++e.drain_gen;
+  if (e.backlog > 0 && in < 1.0 - kSlack) {
+    const double t = std::ceil(e.backlog / (1.0 - in));
+    sim.at(now + static_cast<sim::Duration>(t), FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
+  }
+}
+
+void FlowEngine::body_out(TransferRecord* r) {
+  for (const FlowLeg& l : r->legs) {
+    FlowResource& e = *l.res;
+    auto& v = e.flows;
+    FlowResource::Entry& x = v[l.slot];
+    e.load_in -= x.weight * x.in;  // (a flow on the fast path leaves at its rate; others at zero)
+    e.load_head -= x.weight * x.head;
+    v[l.slot] = v.back();
+    v.pop_back();
+    if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
+    if (v.empty()) e.load_in = e.load_head = 0;  // no rounding left behind
+  }
+  r->body_done = true;
+  if (!r->packet || r->packet_done) complete(r);
+}
+
+void FlowEngine::complete(TransferRecord* r) {
+  sim::Simulator& sim = sys_->simulator();
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for, and
-  // the time it takes the unit at full rate; the last chunk of a flow split at a tail that the chunk
-  // level times counts where it passes.
-  const std::uint64_t last = by_chunks ? 0 : r->bytes - (r->nchunks - 1) * r->chunk;
-  const std::uint64_t chunks = by_chunks ? r->nchunks - 1 : r->nchunks;
+  // the time it takes the unit at full rate; a split flow's last chunk counts where it passes.
+  const std::uint64_t last = r->split ? 0 : r->bytes - (r->nchunks - 1) * r->chunk;
+  const std::uint64_t chunks = r->split ? r->nchunks - 1 : r->nchunks;
   const std::uint64_t bytes = (r->nchunks - 1) * r->chunk + last;
   for (const Path::FlowTimes::Each& e : times(r).each) {
     if (!e.counters) continue;  // an L2: counted by its lookup when the flow started
-    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + (by_chunks ? 0 : e.last);
+    const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + (r->split ? 0 : e.last);
     PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(bytes) : bytes, chunks, busy);
   }
   if (sim.trace().enabled()) trace_flow(r, bytes);
-  if (by_chunks) {
-    sim.at(sim.now(), FlowTail{this, r}, kTailAfterEnds);
+  if (r->split) {
+    r->tailing = true;
+    sys_->inject_tail(r, 0);
     return;
   }
-  // The bytes land once the path's fixed delays have passed (the injection overhead was paid
-  // before the flow started).
-  // (A split flow that no unit ever held below its cap is still followed by its last chunk at the
-  // chunk level's idle time for it.)
-  const sim::Duration after = r->tail + r->delays;
+  // The bytes land once the path's fixed delays have passed (the injection overhead was paid before
+  // the flow started), after the last chunk's idle time on the fast path.
+  const sim::Duration after = r->delays + (r->packet ? 0 : r->tail);
   r->landing = sim.now() + after;
   r->landed = r->nchunks;
   sys_->land_after(r, after);
 }
 
-bool FlowEngine::leave(TransferRecord* r) {
-  bool limited = false;  // a unit of its path could hold flows below their cap: they may speed up now
-  for (const FlowLeg& l : r->legs) {  // none for a latency-bound flow
-    limited = limited || limits(*l.res);
-    auto& v = l.res->flows;
-    v[l.slot] = v.back();
-    v.pop_back();
-    if (l.slot < v.size()) v[l.slot].leg->slot = l.slot;  // the flow moved into the slot
-    refresh_demand(*l.res);
-  }
-  return limited;
-}
-
-void FlowEngine::start_tail(TransferRecord* r) {
-  // The last chunk is served at what the other flows on each unit leave of it, at their rates from
-  // before this time's reshare (flows that ended together with r are gone; the last chunks of others
-  // waiting or passing meet this one at the chunk level): beside a flow that shared a link half and
-  // half it takes two chunk times, as when the chunk level's round robin serves one chunk of the
-  // other first; after contenders that all ended now, it takes one, and the chunk level orders those
-  // last chunks among themselves. Where the others leave it less than a turn in a round of them all
-  // (one chunk each, as the chunk level's FIFO serves chunks of equal flows), it gets that. Until the
-  // chunk has passed its slowest stage the flow keeps its rate on its units, so the others do not
-  // take its share while its last chunk still uses it.
-  const double last = static_cast<double>(r->bytes - (r->nchunks - 1) * r->chunk);
-  double idle = 0, slow = 0;
-  for (const FlowLeg& l : r->legs) {
-    double used = 0;
-    std::size_t others = 0;
-    for (const FlowResource::Entry& x : l.res->flows) {
-      if (x.flow->tailing) continue;
-      used += x.weight * x.flow->rate;
-      ++others;
-    }
-    const double left = std::max(1.0 - used, 1.0 / static_cast<double>(1 + others));
-    idle = std::max(idle, l.weight * last);
-    slow = std::max(slow, l.weight * last / left);
-  }
-  const auto wait = static_cast<sim::Duration>(std::max(0.0, std::ceil(slow - idle)));
-  sys_->simulator().at(sys_->simulator().now() + wait + r->tail, FlowRelease{this, r, r->generation});
-  sys_->inject_tail(r, wait);
-}
-
-void FlowEngine::release(TransferRecord* r) {
-  if (!r->tailing) return;
-  r->tailing = false;
-  r->rate = 0;
-  if (leave(r)) changed(r);
-}
-
 void FlowEngine::abandon() {
   for (FlowResource& e : res_) {
     e.flows.clear();
-    e.demand = 0;
-    e.changed = false;
+    e.pending.clear();
+    e.pending_head = 0;
+    e.inbox.clear();
+    e.pauses.clear();
+    e.pause_head = 0;
+    e.load_in = e.load_head = e.backlog = 0;
+    e.backlog_at = 0;
+    e.wake_at = 0;
+    ++e.drain_gen;
+    e.dirty = false;
   }
-  changed_.clear();
-  reshare_due_ = false;  // the failed run's events are gone
-}
-
-void FlowEngine::changed(const TransferRecord* r) {
-  for (const FlowLeg& l : r->legs) {
-    if (!l.res->changed) {
-      l.res->changed = true;
-      changed_.push_back(l.res);
-    }
-  }
-  if (!reshare_due_) {
-    reshare_due_ = true;
-    sys_->simulator().at(sys_->simulator().now(), FlowReshare{this}, kReshareLast);
-  }
-}
-
-void FlowEngine::reshare() {
-  reshare_due_ = false;
-  // The flows whose rates may change: every flow on the changed flow's units, then, through units
-  // that can limit (demand above bandwidth), the flows there that the unit can hold below their cap:
-  // those whose cap is above the level at which the unit fills when all its flows rise alike (a flow
-  // capped below that level never waits for the unit, whatever the others do). Flows left out keep
-  // their rates; their share of a unit in the computation is taken off its bandwidth first.
-  if (++stamp_ == 0) {
-    for (FlowResource& e : res_) e.mark = 0;
-    stamp_ = 1;
-  }
-  comp_flows_.clear();
-  comp_res_.clear();
-  auto take_flows = [&](FlowResource& e) {
-    for (const FlowResource::Entry& x : e.flows) {
-      if (x.flow->mark != stamp_ && !x.flow->tailing) {  // a flow's last chunk keeps its rate: left out
-        x.flow->mark = stamp_;
-        comp_flows_.push_back(x.flow);
-      }
-    }
-  };
-  for (FlowResource* c : changed_) {
-    FlowResource& e = *c;
-    e.changed = false;
-    if (e.mark == stamp_) continue;
-    e.mark = stamp_;
-    if (limits(e)) comp_res_.push_back(&e);
-    take_flows(e);
-  }
-  for (std::size_t i = 0; i < comp_flows_.size(); ++i) {
-    for (const FlowLeg& l : comp_flows_[i]->legs) {
-      FlowResource& e = *l.res;
-      if (e.mark == stamp_ || !limits(e)) continue;
-      e.mark = stamp_;
-      comp_res_.push_back(&e);
-      const double level = fill_level(e);
-      for (const FlowResource::Entry& x : e.flows) {
-        if (x.cap > level * (1.0 - kSlack) && x.flow->mark != stamp_ && !x.flow->tailing) {
-          x.flow->mark = stamp_;
-          comp_flows_.push_back(x.flow);
-        }
-      }
-    }
-  }
-  changed_.clear();
-  if (comp_flows_.empty()) return;
-
-  // Progressive filling: every unsettled flow's rate grows alike until a limiting unit is full
-  // (its flows settle) or the flow reaches its cap (it settles).
-  for (TransferRecord* f : comp_flows_) {
-    f->fill = 0;
-    f->frozen = false;
-  }
-  for (FlowResource* e : comp_res_) {
-    e->used = 0;  // what the flows left out take of it
-    for (const FlowResource::Entry& x : e->flows) {
-      if (x.flow->mark != stamp_) e->used += x.weight * x.flow->rate;
-    }
-    e->saturated = false;
-  }
-  std::size_t unsettled = comp_flows_.size();
-  while (unsettled > 0) {
-    double delta = std::numeric_limits<double>::infinity();
-    for (const TransferRecord* f : comp_flows_) {
-      if (!f->frozen) delta = std::min(delta, f->cap - f->fill);
-    }
-    for (FlowResource* e : comp_res_) {
-      e->wsum = 0;
-      if (e->saturated) continue;
-      for (const FlowResource::Entry& x : e->flows) {
-        if (x.flow->mark == stamp_ && !x.flow->frozen) e->wsum += x.weight;
-      }
-      if (e->wsum > 0) delta = std::min(delta, (1.0 - e->used) / e->wsum);
-    }
-    delta = std::max(delta, 0.0);
-    for (TransferRecord* f : comp_flows_) {
-      if (!f->frozen) f->fill += delta;
-    }
-    for (FlowResource* e : comp_res_) {
-      if (e->wsum == 0) continue;
-      e->used += delta * e->wsum;
-      if (e->used >= 1.0 - kSlack) {
-        e->saturated = true;
-        for (const FlowResource::Entry& x : e->flows) {
-          if (x.flow->mark == stamp_ && !x.flow->frozen) {
-            x.flow->frozen = true;
-            --unsettled;
-          }
-        }
-      }
-    }
-    for (TransferRecord* f : comp_flows_) {
-      if (!f->frozen && f->fill >= f->cap * (1.0 - kSlack)) {
-        f->fill = f->cap;
-        f->frozen = true;
-        --unsettled;
-      }
-    }
-  }
-  const sim::Time now = sys_->simulator().now();
-  for (TransferRecord* f : comp_flows_) {
-    if (f->rate > 0 && std::abs(f->fill - f->rate) <= kSlack * f->rate) continue;  // unchanged: its end stands
-    f->remaining = std::max(0.0, f->remaining - f->rate * static_cast<double>(now - f->updated));
-    f->updated = now;
-    f->rate = f->fill;
-    f->throttled = f->throttled || f->fill < f->cap * (1.0 - kSlack);
-    reschedule(f);
-  }
-}
-
-void FlowEngine::reschedule(TransferRecord* f) {
-  sim::Simulator& sim = sys_->simulator();
-  const sim::Time now = sim.now();
-  const std::uint64_t body = f->split ? (f->nchunks - 1) * f->chunk : f->bytes;
-  sim::Duration left;
-  if (f->rate == f->cap && f->remaining == static_cast<double>(body)) {
-    left = f->full;  // idle all along so far: exactly the chunk level's time
-  } else {
-    const double t = std::ceil(f->remaining / f->rate * (1.0 - 1e-12));
-    if (!(t < kStarved)) {
-      // Held at (next to) nothing by the last chunks of flows that keep their share until those
-      // have passed: no end until their release recomputes its rate (any earlier end is void).
-      ++f->generation;
-      return;
-    }
-    left = static_cast<sim::Duration>(t);
-  }
-  sim.at(now + left, FlowEnd{this, f, ++f->generation});
+  dirty_.clear();
+  done_.clear();
+  hops_.clear();
+  settle_due_ = false;  // the failed run's events are gone
 }
 
 void FlowEngine::trace_flow(TransferRecord* r, std::uint64_t bytes) {
