@@ -83,10 +83,10 @@ struct Cfg {
   static constexpr int CLUSTER = CLUSTER_;
   static constexpr int B_ROWS_PER_CTA = BN_ / CLUSTER_;
   // An N-major B tile is boxes of B_MN_BOX columns x 64 k rows: 64 (128-byte rows, 128-byte
-  // swizzle), or 32 for the m64n32 tile (64-byte rows, 64-byte swizzle).
-  static constexpr int B_MN_BOX = B_ROWS_PER_CTA >= 64 ? 64 : B_ROWS_PER_CTA;
-  static_assert(B_MN_BOX == 64 || B_MN_BOX == 32, "N-major B boxes are 64 or 32 columns");
-  static_assert(B_ROWS_PER_CTA % B_MN_BOX == 0, "whole N-major boxes per CTA (expect_tx counts the whole tile)");
+  // swizzle), or 32 (64-byte rows, 64-byte swizzle) for the n32 tiles and for BN = 224 (7 boxes).
+  // In a cluster, CTA r loads boxes r, r + CLUSTER, ... and multicasts each to all.
+  static constexpr int B_MN_BOX = (BN_ % 64 == 0 && B_ROWS_PER_CTA >= 64) ? 64 : 32;
+  static_assert(BN_ % B_MN_BOX == 0, "whole N-major boxes (expect_tx counts the whole tile)");
   static_assert(B_ROWS_PER_CTA * BK * 2 % 1024 == 0, "multicast slices must stay swizzle-atom aligned");
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -105,6 +105,9 @@ struct Cfg {
   // bytes (one column chunk, 128-byte swizzled like the TMA box). Configurations with BN >= 64 only.
   static constexpr bool TMA_EPILOGUE = BN_ >= 64;
   static constexpr int EPI_CHUNK_BYTES = 64 * 128;
+  // A 2-byte output's staging chunk: 64 columns of 128-byte rows, or 32 of 64 bytes where BN is not
+  // a multiple of 64 (BN = 224: 7 chunks). f32 outputs: 32 columns of 128 bytes.
+  static constexpr int EPI_ROW_BYTES_B16 = BN_ % 64 == 0 ? 128 : 64;
   static constexpr int EPI_BYTES = TMA_EPILOGUE ? 2 * EPI_CHUNK_BYTES : 0;
   static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
   static_assert(SMEM <= 232448, "more shared memory than an SM has");
@@ -113,6 +116,10 @@ struct Cfg {
 
 using CfgL = Cfg<2, 256, 4>;      // m128n256
 using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing B
+// m128n224: N = 3584 (tp 4's ffn) is 16 n-tiles: 512 tiles, 3.9 waves on 132 SMs, where n256's 448
+// are 3.4 waves run in 4. 4 stages of 44 KB.
+using CfgL224 = Cfg<2, 224, 4>;
+using CfgL224c2 = Cfg<2, 224, 4, 2>;  // m128n224_c2
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
@@ -334,6 +341,74 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
   }
 }
 
+// The same values as `epilogue_tma` for 2-byte outputs, written to the staging buffer with stmatrix:
+// a warp's 16 rows x 16 bytes of four 8 x 8 matrices per instruction, 4x fewer shared stores (and
+// address computations) than 4-byte stores, and with the bias test outside the loop: one straight run
+// of code with no branches. The epilogue's cost had been instruction fetch, not shared memory: ncu's
+// warp samples put 10% of the consumers' time in the old epilogue (4-byte stores, a bias branch per
+// pair, ~750 instructions a warp a tile run once each), half of it `no_inst` (H100, 4096x14336x4096).
+// Rounding and bias are those of `epilogue_tma` (the same __fadd_rn, the same RNE pair conversion).
+// pk for matrix (j, h) is rows warp*16 + 8h + 0..7, columns 8j..8j+7 of the tile in the fragment layout
+// stmatrix takes (thread l: row l / 4, columns 2 (l % 4), +1), i.e. acc[4j + 2h], acc[4j + 2h + 1].
+// Lane l gives row l % 8 of matrix l / 8 of each x4. ROWB: the chunk's row in bytes, 128 (64 columns,
+// 128-byte swizzle: unit u of row r at u ^ (r % 8)) or 64 (32 columns, for BN = 224; 64-byte swizzle:
+// unit u at u ^ ((r / 2) % 4)), matching the C tensor map's box and swizzle.
+template <DType TC, int BN, int ROWB, bool BIAS>
+__device__ __forceinline__ void epilogue_tma_b16(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                                 std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
+  static_assert(TC == DType::bf16 || TC == DType::f16, "2-byte outputs");
+  static_assert(ROWB == 128 || ROWB == 64, "128- or 64-byte chunk rows");
+  constexpr int CW = ROWB / 2;  // columns in a chunk
+  constexpr int JC = CW / 8;    // 8-column groups in a chunk
+  static_assert(BN % CW == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int mi = lane / 8, rr = lane % 8;
+  const int r = warp * 16 + 8 * (mi % 2) + rr;  // the row this lane addresses
+  const int sw = ROWB == 128 ? (r % 8) : ((r / 2) % 4);
+  const std::uint32_t row_off = static_cast<std::uint32_t>(r * ROWB);
+#pragma unroll
+  for (int ch = 0; ch < BN / CW; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const std::uint32_t buf = bufs_smem + b * (64 * 128) + row_off;
+#pragma unroll
+    for (int q = 0; q < JC / 2; ++q) {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = ch * JC + 2 * q + k / 2, h = k % 2;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (BIAS) {
+          const int n = col0 + 8 * j + 2 * (lane % 4);
+          if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
+          if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
+        }
+        if constexpr (TC == DType::bf16) {
+          const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        } else {
+          const __half2 x = __floats2half2_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        }
+      }
+      const int u = 2 * q + mi / 2;  // the 16-byte unit of this lane's matrix row
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(buf + ((u ^ sw) * 16)),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
+    }
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------
 
 // AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
@@ -432,13 +507,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           const int n0 = n_tile * C::BN + static_cast<int>(rank) * C::B_ROWS_PER_CTA;
           constexpr std::uint16_t mask = static_cast<std::uint16_t>((1u << CM) - 1);
           if constexpr (BMN) {
+            // Boxes rank, rank + CM, ... of the tile's BN / box (all of them without a cluster).
             constexpr int box = C::B_MN_BOX;
+            const std::uint32_t b_tile = sb + s * C::B_BYTES;
 #pragma unroll
-            for (int j = 0; j < C::B_ROWS_PER_CTA / box; ++j) {
+            for (int j0 = 0; j0 < C::BN / box; j0 += CM) {
+              const int j = j0 + static_cast<int>(rank);
+              if (j >= C::BN / box) break;
               if constexpr (CM > 1) {
-                tma_load_2d_multicast(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s), mask);
+                tma_load_2d_multicast(b_tile + j * box * BK * 2, &tma_b, n_tile * C::BN + j * box, kt * BK, full(s),
+                                      mask);
               } else {
-                tma_load_2d(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s));
+                tma_load_2d(b_tile + j * box * BK * 2, &tma_b, n_tile * C::BN + j * box, kt * BK, full(s));
               }
             }
           } else if constexpr (CM > 1) {
@@ -517,10 +597,17 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
           std::uint8_t* bp = smem_raw + (bs - raw);
+          constexpr int RB = C::EPI_ROW_BYTES_B16;
           switch (e.c_dtype) {
             case DType::f32: epilogue_tma<DType::f32, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
-            case DType::bf16: epilogue_tma<DType::bf16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
-            case DType::f16: epilogue_tma<DType::f16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
+            case DType::bf16:
+              if (e.bias) epilogue_tma_b16<DType::bf16, C::BN, RB, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              else epilogue_tma_b16<DType::bf16, C::BN, RB, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              break;
+            case DType::f16:
+              if (e.bias) epilogue_tma_b16<DType::f16, C::BN, RB, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              else epilogue_tma_b16<DType::f16, C::BN, RB, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              break;
           }
           continue;
         }
@@ -593,19 +680,20 @@ CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::i
 }
 
 // The output C for TMA stores: rows x cols of `t`, unit column stride, row stride ld elements; boxes
-// of 64 rows x 128 bytes, 128-byte swizzle (the layout epilogue_tma writes).
-CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+// of 64 rows x row_bytes (128 or 64), swizzled by the same width (the layout the epilogues write).
+CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld, int row_bytes) {
   CUtensorMap map;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(t));
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * es)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / es), 64};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(row_bytes / es), 64};
   const cuuint32_t estr[2] = {1, 1};
   const CUtensorMapDataType dt = t == DType::f32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                  : t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_fn()(&map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                 row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
@@ -688,7 +776,7 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
                   (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0));
     if (e.tma_store) {
       const std::int64_t ld = c.rows <= 1 ? (c.cols * es + 15) / 16 * 16 / es : c.row_stride;
-      mc = make_c_map(c.data, c.dtype, c.rows, c.cols, ld);
+      mc = make_c_map(c.data, c.dtype, c.rows, c.cols, ld, es == 2 ? C::EPI_ROW_BYTES_B16 : 128);
     }
   }  // units of CLUSTER m-tiles: 16 m-tiles a group
   const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
@@ -742,6 +830,8 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m64n256_pp: return detail::resident_clusters<detail::CfgPW>() * detail::CfgPW::CLUSTER;
     case TcConfig::m64n256_pp_c2: return detail::resident_clusters<detail::CfgPW2>() * detail::CfgPW2::CLUSTER;
     case TcConfig::m128n32: return detail::resident_clusters<detail::CfgS2>() * detail::CfgS2::CLUSTER;
+    case TcConfig::m128n224: return detail::resident_clusters<detail::CfgL224>() * detail::CfgL224::CLUSTER;
+    case TcConfig::m128n224_c2: return detail::resident_clusters<detail::CfgL224c2>() * detail::CfgL224c2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
@@ -755,8 +845,16 @@ TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   // m128n32 runs N / 32, each reading its B panel once for both 64-row halves (16.5 us), while
   // its tiles fit in one wave: at N = 14336 (448 tiles) it took 63 us against m128n128's 37.
   if (M <= 128 && (N + 31) / 32 <= sms) return TcConfig::m128n32;
-  const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
+  const std::int64_t m_tiles = (M + 127) / 128;
+  const std::int64_t big = m_tiles * ((N + 255) / 256);
   if (big < sms) return TcConfig::m128n128;
+  // m128n224 where its tiles fill whole waves that m128n256's do not: N = 3584 is 16 n-tiles of 224
+  // (512 tiles in 4 waves of 132, each tile 7/8 of the work) against 14 of 256 (448 tiles: 3.4 waves
+  // run in 4). Per FLOP the two move the same shared-memory bytes; the 3% margin is for the rest.
+  const std::int64_t waves256 = (big + sms - 1) / sms;
+  const std::int64_t waves224 = (m_tiles * ((N + 223) / 224) + sms - 1) / sms;
+  if (waves224 * 224 * 100 < waves256 * 256 * 97)
+    return m_tiles % 2 == 0 ? TcConfig::m128n224_c2 : TcConfig::m128n224;
   // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
   // (measured on H200: more shared-memory traffic per FLOP), but are half the size: where the last
   // wave of m128n256 tiles leaves many SMs idle (e.g. 448 tiles on 132 SMs: 4 waves for 3.4 waves of
@@ -785,6 +883,8 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n32: return launch<CfgS2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n224: return launch<CfgL224>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n224_c2: return launch<CfgL224c2>(ops, bias, c, stream, sm_margin);
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");
