@@ -70,8 +70,11 @@ constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every con
 // each. Ping-pong: two consumer warpgroups take turns, each owning whole tiles of BM = 64 rows: tile p
 // of a CTA's sequence goes to consumer p % 2, and while one runs its epilogue the other runs its MMAs
 // (an ordering barrier hands the tensor cores over).
-template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false>
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false, bool TRANS_ = false>
 struct Cfg {
+  // TRANS: the kernel computes Cᵀ = Bᵀ·Aᵀ (the host swaps the operands; its M, N are C's N, M) and
+  // the epilogue writes each tile transposed into C (stmatrix .trans, TMA boxes of C's own layout).
+  static constexpr bool TRANS = TRANS_;
   static constexpr int NC = NC_;  // consumer warpgroups
   static constexpr bool PINGPONG = PINGPONG_;
   static_assert(!PINGPONG || NC_ == 2, "ping-pong alternates two consumers");
@@ -120,6 +123,9 @@ using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing 
 // are 3.4 waves run in 4. 4 stages of 44 KB.
 using CfgL224 = Cfg<2, 224, 4>;
 using CfgL224c2 = Cfg<2, 224, 4, 2>;  // m128n224_c2
+// m224n128_c2: m128n224_c2 on the transposed problem, for M = 3584 (tp 4's column wgrad, 3584 x 4096):
+// 16 x 32 tiles of Cᵀ, 4 waves, against 448 m128n256 tiles.
+using CfgT224c2 = Cfg<2, 224, 4, 2, false, true>;
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
@@ -409,6 +415,105 @@ __device__ __forceinline__ void epilogue_tma_b16(const Epi& e, const float (&acc
   }
 }
 
+// TRANS epilogues: the kernel's tile is of Cᵀ (rows i = C's columns, columns j = C's rows) and the
+// bias is per row of Cᵀ. Values and rounding are those of the other epilogues, element for element.
+// Element stores (f32 outputs, or rows TMA cannot store): Cᵀ(i, j) at i * c_rs + j * c_cs.
+template <DType TC, int BN>
+__device__ __forceinline__ void epilogue_trans(const Epi& e, const float (&acc)[BN / 2], int row0, int col0) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  using T = typename Storage<TC>::type;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+    if (i >= e.M) continue;
+    const float bi = e.bias ? load_elem_rt(e.bias, e.bias_dtype, i * e.bias_stride) : 0.0f;
+#pragma unroll
+    for (int j8 = 0; j8 < BN / 8; ++j8) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int j = col0 + 8 * j8 + 2 * (lane % 4) + x;
+        if (j >= e.N) continue;
+        float v = acc[4 * j8 + 2 * h + x];
+        if (e.bias) v = __fadd_rn(v, bi);
+        T* p = static_cast<T*>(e.c) + static_cast<std::int64_t>(i) * e.c_rs + static_cast<std::int64_t>(j) * e.c_cs;
+        if constexpr (TC == DType::f32) *p = v;
+        else if constexpr (TC == DType::bf16) *p = __float2bfloat16_rn(v);
+        else *p = __float2half_rn(v);
+      }
+    }
+  }
+}
+
+// 2-byte outputs through TMA: stmatrix .trans writes each 8 x 8 fragment matrix transposed, so a
+// staging row is one row of C (a column of Cᵀ) holding 8 consecutive C columns per 16-byte unit. A
+// chunk is 32 rows of C (4 column groups j of Cᵀ) x 64 columns of C (this consumer's 64 rows of Cᵀ),
+// 128-byte rows with the 128-byte swizzle (unit u of row r at u ^ (r % 8)); 7 chunks for BN = 224.
+// Warp w's matrix (j, h) holds Cᵀ rows 16w + 8h + 0..7: staging unit 2w + h of rows 8j + 0..7.
+template <DType TC, int BN, bool BIAS>
+__device__ __forceinline__ void epilogue_tma_b16_trans(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                                       std::uint32_t bufs_smem, const CUtensorMap* map, int cw,
+                                                       int& chunk) {
+  static_assert(TC == DType::bf16 || TC == DType::f16, "2-byte outputs");
+  constexpr int CR = 32;  // C rows (Cᵀ columns) in a chunk
+  static_assert(BN % CR == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int mi = lane / 8, rr = lane % 8;
+  const int u = 2 * warp + (mi % 2);  // the 16-byte unit (8 C columns) of this lane's matrix
+  float bias_h[2] = {0.0f, 0.0f};
+  if constexpr (BIAS) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+      if (i < e.M) bias_h[h] = load_elem_rt(e.bias, e.bias_dtype, i * e.bias_stride);
+    }
+  }
+#pragma unroll
+  for (int ch = 0; ch < BN / CR; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const std::uint32_t buf = bufs_smem + b * (64 * 128);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = ch * (CR / 8) + 2 * q + k / 2, h = k % 2;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (BIAS) {
+          const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+          if (i < e.M) {
+            v0 = __fadd_rn(v0, bias_h[h]);
+            v1 = __fadd_rn(v1, bias_h[h]);
+          }
+        }
+        if constexpr (TC == DType::bf16) {
+          const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        } else {
+          const __half2 x = __floats2half2_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        }
+      }
+      const int r = 8 * (2 * q + mi / 2) + rr;  // staging row (C row within the chunk) this lane addresses
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       buf + r * 128 + ((u ^ rr) * 16)),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      // C column row0 (this consumer's Cᵀ rows), C row col0 + 32 ch.
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(row0), "r"(col0 + ch * CR), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
+    }
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------
 
 // AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
@@ -593,6 +698,23 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
       // Cooperative: this consumer's 64 rows of the tile; ping-pong: the whole (64-row) tile.
       const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
+      if constexpr (C::TRANS) {
+        const std::uint32_t bs = epi + cw * C::EPI_BYTES;
+        switch (e.c_dtype) {
+          case DType::f32: epilogue_trans<DType::f32, C::BN>(e, acc, row0, col0); break;
+          case DType::bf16:
+            if (!e.tma_store) epilogue_trans<DType::bf16, C::BN>(e, acc, row0, col0);
+            else if (e.bias) epilogue_tma_b16_trans<DType::bf16, C::BN, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            else epilogue_tma_b16_trans<DType::bf16, C::BN, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            break;
+          case DType::f16:
+            if (!e.tma_store) epilogue_trans<DType::f16, C::BN>(e, acc, row0, col0);
+            else if (e.bias) epilogue_tma_b16_trans<DType::f16, C::BN, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            else epilogue_tma_b16_trans<DType::f16, C::BN, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            break;
+        }
+        continue;
+      }
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
@@ -681,12 +803,13 @@ CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::i
 
 // The output C for TMA stores: rows x cols of `t`, unit column stride, row stride ld elements; boxes
 // of 64 rows x row_bytes (128 or 64), swizzled by the same width (the layout the epilogues write).
-CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld, int row_bytes) {
+CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld, int row_bytes,
+                       int box_rows = 64) {
   CUtensorMap map;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(t));
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * es)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(row_bytes / es), 64};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(row_bytes / es), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
   const CUtensorMapDataType dt = t == DType::f32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                  : t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -756,8 +879,9 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
                              : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
   e.c = c.data;
-  e.c_rs = c.row_stride;
-  e.c_cs = c.col_stride;
+  // The kernel's C is Cᵀ under TRANS: element (i, j) of its M x N at i * c_rs + j * c_cs.
+  e.c_rs = C::TRANS ? c.col_stride : c.row_stride;
+  e.c_cs = C::TRANS ? c.row_stride : c.col_stride;
   e.bias = bias.data;
   e.bias_dtype = bias.dtype;
   e.bias_stride = bias.stride;
@@ -773,10 +897,12 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   {
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(c.dtype));
     e.tma_store = C::TMA_EPILOGUE && c.col_stride == 1 && reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
-                  (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0));
+                  (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0)) && (!C::TRANS || es == 2);
     if (e.tma_store) {
       const std::int64_t ld = c.rows <= 1 ? (c.cols * es + 15) / 16 * 16 / es : c.row_stride;
-      mc = make_c_map(c.data, c.dtype, c.rows, c.cols, ld, es == 2 ? C::EPI_ROW_BYTES_B16 : 128);
+      // TRANS: boxes of 32 C rows (a chunk of Cᵀ's columns) x 64 C columns (a consumer's 64 rows of Cᵀ).
+      mc = C::TRANS ? make_c_map(c.data, c.dtype, c.rows, c.cols, ld, 128, 32)
+                    : make_c_map(c.data, c.dtype, c.rows, c.cols, ld, es == 2 ? C::EPI_ROW_BYTES_B16 : 128);
     }
   }  // units of CLUSTER m-tiles: 16 m-tiles a group
   const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
@@ -832,13 +958,17 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m128n32: return detail::resident_clusters<detail::CfgS2>() * detail::CfgS2::CLUSTER;
     case TcConfig::m128n224: return detail::resident_clusters<detail::CfgL224>() * detail::CfgL224::CLUSTER;
     case TcConfig::m128n224_c2: return detail::resident_clusters<detail::CfgL224c2>() * detail::CfgL224c2::CLUSTER;
+    case TcConfig::m224n128_c2: return detail::resident_clusters<detail::CfgT224c2>() * detail::CfgT224c2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
 }
 
-TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
-  if (requested != TcConfig::automatic) return requested;
+namespace {
+
+// `automatic`'s choice; with `transposed` false, never m224n128_c2 (for outputs its TMA-store epilogue
+// cannot write: f32, strided or unaligned rows, where it would store element by element).
+TcConfig resolve_auto(std::int64_t M, std::int64_t N, bool transposed) {
   if (M <= 64) return TcConfig::m64n32;
   const std::int64_t sms = detail::num_sms();
   // M = 65..128: m128n128 runs N / 128 CTAs (32 at N = 4096: 26 us, 0.59 of cuBLAS on the H200);
@@ -855,6 +985,11 @@ TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   const std::int64_t waves224 = (m_tiles * ((N + 223) / 224) + sms - 1) / sms;
   if (waves224 * 224 * 100 < waves256 * 256 * 97)
     return m_tiles % 2 == 0 ? TcConfig::m128n224_c2 : TcConfig::m128n224;
+  // The same for M: Cᵀ in m128n224 tiles (M = 3584: 32 x 16 tiles of Cᵀ in 4 waves, against 448
+  // m128n256 tiles of C), the epilogue storing each tile transposed.
+  const std::int64_t t_m_tiles = (N + 127) / 128;
+  const std::int64_t waves_t = (t_m_tiles * ((M + 223) / 224) + sms - 1) / sms;
+  if (transposed && t_m_tiles % 2 == 0 && waves_t * 224 * 100 < waves256 * 256 * 97) return TcConfig::m224n128_c2;
   // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
   // (measured on H200: more shared-memory traffic per FLOP), but are half the size: where the last
   // wave of m128n256 tiles leaves many SMs idle (e.g. 448 tiles on 132 SMs: 4 waves for 3.4 waves of
@@ -869,13 +1004,26 @@ TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
   return ((M + 127) / 128) % 2 == 0 ? TcConfig::m128n256_c2 : TcConfig::m128n256;
 }
 
+}  // namespace
+
+TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
+  return requested != TcConfig::automatic ? requested : resolve_auto(M, N, true);
+}
+
 }  // namespace cubesim::cuda
 
 namespace cubesim::cuda::detail {
 
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
                     cudaStream_t stream, int sm_margin) {
-  switch (resolve_tc_config(cfg, ops.M, ops.N)) {
+  TcConfig r = resolve_tc_config(cfg, ops.M, ops.N);
+  if (r == TcConfig::m224n128_c2 && cfg == TcConfig::automatic) {
+    const bool tma_2byte = dtype_size(c.dtype) == 2 && c.col_stride == 1 &&
+                           reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
+                           (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * 2) % 16 == 0));
+    if (!tma_2byte) r = resolve_auto(ops.M, ops.N, false);
+  }
+  switch (r) {
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
@@ -885,6 +1033,20 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m128n32: return launch<CfgS2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n224: return launch<CfgL224>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n224_c2: return launch<CfgL224c2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m224n128_c2: {
+      // Cᵀ = Bᵀ·Aᵀ: A' = Bᵀ (N x K), B'ᵀ = A (M x K), each read in its own major-ness.
+      TcOperands t;
+      t.a = ops.bt;
+      t.lda = ops.ldb;
+      t.a_mn = ops.b_mn;
+      t.bt = ops.a;
+      t.ldb = ops.lda;
+      t.b_mn = ops.a_mn;
+      t.M = ops.N;
+      t.N = ops.M;
+      t.K = ops.K;
+      return launch<CfgT224c2>(t, bias, c, stream, sm_margin);
+    }
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

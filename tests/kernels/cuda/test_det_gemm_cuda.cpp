@@ -191,7 +191,8 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
 
 const TcConfig kAllConfigs[] = {TcConfig::m128n256,      TcConfig::m128n256_c2, TcConfig::m128n128,
                                 TcConfig::m64n32,        TcConfig::m64n256_pp,  TcConfig::m64n256_pp_c2,
-                                TcConfig::m128n32,       TcConfig::m128n224,    TcConfig::m128n224_c2};
+                                TcConfig::m128n32,       TcConfig::m128n224,    TcConfig::m128n224_c2,
+                                TcConfig::m224n128_c2};
 const TcConfig kPingPongConfigs[] = {TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2};
 
 }  // namespace
@@ -218,7 +219,7 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
   for (const Case& cs : cases) {
     for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
                          TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32, TcConfig::m128n224,
-                         TcConfig::m128n224_c2}) {
+                         TcConfig::m128n224_c2, TcConfig::m224n128_c2}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
@@ -272,7 +273,8 @@ TEST_F(CudaGemmTc, TwoByteOutputsAreTheF32OutputRounded) {
   // nearest even: every configuration, one CTA with many tiles (margin 131) and the whole grid, one
   // k-tile and many, M from 1 (A boxes of M rows), with and without bias.
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {129, 257, 65},
-                         {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}, {256, 448, 130}}) {
+                         {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}, {256, 448, 130},
+                         {448, 256, 130}}) {
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
     Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
     Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
