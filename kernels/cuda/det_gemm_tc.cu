@@ -9,8 +9,11 @@
 // views: dY·W reads W N-major, Xᵀ·dY reads both M- and N-major) as boxes of 64 MN-contiguous elements
 // x 64 k rows, which the MMA reads with its transpose flag set. Warpgroups 1..NC are consumers: each owns 64 rows and issues, per k-tile,
 // four wgmma m64nBNk16 in ascending k, then frees the stage on its "empty" mbarrier; the epilogue adds
-// the bias, rounds, and hands 64 x 128-byte chunks to TMA stores that overlap the next tile.
+// the bias, rounds, writes the tile into swizzled staging chunks (stmatrix for 2-byte outputs) and
+// hands them to TMA stores that overlap the next tile.
 // m128n256_c2 runs the same in clusters of 2 CTAs along M that multicast halves of the B tile.
+// m128n224(_c2) tiles cover N = 3584 in whole waves; m224n128_c2 computes Cᵀ = Bᵀ·Aᵀ in m128n224
+// tiles (M = 3584 in whole waves) and stores each tile transposed (stmatrix .trans).
 // Ping-pong configurations (m64n256_pp, _c2) give each of the two consumers whole m64n256 tiles in
 // turn (tile p of a CTA's sequence to consumer p % 2, stage ring unchanged): a named-barrier handshake
 // lets one consumer's MMAs start once the other has issued all of its tile's, so one's epilogue runs
@@ -29,7 +32,10 @@
 //    of the hardware we rely on and pin with a test: every configuration is compared bit for bit;
 //  - no split-K, no atomics, no reduction across threads: one thread writes each element, once;
 //  - an operand's major-ness changes where its elements sit in shared memory, not which elements
-//    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit).
+//    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit);
+//  - m224n128_c2 swaps the operands' roles (element (i, j) is Cᵀ's (j, i): the same products
+//    a[i][k]·b[k][j], exact in f32, meeting in the same k16 MMAs); that the MMA's sum of a k16 group
+//    does not depend on which operand is A is again a hardware property, pinned by the same tests.
 // Rows past M and columns past N read TMA's zero fill (or, for k-major A with M < BM, whatever the
 // stage held before: the A box is M rows) and are never stored.
 #include <cuda.h>
@@ -990,15 +996,17 @@ TcConfig resolve_auto(std::int64_t M, std::int64_t N, bool transposed) {
   const std::int64_t t_m_tiles = (N + 127) / 128;
   const std::int64_t waves_t = (t_m_tiles * ((M + 223) / 224) + sms - 1) / sms;
   if (transposed && t_m_tiles % 2 == 0 && waves_t * 224 * 100 < waves256 * 256 * 97) return TcConfig::m224n128_c2;
-  // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
-  // (measured on H200: more shared-memory traffic per FLOP), but are half the size: where the last
-  // wave of m128n256 tiles leaves many SMs idle (e.g. 448 tiles on 132 SMs: 4 waves for 3.4 waves of
-  // work), the finer tiles (7 a CTA, half the work each: 3.5) finish sooner.
+  // Ping-pong m64n256 tiles in clusters of 2 cost ~15% more per FLOP than the cooperative m128n256
+  // (more shared-memory traffic per FLOP, and half the stages' latency cover: on the H100 they wait
+  // for data), but are half the size: where the last wave of m128n256 tiles leaves most SMs idle,
+  // the finer tiles finish sooner. Since the stmatrix epilogue (2026-11-25) the forced-configuration
+  // tables put m64n256_pp_c2 at 0.84-0.88 of m128n256_c2 on the layer shapes (H100 and H200); at
+  // 448 tiles (4 waves for 3.4 of work) it no longer pays.
   const std::int64_t coop_waves = (big + sms - 1) / sms;  // m128n256 tiles a CTA, at most
   const std::int64_t clusters = sms / 2;  // a cluster's unit: 2 m64n256 tiles, as many units as `big`
   const std::int64_t pp_tiles = (big + clusters - 1) / clusters;  // m64n256 tiles a CTA, at most
-  // pp time ~ pp_tiles / 2 / 0.93 against coop_waves: ping-pong if pp_tiles * 100 < coop_waves * 186.
-  if (pp_tiles * 100 < coop_waves * 186) return TcConfig::m64n256_pp_c2;
+  // pp time ~ pp_tiles / 2 / 0.85 against coop_waves: ping-pong if pp_tiles * 100 < coop_waves * 170.
+  if (pp_tiles * 100 < coop_waves * 170) return TcConfig::m64n256_pp_c2;
   // Clusters of 2 sharing B measured 1-8% faster than single CTAs on the layer shapes (H200); with an
   // odd m-tile count the last unit's second CTA would compute zero rows, so single CTAs then.
   return ((M + 127) / 128) % 2 == 0 ? TcConfig::m128n256_c2 : TcConfig::m128n256;
