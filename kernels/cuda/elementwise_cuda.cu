@@ -409,120 +409,6 @@ __global__ void __launch_bounds__(kBgThreads) bias_grad_kernel(const void* dy, D
   if (tid < 32 && c0 + tid < cols) detail::store_elem_rt(db, dbt, c0 + tid, acc);
 }
 
-// The bf16 path for narrower tensors ([4096, 4096]: one block an SM): a block owns 32 columns, warp 0
-// adds, warps 1..7 load. The chunk of 256 rows lands in shared memory transposed, a column's rows
-// contiguous, so the adding lane reads 8 rows of its column with one 16-byte load and the chain runs
-// at the add's latency (the row-major tile took a 2-byte load, a shift and the add a row: ~9 clocks a
-// row against 4). 128 loader threads each own an 8 x 8 block of a chunk (8 rows' 16-byte vectors),
-// transpose it in registers (prmt) and store 8 16-byte column pieces; three chunks in flight in
-// registers, where the row-major kernel stored each chunk as soon as it loaded it.
-// Tile layout (u16 units): column c, row r at c * 256 + ((r / 8) ^ g(c)) * 8 + r % 8 with
-// g(c) = (c + c / 8) % 8: the adder's 16-byte loads (8 lanes a phase) and the loaders' 2-byte stores
-// (4 columns x 8 rows a warp instruction) fall in distinct banks. Order unchanged: one chain of f32
-// adds per column over the rows in ascending order from +0.0f.
-constexpr int kBgtRows = 256, kBgtBufs = 3;
-constexpr int kBgtTasks = kBgtRows / 8 * (kBgCols / 8);  // 8 x 8 blocks a chunk: one a loader thread
-
-__device__ __forceinline__ int bgt_index(int c, int r) { return c * kBgtRows + (((r >> 3) ^ ((c + (c >> 3)) & 7)) << 3) + (r & 7); }
-
-__device__ __forceinline__ unsigned bgt_prmt(unsigned a, unsigned b, unsigned sel) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
-__global__ void __launch_bounds__(kBgThreads) bias_grad_bf16t_kernel(const unsigned short* __restrict__ dy, void* db,
-                                                                     DType dbt, std::int64_t rows, std::int64_t cols) {
-  __shared__ __align__(16) unsigned short tile[kBgtBufs][kBgCols * kBgtRows];
-  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kBgCols;
-  const int tid = threadIdx.x, t = tid - 32;
-  const bool loader = t >= 0 && t < kBgtTasks;
-  const int rg = t / 4, q = t % 4;  // this loader's 8 rows (8 rg ..) and 8 columns (8 q ..) of a chunk
-  const std::int64_t chunks = (rows + kBgtRows - 1) / kBgtRows;
-  auto load = [&](std::int64_t chunk, uint4 (&v)[8]) {
-#pragma unroll
-    for (int x = 0; x < 8; ++x) {
-      const std::int64_t m = chunk * kBgtRows + rg * 8 + x, c = c0 + q * 8;
-      v[x] = make_uint4(0, 0, 0, 0);
-      if (chunk < chunks && m < rows && c < cols) v[x] = *reinterpret_cast<const uint4*>(dy + m * cols + c);
-    }
-  };
-  // The 8 x 8 block transposed in registers (prmt: a word of two rows of one column), then a 16-byte
-  // store a column: 8 rows of it.
-  auto store = [&](int buf, const uint4 (&v)[8]) {
-    unsigned w[8][4];
-#pragma unroll
-    for (int x = 0; x < 8; ++x) {
-      w[x][0] = v[x].x;
-      w[x][1] = v[x].y;
-      w[x][2] = v[x].z;
-      w[x][3] = v[x].w;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      unsigned lo[4], hi[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        lo[j] = bgt_prmt(w[2 * j][k], w[2 * j + 1][k], 0x5410);  // column 2k: rows 2j, 2j + 1
-        hi[j] = bgt_prmt(w[2 * j][k], w[2 * j + 1][k], 0x7632);  // column 2k + 1
-      }
-      *reinterpret_cast<uint4*>(&tile[buf][bgt_index(q * 8 + 2 * k, rg * 8)]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-      *reinterpret_cast<uint4*>(&tile[buf][bgt_index(q * 8 + 2 * k + 1, rg * 8)]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    }
-  };
-  float acc = 0.0f;
-  auto add = [&](std::int64_t i) {
-    const unsigned short* col = tile[i % kBgtBufs] + tid * kBgtRows;
-    const int g = (tid + (tid >> 3)) & 7;
-    const int n = static_cast<int>(std::min<std::int64_t>(kBgtRows, rows - i * kBgtRows));
-    if (n == kBgtRows) {
-#pragma unroll
-      for (int u = 0; u < kBgtRows / 8; ++u) {
-        const uint4 v = *reinterpret_cast<const uint4*>(col + ((u ^ g) << 3));
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          acc = __fadd_rn(acc, __uint_as_float(w[x] << 16));
-          acc = __fadd_rn(acc, __uint_as_float(w[x] & 0xffff0000u));
-        }
-      }
-    } else {
-      for (int r = 0; r < n; ++r)
-        acc = __fadd_rn(acc, __uint_as_float(static_cast<unsigned>(col[(((r >> 3) ^ g) << 3) + (r & 7)]) << 16));
-    }
-  };
-  // Loaders: chunk k's values in register set k % 3; three chunks (48 KB a block) in flight. Chunks 0
-  // and 1 are stored before the loop; step i stores chunk i + 2 (its loads issued three steps
-  // earlier) and then issues chunk i + 5's into the same registers. One chunk in flight (16 KB an
-  // SM) had bounded both kernels at ~1.75 TB/s: a chunk's HBM latency (~1.2 us) a step.
-  uint4 v0[8], v1[8], v2[8];
-  if (loader) {
-    load(0, v0);
-    load(1, v1);
-    store(0, v0);
-    store(1, v1);
-    load(2, v2);
-    load(3, v0);
-    load(4, v1);
-  }
-  __syncthreads();
-  auto step = [&](std::int64_t i, uint4 (&set)[8]) {
-    if (loader) {
-      if (i + 2 < chunks) store(static_cast<int>((i + 2) % kBgtBufs), set);
-      if (i + 5 < chunks) load(i + 5, set);
-    } else if (tid < 32) {
-      add(i);
-    }
-    __syncthreads();
-  };
-  for (std::int64_t i = 0; i < chunks; i += 3) {
-    step(i, v2);
-    if (i + 1 < chunks) step(i + 1, v0);
-    if (i + 2 < chunks) step(i + 2, v1);
-  }
-  if (tid < 32 && c0 + tid < cols) detail::store_elem_rt(db, dbt, c0 + tid, acc);
-}
-
 // The bf16 path for wide tensors (rows' starts 16-byte aligned): one warp per block owns kCols columns
 // and keeps kStages - 1 chunks of kRows rows in flight into a shared-memory ring (cp.async, 16 bytes a
 // copy, no registers held while they fly), while its lanes add each landed chunk's rows in order (a
@@ -685,7 +571,7 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
     // A warp per 32 columns wherever they fill the SMs twice over ([4096, 14336]: 448 warps); below
     // that the 8-warp block, whose adding warp runs faster alone (kernels/cuda/NOTES.md, issue 18).
     if ((cols + 31) / 32 >= 2 * static_cast<std::int64_t>(sms)) launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream);
-    else bias_grad_bf16t_kernel<<<blocks, kBgThreads, 0, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
+    else bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   }
