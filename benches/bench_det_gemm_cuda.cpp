@@ -222,7 +222,8 @@ nlohmann::json bench_layer_gemms(cublasHandle_t h, bool quick, bool configs, boo
     if (configs && g.M >= 2048) {
       std::string line = fmt::format("  {} tp {} {}x{}x{}:", g.name, g.tp, g.M, g.N, g.K);
       for (TcConfig cfg : {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n256_pp,
-                           TcConfig::m64n256_pp_c2}) {
+                           TcConfig::m64n256_pp_c2, TcConfig::m128n224, TcConfig::m128n224_c2,
+                           TcConfig::m224n128_c2}) {
         GemmOptions o = tco;
         o.tc_config = cfg;
         const double t = time_median([&](int set) { det_gemm_cuda(a_view(set), b_view(set), nullptr, c_view, o, nullptr); },
@@ -458,7 +459,8 @@ int main(int argc, char** argv) try {
     if (tc_ok && s.M >= 2048) {
       std::string row = fmt::format("{}x{}x{}", s.M, s.N, s.K);
       for (TcConfig cfg : {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n256_pp,
-                           TcConfig::m64n256_pp_c2}) {
+                           TcConfig::m64n256_pp_c2, TcConfig::m128n224, TcConfig::m128n224_c2,
+                           TcConfig::m224n128_c2}) {
         GemmOptions o = tco;
         o.tc_config = cfg;
         const double t = time_median([&](int set) { ours(o, set, s.M, C_tc.p); }, sets, reps, 5);
@@ -559,7 +561,8 @@ int main(int argc, char** argv) try {
   if (!cfg_rows.empty()) {
     fmt::print("\ntensor_core TFLOP/s by forced configuration (resident CTAs:");
     for (TcConfig cfg : {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32})
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32, TcConfig::m128n224,
+                         TcConfig::m128n224_c2, TcConfig::m224n128_c2})
       fmt::print(" {} {}", tc_config_name(cfg), tc_config_resident_ctas(cfg));
     fmt::print(")\n");
     for (const auto& r : cfg_rows) fmt::print("  {}\n", r);

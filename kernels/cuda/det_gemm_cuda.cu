@@ -41,6 +41,9 @@ const char* tc_config_name(TcConfig c) {
     case TcConfig::m64n256_pp: return "m64n256_pp";
     case TcConfig::m64n256_pp_c2: return "m64n256_pp_c2";
     case TcConfig::m128n32: return "m128n32";
+    case TcConfig::m128n224: return "m128n224";
+    case TcConfig::m128n224_c2: return "m128n224_c2";
+    case TcConfig::m224n128_c2: return "m224n128_c2";
   }
   return "?";
 }

@@ -68,6 +68,9 @@ enum class TcConfig : std::uint8_t {
   m64n256_pp,
   m64n256_pp_c2,  // the same in clusters of 2 CTAs along M, each multicasting half of the B tile
   m128n32,   // 2 consumer warpgroups of m64n32, 11 stages: 65 <= M <= 128, many CTAs along N
+  m128n224,  // as m128n256 with 224 columns (4 stages): N = 3584 in 16 n-tiles, whole waves
+  m128n224_c2,  // the same in clusters of 2 CTAs along M, each multicasting part of the B tile
+  m224n128_c2,  // m128n224_c2 on Cᵀ = Bᵀ·Aᵀ, each tile stored transposed: M = 3584 in whole waves
 };
 const char* tc_config_name(TcConfig c);
 // The configuration a tensor_core call of this shape runs on the current device (`requested`

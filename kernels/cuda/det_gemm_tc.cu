@@ -9,8 +9,11 @@
 // views: dY·W reads W N-major, Xᵀ·dY reads both M- and N-major) as boxes of 64 MN-contiguous elements
 // x 64 k rows, which the MMA reads with its transpose flag set. Warpgroups 1..NC are consumers: each owns 64 rows and issues, per k-tile,
 // four wgmma m64nBNk16 in ascending k, then frees the stage on its "empty" mbarrier; the epilogue adds
-// the bias, rounds, and hands 64 x 128-byte chunks to TMA stores that overlap the next tile.
+// the bias, rounds, writes the tile into swizzled staging chunks (stmatrix for 2-byte outputs) and
+// hands them to TMA stores that overlap the next tile.
 // m128n256_c2 runs the same in clusters of 2 CTAs along M that multicast halves of the B tile.
+// m128n224(_c2) tiles cover N = 3584 in whole waves; m224n128_c2 computes Cᵀ = Bᵀ·Aᵀ in m128n224
+// tiles (M = 3584 in whole waves) and stores each tile transposed (stmatrix .trans).
 // Ping-pong configurations (m64n256_pp, _c2) give each of the two consumers whole m64n256 tiles in
 // turn (tile p of a CTA's sequence to consumer p % 2, stage ring unchanged): a named-barrier handshake
 // lets one consumer's MMAs start once the other has issued all of its tile's, so one's epilogue runs
@@ -29,7 +32,10 @@
 //    of the hardware we rely on and pin with a test: every configuration is compared bit for bit;
 //  - no split-K, no atomics, no reduction across threads: one thread writes each element, once;
 //  - an operand's major-ness changes where its elements sit in shared memory, not which elements
-//    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit).
+//    meet in which k16 MMA (pinned by a test: every layout against every other, bit for bit);
+//  - m224n128_c2 swaps the operands' roles (element (i, j) is Cᵀ's (j, i): the same products
+//    a[i][k]·b[k][j], exact in f32, meeting in the same k16 MMAs); that the MMA's sum of a k16 group
+//    does not depend on which operand is A is again a hardware property, pinned by the same tests.
 // Rows past M and columns past N read TMA's zero fill (or, for k-major A with M < BM, whatever the
 // stage held before: the A box is M rows) and are never stored.
 #include <cuda.h>
@@ -70,8 +76,11 @@ constexpr int BK = 64;  // one 128-byte swizzle row of bf16: fixed for every con
 // each. Ping-pong: two consumer warpgroups take turns, each owning whole tiles of BM = 64 rows: tile p
 // of a CTA's sequence goes to consumer p % 2, and while one runs its epilogue the other runs its MMAs
 // (an ordering barrier hands the tensor cores over).
-template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false>
+template <int NC_, int BN_, int STAGES_, int CLUSTER_ = 1, bool PINGPONG_ = false, bool TRANS_ = false>
 struct Cfg {
+  // TRANS: the kernel computes Cᵀ = Bᵀ·Aᵀ (the host swaps the operands; its M, N are C's N, M) and
+  // the epilogue writes each tile transposed into C (stmatrix .trans, TMA boxes of C's own layout).
+  static constexpr bool TRANS = TRANS_;
   static constexpr int NC = NC_;  // consumer warpgroups
   static constexpr bool PINGPONG = PINGPONG_;
   static_assert(!PINGPONG || NC_ == 2, "ping-pong alternates two consumers");
@@ -83,10 +92,10 @@ struct Cfg {
   static constexpr int CLUSTER = CLUSTER_;
   static constexpr int B_ROWS_PER_CTA = BN_ / CLUSTER_;
   // An N-major B tile is boxes of B_MN_BOX columns x 64 k rows: 64 (128-byte rows, 128-byte
-  // swizzle), or 32 for the m64n32 tile (64-byte rows, 64-byte swizzle).
-  static constexpr int B_MN_BOX = B_ROWS_PER_CTA >= 64 ? 64 : B_ROWS_PER_CTA;
-  static_assert(B_MN_BOX == 64 || B_MN_BOX == 32, "N-major B boxes are 64 or 32 columns");
-  static_assert(B_ROWS_PER_CTA % B_MN_BOX == 0, "whole N-major boxes per CTA (expect_tx counts the whole tile)");
+  // swizzle), or 32 (64-byte rows, 64-byte swizzle) for the n32 tiles and for BN = 224 (7 boxes).
+  // In a cluster, CTA r loads boxes r, r + CLUSTER, ... and multicasts each to all.
+  static constexpr int B_MN_BOX = (BN_ % 64 == 0 && B_ROWS_PER_CTA >= 64) ? 64 : 32;
+  static_assert(BN_ % B_MN_BOX == 0, "whole N-major boxes (expect_tx counts the whole tile)");
   static_assert(B_ROWS_PER_CTA * BK * 2 % 1024 == 0, "multicast slices must stay swizzle-atom aligned");
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -105,6 +114,9 @@ struct Cfg {
   // bytes (one column chunk, 128-byte swizzled like the TMA box). Configurations with BN >= 64 only.
   static constexpr bool TMA_EPILOGUE = BN_ >= 64;
   static constexpr int EPI_CHUNK_BYTES = 64 * 128;
+  // A 2-byte output's staging chunk: 64 columns of 128-byte rows, or 32 of 64 bytes where BN is not
+  // a multiple of 64 (BN = 224: 7 chunks). f32 outputs: 32 columns of 128 bytes.
+  static constexpr int EPI_ROW_BYTES_B16 = BN_ % 64 == 0 ? 128 : 64;
   static constexpr int EPI_BYTES = TMA_EPILOGUE ? 2 * EPI_CHUNK_BYTES : 0;
   static constexpr int SMEM = STAGES * STAGE_BYTES + NC_ * EPI_BYTES + 2 * STAGES * 8 + 1024;  // + barriers, alignment
   static_assert(SMEM <= 232448, "more shared memory than an SM has");
@@ -113,6 +125,13 @@ struct Cfg {
 
 using CfgL = Cfg<2, 256, 4>;      // m128n256
 using CfgL2 = Cfg<2, 256, 4, 2>;  // m128n256_c2: clusters of 2 along M sharing B
+// m128n224: N = 3584 (tp 4's ffn) is 16 n-tiles: 512 tiles, 3.9 waves on 132 SMs, where n256's 448
+// are 3.4 waves run in 4. 4 stages of 44 KB.
+using CfgL224 = Cfg<2, 224, 4>;
+using CfgL224c2 = Cfg<2, 224, 4, 2>;  // m128n224_c2
+// m224n128_c2: m128n224_c2 on the transposed problem, for M = 3584 (tp 4's column wgrad, 3584 x 4096):
+// 16 x 32 tiles of Cᵀ, 4 waves, against 448 m128n256 tiles.
+using CfgT224c2 = Cfg<2, 224, 4, 2, false, true>;
 
 using CfgM = Cfg<2, 128, 6>;   // m128n128
 using CfgS = Cfg<1, 32, 16>;   // m64n32
@@ -334,6 +353,173 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
   }
 }
 
+// The same values as `epilogue_tma` for 2-byte outputs, written to the staging buffer with stmatrix:
+// a warp's 16 rows x 16 bytes of four 8 x 8 matrices per instruction, 4x fewer shared stores (and
+// address computations) than 4-byte stores, and with the bias test outside the loop: one straight run
+// of code with no branches. The epilogue's cost had been instruction fetch, not shared memory: ncu's
+// warp samples put 10% of the consumers' time in the old epilogue (4-byte stores, a bias branch per
+// pair, ~750 instructions a warp a tile run once each), half of it `no_inst` (H100, 4096x14336x4096).
+// Rounding and bias are those of `epilogue_tma` (the same __fadd_rn, the same RNE pair conversion).
+// pk for matrix (j, h) is rows warp*16 + 8h + 0..7, columns 8j..8j+7 of the tile in the fragment layout
+// stmatrix takes (thread l: row l / 4, columns 2 (l % 4), +1), i.e. acc[4j + 2h], acc[4j + 2h + 1].
+// Lane l gives row l % 8 of matrix l / 8 of each x4. ROWB: the chunk's row in bytes, 128 (64 columns,
+// 128-byte swizzle: unit u of row r at u ^ (r % 8)) or 64 (32 columns, for BN = 224; 64-byte swizzle:
+// unit u at u ^ ((r / 2) % 4)), matching the C tensor map's box and swizzle.
+template <DType TC, int BN, int ROWB, bool BIAS>
+__device__ __forceinline__ void epilogue_tma_b16(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                                 std::uint32_t bufs_smem, const CUtensorMap* map, int cw, int& chunk) {
+  static_assert(TC == DType::bf16 || TC == DType::f16, "2-byte outputs");
+  static_assert(ROWB == 128 || ROWB == 64, "128- or 64-byte chunk rows");
+  constexpr int CW = ROWB / 2;  // columns in a chunk
+  constexpr int JC = CW / 8;    // 8-column groups in a chunk
+  static_assert(BN % CW == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int mi = lane / 8, rr = lane % 8;
+  const int r = warp * 16 + 8 * (mi % 2) + rr;  // the row this lane addresses
+  const int sw = ROWB == 128 ? (r % 8) : ((r / 2) % 4);
+  const std::uint32_t row_off = static_cast<std::uint32_t>(r * ROWB);
+#pragma unroll
+  for (int ch = 0; ch < BN / CW; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const std::uint32_t buf = bufs_smem + b * (64 * 128) + row_off;
+#pragma unroll
+    for (int q = 0; q < JC / 2; ++q) {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = ch * JC + 2 * q + k / 2, h = k % 2;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (BIAS) {
+          const int n = col0 + 8 * j + 2 * (lane % 4);
+          if (n < e.N) v0 = __fadd_rn(v0, load_elem_rt(e.bias, e.bias_dtype, n * e.bias_stride));
+          if (n + 1 < e.N) v1 = __fadd_rn(v1, load_elem_rt(e.bias, e.bias_dtype, (n + 1) * e.bias_stride));
+        }
+        if constexpr (TC == DType::bf16) {
+          const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        } else {
+          const __half2 x = __floats2half2_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        }
+      }
+      const int u = 2 * q + mi / 2;  // the 16-byte unit of this lane's matrix row
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(buf + ((u ^ sw) * 16)),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
+    }
+  }
+}
+
+// TRANS epilogues: the kernel's tile is of Cᵀ (rows i = C's columns, columns j = C's rows) and the
+// bias is per row of Cᵀ. Values and rounding are those of the other epilogues, element for element.
+// Element stores (f32 outputs, or rows TMA cannot store): Cᵀ(i, j) at i * c_rs + j * c_cs.
+template <DType TC, int BN>
+__device__ __forceinline__ void epilogue_trans(const Epi& e, const float (&acc)[BN / 2], int row0, int col0) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  using T = typename Storage<TC>::type;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+    if (i >= e.M) continue;
+    const float bi = e.bias ? load_elem_rt(e.bias, e.bias_dtype, i * e.bias_stride) : 0.0f;
+#pragma unroll
+    for (int j8 = 0; j8 < BN / 8; ++j8) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int j = col0 + 8 * j8 + 2 * (lane % 4) + x;
+        if (j >= e.N) continue;
+        float v = acc[4 * j8 + 2 * h + x];
+        if (e.bias) v = __fadd_rn(v, bi);
+        T* p = static_cast<T*>(e.c) + static_cast<std::int64_t>(i) * e.c_rs + static_cast<std::int64_t>(j) * e.c_cs;
+        if constexpr (TC == DType::f32) *p = v;
+        else if constexpr (TC == DType::bf16) *p = __float2bfloat16_rn(v);
+        else *p = __float2half_rn(v);
+      }
+    }
+  }
+}
+
+// 2-byte outputs through TMA: stmatrix .trans writes each 8 x 8 fragment matrix transposed, so a
+// staging row is one row of C (a column of Cᵀ) holding 8 consecutive C columns per 16-byte unit. A
+// chunk is 32 rows of C (4 column groups j of Cᵀ) x 64 columns of C (this consumer's 64 rows of Cᵀ),
+// 128-byte rows with the 128-byte swizzle (unit u of row r at u ^ (r % 8)); 7 chunks for BN = 224.
+// Warp w's matrix (j, h) holds Cᵀ rows 16w + 8h + 0..7: staging unit 2w + h of rows 8j + 0..7.
+template <DType TC, int BN, bool BIAS>
+__device__ __forceinline__ void epilogue_tma_b16_trans(const Epi& e, const float (&acc)[BN / 2], int row0, int col0,
+                                                       std::uint32_t bufs_smem, const CUtensorMap* map, int cw,
+                                                       int& chunk) {
+  static_assert(TC == DType::bf16 || TC == DType::f16, "2-byte outputs");
+  constexpr int CR = 32;  // C rows (Cᵀ columns) in a chunk
+  static_assert(BN % CR == 0, "whole chunks");
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const int mi = lane / 8, rr = lane % 8;
+  const int u = 2 * warp + (mi % 2);  // the 16-byte unit (8 C columns) of this lane's matrix
+  float bias_h[2] = {0.0f, 0.0f};
+  if constexpr (BIAS) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+      if (i < e.M) bias_h[h] = load_elem_rt(e.bias, e.bias_dtype, i * e.bias_stride);
+    }
+  }
+#pragma unroll
+  for (int ch = 0; ch < BN / CR; ++ch, ++chunk) {
+    const int b = chunk & 1;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");  // buffer b's last store has read it
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const std::uint32_t buf = bufs_smem + b * (64 * 128);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = ch * (CR / 8) + 2 * q + k / 2, h = k % 2;
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (BIAS) {
+          const int i = row0 + warp * 16 + lane / 4 + 8 * h;
+          if (i < e.M) {
+            v0 = __fadd_rn(v0, bias_h[h]);
+            v1 = __fadd_rn(v1, bias_h[h]);
+          }
+        }
+        if constexpr (TC == DType::bf16) {
+          const __nv_bfloat162 x = __floats2bfloat162_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        } else {
+          const __half2 x = __floats2half2_rn(v0, v1);
+          std::memcpy(&w[k], &x, 4);
+        }
+      }
+      const int r = 8 * (2 * q + mi / 2) + rr;  // staging row (C row within the chunk) this lane addresses
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       buf + r * 128 + ((u ^ rr) * 16)),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      // C column row0 (this consumer's Cᵀ rows), C row col0 + 32 ch.
+      asm volatile(
+          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+          "r"(row0), "r"(col0 + ch * CR), "r"(bufs_smem + b * (64 * 128))
+          : "memory");
+    }
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------
 
 // AMN / BMN: A is M-major / Bᵀ is N-major in global memory (otherwise k-major).
@@ -432,13 +618,18 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           const int n0 = n_tile * C::BN + static_cast<int>(rank) * C::B_ROWS_PER_CTA;
           constexpr std::uint16_t mask = static_cast<std::uint16_t>((1u << CM) - 1);
           if constexpr (BMN) {
+            // Boxes rank, rank + CM, ... of the tile's BN / box (all of them without a cluster).
             constexpr int box = C::B_MN_BOX;
+            const std::uint32_t b_tile = sb + s * C::B_BYTES;
 #pragma unroll
-            for (int j = 0; j < C::B_ROWS_PER_CTA / box; ++j) {
+            for (int j0 = 0; j0 < C::BN / box; j0 += CM) {
+              const int j = j0 + static_cast<int>(rank);
+              if (j >= C::BN / box) break;
               if constexpr (CM > 1) {
-                tma_load_2d_multicast(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s), mask);
+                tma_load_2d_multicast(b_tile + j * box * BK * 2, &tma_b, n_tile * C::BN + j * box, kt * BK, full(s),
+                                      mask);
               } else {
-                tma_load_2d(b_dst + j * box * BK * 2, &tma_b, n0 + j * box, kt * BK, full(s));
+                tma_load_2d(b_tile + j * box * BK * 2, &tma_b, n_tile * C::BN + j * box, kt * BK, full(s));
               }
             }
           } else if constexpr (CM > 1) {
@@ -513,14 +704,38 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 
       // Cooperative: this consumer's 64 rows of the tile; ping-pong: the whole (64-row) tile.
       const int row0 = m_tile * C::BM + (C::PINGPONG ? 0 : cw * 64), col0 = n_tile * C::BN;
+      if constexpr (C::TRANS) {
+        const std::uint32_t bs = epi + cw * C::EPI_BYTES;
+        switch (e.c_dtype) {
+          case DType::f32: epilogue_trans<DType::f32, C::BN>(e, acc, row0, col0); break;
+          case DType::bf16:
+            if (!e.tma_store) epilogue_trans<DType::bf16, C::BN>(e, acc, row0, col0);
+            else if (e.bias) epilogue_tma_b16_trans<DType::bf16, C::BN, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            else epilogue_tma_b16_trans<DType::bf16, C::BN, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            break;
+          case DType::f16:
+            if (!e.tma_store) epilogue_trans<DType::f16, C::BN>(e, acc, row0, col0);
+            else if (e.bias) epilogue_tma_b16_trans<DType::f16, C::BN, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            else epilogue_tma_b16_trans<DType::f16, C::BN, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+            break;
+        }
+        continue;
+      }
       if constexpr (C::TMA_EPILOGUE) {
         if (e.tma_store) {
           const std::uint32_t bs = epi + cw * C::EPI_BYTES;
           std::uint8_t* bp = smem_raw + (bs - raw);
+          constexpr int RB = C::EPI_ROW_BYTES_B16;
           switch (e.c_dtype) {
             case DType::f32: epilogue_tma<DType::f32, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
-            case DType::bf16: epilogue_tma<DType::bf16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
-            case DType::f16: epilogue_tma<DType::f16, C::BN>(e, acc, row0, col0, bp, bs, &tma_c, cw, chunk); break;
+            case DType::bf16:
+              if (e.bias) epilogue_tma_b16<DType::bf16, C::BN, RB, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              else epilogue_tma_b16<DType::bf16, C::BN, RB, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              break;
+            case DType::f16:
+              if (e.bias) epilogue_tma_b16<DType::f16, C::BN, RB, true>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              else epilogue_tma_b16<DType::f16, C::BN, RB, false>(e, acc, row0, col0, bs, &tma_c, cw, chunk);
+              break;
           }
           continue;
         }
@@ -593,19 +808,21 @@ CUtensorMap make_map_mn(const void* ptr, std::int64_t mn, std::int64_t k, std::i
 }
 
 // The output C for TMA stores: rows x cols of `t`, unit column stride, row stride ld elements; boxes
-// of 64 rows x 128 bytes, 128-byte swizzle (the layout epilogue_tma writes).
-CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+// of 64 rows x row_bytes (128 or 64), swizzled by the same width (the layout the epilogues write).
+CUtensorMap make_c_map(void* ptr, DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld, int row_bytes,
+                       int box_rows = 64) {
   CUtensorMap map;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(t));
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * es)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / es), 64};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(row_bytes / es), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
   const CUtensorMapDataType dt = t == DType::f32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                  : t == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_fn()(&map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                 row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw CudaError(cudaErrorInvalidValue, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) +
@@ -668,8 +885,9 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
                              : make_map(o.bt, o.N, o.K, o.ldb, C::B_ROWS_PER_CTA);
   Epi e;
   e.c = c.data;
-  e.c_rs = c.row_stride;
-  e.c_cs = c.col_stride;
+  // The kernel's C is Cᵀ under TRANS: element (i, j) of its M x N at i * c_rs + j * c_cs.
+  e.c_rs = C::TRANS ? c.col_stride : c.row_stride;
+  e.c_cs = C::TRANS ? c.row_stride : c.col_stride;
   e.bias = bias.data;
   e.bias_dtype = bias.dtype;
   e.bias_stride = bias.stride;
@@ -685,10 +903,12 @@ void launch(const TcOperands& o, const BiasArg& bias, const MutableMatrixView& c
   {
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(c.dtype));
     e.tma_store = C::TMA_EPILOGUE && c.col_stride == 1 && reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
-                  (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0));
+                  (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * es) % 16 == 0)) && (!C::TRANS || es == 2);
     if (e.tma_store) {
       const std::int64_t ld = c.rows <= 1 ? (c.cols * es + 15) / 16 * 16 / es : c.row_stride;
-      mc = make_c_map(c.data, c.dtype, c.rows, c.cols, ld);
+      // TRANS: boxes of 32 C rows (a chunk of Cᵀ's columns) x 64 C columns (a consumer's 64 rows of Cᵀ).
+      mc = C::TRANS ? make_c_map(c.data, c.dtype, c.rows, c.cols, ld, 128, 32)
+                    : make_c_map(c.data, c.dtype, c.rows, c.cols, ld, es == 2 ? C::EPI_ROW_BYTES_B16 : 128);
     }
   }  // units of CLUSTER m-tiles: 16 m-tiles a group
   const long long m_units = ((o.M + C::BM - 1) / C::BM + C::CLUSTER - 1) / C::CLUSTER;
@@ -742,33 +962,60 @@ int tc_config_resident_ctas(TcConfig c) {
     case TcConfig::m64n256_pp: return detail::resident_clusters<detail::CfgPW>() * detail::CfgPW::CLUSTER;
     case TcConfig::m64n256_pp_c2: return detail::resident_clusters<detail::CfgPW2>() * detail::CfgPW2::CLUSTER;
     case TcConfig::m128n32: return detail::resident_clusters<detail::CfgS2>() * detail::CfgS2::CLUSTER;
+    case TcConfig::m128n224: return detail::resident_clusters<detail::CfgL224>() * detail::CfgL224::CLUSTER;
+    case TcConfig::m128n224_c2: return detail::resident_clusters<detail::CfgL224c2>() * detail::CfgL224c2::CLUSTER;
+    case TcConfig::m224n128_c2: return detail::resident_clusters<detail::CfgT224c2>() * detail::CfgT224c2::CLUSTER;
     case TcConfig::automatic: break;
   }
   return 0;
 }
 
-TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
-  if (requested != TcConfig::automatic) return requested;
+namespace {
+
+// `automatic`'s choice; with `transposed` false, never m224n128_c2 (for outputs its TMA-store epilogue
+// cannot write: f32, strided or unaligned rows, where it would store element by element).
+TcConfig resolve_auto(std::int64_t M, std::int64_t N, bool transposed) {
   if (M <= 64) return TcConfig::m64n32;
   const std::int64_t sms = detail::num_sms();
   // M = 65..128: m128n128 runs N / 128 CTAs (32 at N = 4096: 26 us, 0.59 of cuBLAS on the H200);
   // m128n32 runs N / 32, each reading its B panel once for both 64-row halves (16.5 us), while
   // its tiles fit in one wave: at N = 14336 (448 tiles) it took 63 us against m128n128's 37.
   if (M <= 128 && (N + 31) / 32 <= sms) return TcConfig::m128n32;
-  const std::int64_t big = ((M + 127) / 128) * ((N + 255) / 256);
+  const std::int64_t m_tiles = (M + 127) / 128;
+  const std::int64_t big = m_tiles * ((N + 255) / 256);
   if (big < sms) return TcConfig::m128n128;
-  // Ping-pong m64n256 tiles in clusters of 2 cost ~7% more per FLOP than the cooperative m128n256
-  // (measured on H200: more shared-memory traffic per FLOP), but are half the size: where the last
-  // wave of m128n256 tiles leaves many SMs idle (e.g. 448 tiles on 132 SMs: 4 waves for 3.4 waves of
-  // work), the finer tiles (7 a CTA, half the work each: 3.5) finish sooner.
+  // m128n224 where its tiles fill whole waves that m128n256's do not: N = 3584 is 16 n-tiles of 224
+  // (512 tiles in 4 waves of 132, each tile 7/8 of the work) against 14 of 256 (448 tiles: 3.4 waves
+  // run in 4). Per FLOP the two move the same shared-memory bytes; the 3% margin is for the rest.
+  const std::int64_t waves256 = (big + sms - 1) / sms;
+  const std::int64_t waves224 = (m_tiles * ((N + 223) / 224) + sms - 1) / sms;
+  if (waves224 * 224 * 100 < waves256 * 256 * 97)
+    return m_tiles % 2 == 0 ? TcConfig::m128n224_c2 : TcConfig::m128n224;
+  // The same for M: Cᵀ in m128n224 tiles (M = 3584: 32 x 16 tiles of Cᵀ in 4 waves, against 448
+  // m128n256 tiles of C), the epilogue storing each tile transposed.
+  const std::int64_t t_m_tiles = (N + 127) / 128;
+  const std::int64_t waves_t = (t_m_tiles * ((M + 223) / 224) + sms - 1) / sms;
+  if (transposed && t_m_tiles % 2 == 0 && waves_t * 224 * 100 < waves256 * 256 * 97) return TcConfig::m224n128_c2;
+  // Ping-pong m64n256 tiles in clusters of 2 cost ~15% more per FLOP than the cooperative m128n256
+  // (more shared-memory traffic per FLOP, and half the stages' latency cover: on the H100 they wait
+  // for data), but are half the size: where the last wave of m128n256 tiles leaves most SMs idle,
+  // the finer tiles finish sooner. Since the stmatrix epilogue (2026-11-25) the forced-configuration
+  // tables put m64n256_pp_c2 at 0.84-0.88 of m128n256_c2 on the layer shapes (H100 and H200); at
+  // 448 tiles (4 waves for 3.4 of work) it no longer pays.
   const std::int64_t coop_waves = (big + sms - 1) / sms;  // m128n256 tiles a CTA, at most
   const std::int64_t clusters = sms / 2;  // a cluster's unit: 2 m64n256 tiles, as many units as `big`
   const std::int64_t pp_tiles = (big + clusters - 1) / clusters;  // m64n256 tiles a CTA, at most
-  // pp time ~ pp_tiles / 2 / 0.93 against coop_waves: ping-pong if pp_tiles * 100 < coop_waves * 186.
-  if (pp_tiles * 100 < coop_waves * 186) return TcConfig::m64n256_pp_c2;
+  // pp time ~ pp_tiles / 2 / 0.85 against coop_waves: ping-pong if pp_tiles * 100 < coop_waves * 170.
+  if (pp_tiles * 100 < coop_waves * 170) return TcConfig::m64n256_pp_c2;
   // Clusters of 2 sharing B measured 1-8% faster than single CTAs on the layer shapes (H200); with an
   // odd m-tile count the last unit's second CTA would compute zero rows, so single CTAs then.
   return ((M + 127) / 128) % 2 == 0 ? TcConfig::m128n256_c2 : TcConfig::m128n256;
+}
+
+}  // namespace
+
+TcConfig resolve_tc_config(TcConfig requested, std::int64_t M, std::int64_t N) {
+  return requested != TcConfig::automatic ? requested : resolve_auto(M, N, true);
 }
 
 }  // namespace cubesim::cuda
@@ -777,7 +1024,14 @@ namespace cubesim::cuda::detail {
 
 void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMatrixView& c, TcConfig cfg,
                     cudaStream_t stream, int sm_margin) {
-  switch (resolve_tc_config(cfg, ops.M, ops.N)) {
+  TcConfig r = resolve_tc_config(cfg, ops.M, ops.N);
+  if (r == TcConfig::m224n128_c2 && cfg == TcConfig::automatic) {
+    const bool tma_2byte = dtype_size(c.dtype) == 2 && c.col_stride == 1 &&
+                           reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0 &&
+                           (c.rows <= 1 || (c.row_stride > 0 && (c.row_stride * 2) % 16 == 0));
+    if (!tma_2byte) r = resolve_auto(ops.M, ops.N, false);
+  }
+  switch (r) {
     case TcConfig::m128n256: return launch<CfgL>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n256_c2: return launch<CfgL2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n128: return launch<CfgM>(ops, bias, c, stream, sm_margin);
@@ -785,6 +1039,22 @@ void launch_tc_gemm(const TcOperands& ops, const BiasArg& bias, const MutableMat
     case TcConfig::m64n256_pp: return launch<CfgPW>(ops, bias, c, stream, sm_margin);
     case TcConfig::m64n256_pp_c2: return launch<CfgPW2>(ops, bias, c, stream, sm_margin);
     case TcConfig::m128n32: return launch<CfgS2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n224: return launch<CfgL224>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m128n224_c2: return launch<CfgL224c2>(ops, bias, c, stream, sm_margin);
+    case TcConfig::m224n128_c2: {
+      // Cᵀ = Bᵀ·Aᵀ: A' = Bᵀ (N x K), B'ᵀ = A (M x K), each read in its own major-ness.
+      TcOperands t;
+      t.a = ops.bt;
+      t.lda = ops.ldb;
+      t.a_mn = ops.b_mn;
+      t.bt = ops.a;
+      t.ldb = ops.lda;
+      t.b_mn = ops.a_mn;
+      t.M = ops.N;
+      t.N = ops.M;
+      t.K = ops.K;
+      return launch<CfgT224c2>(t, bias, c, stream, sm_margin);
+    }
     case TcConfig::automatic: break;
   }
   throw_shape_error("det_gemm_cuda: invalid tensor-core configuration");

@@ -21,6 +21,7 @@
 #include "gpu_test_util.h"
 #include "kernels/accumulator.h"
 #include "kernels/cuda/det_gemm_cuda.h"
+#include "kernels/cuda/elementwise_cuda.h"
 
 using namespace cubesim;
 using namespace cubesim::cuda;
@@ -189,8 +190,10 @@ GemmOptions tc(TcConfig cfg = TcConfig::automatic) {
   return o;
 }
 
-const TcConfig kAllConfigs[] = {TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                                TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32};
+const TcConfig kAllConfigs[] = {TcConfig::m128n256,      TcConfig::m128n256_c2, TcConfig::m128n128,
+                                TcConfig::m64n32,        TcConfig::m64n256_pp,  TcConfig::m64n256_pp_c2,
+                                TcConfig::m128n32,       TcConfig::m128n224,    TcConfig::m128n224_c2,
+                                TcConfig::m224n128_c2};
 const TcConfig kPingPongConfigs[] = {TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2};
 
 }  // namespace
@@ -216,7 +219,8 @@ TEST_F(CudaGemmTc, AccuracyAgainstF64) {
   };
   for (const Case& cs : cases) {
     for (TcConfig cfg : {TcConfig::automatic, TcConfig::m128n256, TcConfig::m128n256_c2, TcConfig::m128n128, TcConfig::m64n32,
-                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32}) {
+                         TcConfig::m64n256_pp, TcConfig::m64n256_pp_c2, TcConfig::m128n32, TcConfig::m128n224,
+                         TcConfig::m128n224_c2, TcConfig::m224n128_c2}) {
       SCOPED_TRACE("M=" + std::to_string(cs.M) + " N=" + std::to_string(cs.N) + " K=" + std::to_string(cs.K) +
                    " " + dn(cs.ta) + "->" + dn(cs.tc) + " cfg=" + tc_config_name(cfg) + " seed=" + std::to_string(seed_));
       Operand a = Operand::random(rng_, cs.ta, cs.M, cs.K, cs.la);
@@ -270,7 +274,8 @@ TEST_F(CudaGemmTc, TwoByteOutputsAreTheF32OutputRounded) {
   // nearest even: every configuration, one CTA with many tiles (margin 131) and the whole grid, one
   // k-tile and many, M from 1 (A boxes of M rows), with and without bias.
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 1000, 1000}, {129, 257, 65},
-                         {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}}) {
+                         {256, 512, 64}, {1, 1000, 129}, {17, 300, 200}, {640, 384, 130}, {256, 448, 130},
+                         {448, 256, 130}}) {
     Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
     Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
     Operand bias = Operand::random(rng_, DType::f32, 1, N, Layout::row_major);
@@ -840,4 +845,56 @@ TEST(CudaGemmPlan, TheLayersGemmsReadTheirOperandsInPlace) {
   o.mode = GemmMode::exact;
   EXPECT_EQ(det_gemm_cuda_workspace_bytes(dy, wf, o), 0u) << "exact mode never repacks";
   EXPECT_EQ(det_gemm_cuda_repack_reason(dy, wf, o), "") << "exact mode reads any layout";
+}
+
+// The bias gradient of a bf16 tensor (elementwise_cuda.cu: the transposed-tile block for narrow
+// tensors, a warp per 32 columns for wide ones): every column one chain of f32 adds over the rows in
+// ascending order from +0.0f, equal bit for bit to that chain on the host; shapes that cut the
+// 256-row chunks (fewer rows, a chunk and one, many and a part) and the 32-column blocks, and
+// values with cancellations, -0 and infinities (of one sign a column).
+TEST_F(CudaGemm, BiasGradBf16EqualsTheHostChain) {
+  std::mt19937_64 rng(2025);
+  for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {255, 40}, {256, 32}, {257, 264}, {1000, 200},
+                      {2333, 1032}, {4096, 4096}, {4099, 4104}, {513, 8456}}) {
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C));
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(R * C));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      float f = u(rng) * (i % 97 == 0 ? 1024.0f : 1.0f);
+      std::uint32_t b;
+      std::memcpy(&b, &f, 4);
+      b += 0x7fffu + ((b >> 16) & 1u);  // round to nearest even
+      x[i] = static_cast<std::uint16_t>(b >> 16);
+    }
+    x[static_cast<std::size_t>(C % (R * C))] = 0x8000u;  // -0
+    x[x.size() - 1] = 0x7f80u;                            // +inf in the last column
+    if (R > 2) x[static_cast<std::size_t>(C)] = 0xff80u;  // -inf in column 0
+    std::vector<float> want(static_cast<std::size_t>(C));
+    for (std::int64_t c = 0; c < C; ++c) {
+      float acc = 0.0f;
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::uint32_t b = static_cast<std::uint32_t>(x[static_cast<std::size_t>(r * C + c)]) << 16;
+        float v;
+        std::memcpy(&v, &b, 4);
+        acc = acc + v;
+      }
+      want[static_cast<std::size_t>(c)] = acc;
+    }
+    DeviceBuffer dx(x.size() * 2), db(static_cast<std::size_t>(C) * 4);
+    CUBESIM_CUDA_CHECK(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    CUBESIM_CUDA_CHECK(cudaMemset(db.get(), 0x7f, static_cast<std::size_t>(C) * 4));  // poison
+    bias_grad(dx.get(), DType::bf16, db.get(), DType::f32, R, C, nullptr);
+    CUBESIM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(static_cast<std::size_t>(C));
+    CUBESIM_CUDA_CHECK(cudaMemcpy(got.data(), db.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+    int bad = 0;
+    for (std::int64_t c = 0; c < C && bad < 3; ++c) {
+      if (std::memcmp(&got[static_cast<std::size_t>(c)], &want[static_cast<std::size_t>(c)], 4) != 0) {
+        ADD_FAILURE() << "column " << c << ": got " << got[static_cast<std::size_t>(c)] << " want "
+                      << want[static_cast<std::size_t>(c)];
+        ++bad;
+      }
+    }
+  }
 }
