@@ -309,7 +309,7 @@ extern const BackendInfo kSimBackendInfo;
 const BackendInfo kSimBackendInfo{
     .name = "sim",
     .summary = "simulated cubes of a topology: real bytes through simulated HBM, TCM and links at simulated times",
-    .options = "timing_only (bool), timing ('chunk' | 'flow': flows sharing links max-min fairly, timing only), "
+    .options = "timing_only (bool), timing ('chunk' | 'flow': flows through FIFO queues of fluid, timing only), "
                "check_uninitialized (bool), hazards ('throw' | 'record' | 'off'), gemm_numerics ('f32_fma_seq' | 'pairwise' | "
                "'bf16_acc' | 'hopper_tc': the PEs' accumulator model), cubes (list of "
                "cube ids: rank r on cubes[r]; default rank r on cube r); a topology (default single_cube)",

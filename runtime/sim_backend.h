@@ -7,7 +7,7 @@
 // (operands through TCM by DMA, kernels/sim_pe_gemm.h); other compute is done on the host by the
 // same kernels as the host backend (so the values are bit-identical) and its time is charged from
 // the cube's figures (a roofline of the PEs' vector rate against HBM). With timing_only, no values are kept and every time is unchanged;
-// timing = flow (timing only) times transfers as flows sharing links max-min fairly instead of chunk
+// timing = flow (timing only) times transfers as flows through FIFO queues of fluid instead of chunk
 // by chunk: faster for large messages, within a few percent (docs/PERFORMANCE.md has the table).
 //
 //   auto ctx = make_sim_context({.trace = true}, hw::load_topology("ring4"));
@@ -35,8 +35,8 @@ inline constexpr const char* kDefaultTopology = "single_cube";
 // hw::load_topology with any overrides, by whoever chose it).
 struct SimBackendOptions {
   bool timing_only = false;
-  // How transfers are timed: chunk by chunk (the reference) or as flows sharing links max-min
-  // fairly (hw::TimingModel; flow needs timing_only, RuntimeError otherwise).
+  // How transfers are timed: chunk by chunk (the reference) or as flows through FIFO queues of
+  // fluid (hw::TimingModel; flow needs timing_only, RuntimeError otherwise).
   hw::TimingModel timing = hw::TimingModel::chunk;
   bool check_uninitialized = false;  // reading HBM never written is an error
   hw::HazardMode hazards = hw::HazardMode::kThrow;

@@ -1324,8 +1324,8 @@ def build_parser():
                      help="sim only: move no values (same simulated time, much faster); skips the check")
     run.add_argument("--timing", default="chunk", choices=["chunk", "flow"],
                      help="sim, with --timing-only: how transfers are timed; chunk (default): every chunk through "
-                     "every link and memory; flow: each message one flow sharing links max-min fairly, events only "
-                     "where flows start or end (faster for large messages; docs/PERFORMANCE.md has its error)")
+                     "every link and memory; flow: each message one flow through links and memories as FIFO queues of fluid, events only "
+                     "where flows start, stop or change rate (faster for large messages; docs/PERFORMANCE.md has its error)")
     run.add_argument("--no-hardware-stats", action="store_true",
                      help="sim: skip the per-track hardware statistics (they record a trace in memory; large runs "
                      "save memory and time without it)")

@@ -127,6 +127,22 @@ class EventQueue {
   // Drops every pending event without running it (callbacks are destroyed).
   void clear();
 
+  // The event running now did nothing (a wake-up superseded since it was scheduled). When such
+  // events are the last ones a run executes, rewind_noop_tail() takes the clock back to the last
+  // event that did something: a superseded wake-up far in the future does not move the end of a run.
+  void note_noop() {
+    if (noop_last_ + 1 != executed_) noop_rewind_ = prev_now_;  // a new tail starts with this event
+    noop_last_ = executed_;
+  }
+  // With nothing pending and the last executed event one of a tail of no-ops: now() goes back to the
+  // time of the event before that tail (true), else nothing changes (false).
+  bool rewind_noop_tail() {
+    if (!empty() || executed_ == 0 || noop_last_ != executed_ || noop_rewind_ >= now_) return false;
+    now_ = noop_rewind_;
+    noop_last_ = ~std::uint64_t{0};
+    return true;
+  }
+
   std::uint64_t pushed() const { return seq_; }
   std::size_t lane_capacity() const { return lane_cap_; }
   // Pending events held in the ascending run (not the heap), for tests.
@@ -232,6 +248,7 @@ class EventQueue {
     return items_[kRoot];
   }
   void note(const Entry& e) {
+    prev_now_ = now_;
     now_ = e.time;
     ++executed_;
     hash_ = ((hash_ ^ e.time) * 0x100000001b3ull ^ e.key) * 0x9e3779b97f4a7c15ull;
@@ -319,6 +336,9 @@ class EventQueue {
   std::size_t chunk_size_ = 256;
   Node* free_ = nullptr;
   Time now_ = 0;
+  Time prev_now_ = 0;     // now() before the event running now (note_noop)
+  Time noop_rewind_ = 0;  // where the current tail of no-op events started from
+  std::uint64_t noop_last_ = ~std::uint64_t{0};  // executed() at the last no-op event
   std::uint64_t seq_ = 0;
   std::uint64_t executed_ = 0;
   std::uint64_t hash_ = 0xcbf29ce484222325ull;

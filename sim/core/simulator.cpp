@@ -534,6 +534,7 @@ void Simulator::run_loop(Time limit) {
 
 void Simulator::run() {
   run_loop(kTimeMax);
+  queue_.rewind_noop_tail();
   if (live_count_ > 0) throw_deadlock();
 }
 

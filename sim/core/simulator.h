@@ -123,6 +123,11 @@ class Simulator {
     queue_.push(add(now(), d), priority, std::forward<F>(cb));
   }
 
+  // A callback says it did nothing (a wake-up superseded since it was scheduled). If the events a
+  // run() ends with all did nothing, now() afterwards is the time of the last one that did: such a
+  // wake-up, scheduled far ahead, does not move the end of the run.
+  void note_noop_event() { queue_.note_noop(); }
+
   // Runs until the queue drains. Throws ProcessError (a process threw) or DeadlockError (the queue
   // drained with processes still blocked); in both cases every remaining process is unwound first.
   void run();

@@ -106,10 +106,8 @@ struct TransferRecord : TransferInfo {
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
   bool split = false;            // its last chunk goes to the chunk level (a path through an L2, idle)
   bool packet = false;           // its last chunk goes through the queues as one piece (FlowEngine::hop)
-  bool stopped = false;          // its source has injected every byte of the fluid
   bool body_done = false;        // the fluid's last byte has left its last unit
   bool packet_done = false;      // the last chunk has left its last unit
-  bool tailing = false;          // its last chunk is at the chunk level (split)
   sim::Duration tail = 0;        // the last chunk at its slowest stage (its time on an idle path)
   sim::Time started = 0;
   std::uint32_t generation = 0;  // its source's stop event is current only while this matches (never reset)
@@ -129,7 +127,8 @@ struct FlowResource {
     std::uint32_t index;  // that leg's place in the flow's legs
     double in = 0;    // bytes per ps arriving now
     double head = 0;  // bytes per ps arriving when the bytes now at the head of the backlog arrived
-    double out = 0;   // bytes per ps leaving now: head, or head / load_head while there is a backlog
+    double out = 0;   // bytes per ps leaving now: head, or head / load_head while there is a backlog;
+                      // 0 while the unit serves a last chunk (paused) and once its last byte has passed
     bool ended = false;  // the flow's last byte has reached the head (its `last` change)
     bool passed = false;  // and that was handed on to the next unit (or the flow is through)
   };
@@ -224,8 +223,6 @@ class FlowEngine {
   void packet_out(TransferRecord* r);
   // Unit e's backlog has a change at its head, or has drained: settle it at this time.
   void wake(FlowResource* e, std::uint32_t drain_gen, bool drain);
-  // A split flow's last chunk has landed (System::land).
-  void release(TransferRecord* r) { r->tailing = false; }
   // After a failed run: forgets every flow (their events are gone).
   void abandon();
   // System::evict_paths dropped paths: a new one may take an evicted one's address, so the memo of

@@ -205,8 +205,7 @@ void FlowEngine::start(TransferRecord* r) {
   r->tail = r->nchunks > 1 ? slowest : 0;
   r->cap = static_cast<double>(body) / static_cast<double>(r->full);
   r->split = r->packet = false;
-  r->stopped = r->body_done = r->packet_done = false;
-  r->tailing = false;
+  r->body_done = r->packet_done = false;
   r->started = sim.now();
   r->legs.clear();
   ++r->generation;
@@ -262,8 +261,7 @@ void FlowEngine::start(TransferRecord* r) {
 }
 
 void FlowEngine::stop(TransferRecord* r, std::uint32_t generation) {
-  if (r->generation != generation) return;  // (a record of an abandoned run, reused)
-  r->stopped = true;
+  if (r->generation != generation) return;  // (safety: a failed run's events are dropped with it)
   // Fast path: no unit of its path has a backlog or is over capacity: the fluid's last byte passes
   // them all now, its leaving changes nobody's rate, and the last chunk takes its idle time (or, on
   // a path through an L2, the chunk level's).
@@ -310,7 +308,6 @@ void FlowEngine::look_up_last(TransferRecord* r) {
 }
 
 void FlowEngine::finish_unshared(TransferRecord* r) {
-  r->stopped = true;
   body_out(r);
 }
 
@@ -407,7 +404,10 @@ void FlowEngine::settle_soon() {
 }
 
 void FlowEngine::wake(FlowResource* e, std::uint32_t drain_gen, bool drain) {
-  if (drain && drain_gen != e->drain_gen) return;  // its arrivals changed since: a later event drains it
+  if (drain && drain_gen != e->drain_gen) {  // its arrivals changed since: a later event drains it
+    sys_->simulator().note_noop_event();           // (and this one does not move the end of a run)
+    return;
+  }
   mark(*e);
 }
 
@@ -520,8 +520,10 @@ void FlowEngine::settle_unit(FlowResource& e) {
   }
   ++e.drain_gen;
   if (e.backlog > 0 && in < 1.0 - kSlack) {
-    const double t = std::ceil(e.backlog / (1.0 - in));
-    sim.at(now + static_cast<sim::Duration>(t), FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
+    // (Arrivals a hair under the unit's rate put the drain far ahead; a later change of arrivals
+    // supersedes it. Clamped so that the time stays representable.)
+    const double t = std::min(std::ceil(e.backlog / (1.0 - in)), static_cast<double>(sim::kTimeMax / 4));
+    sim.at(sim::add(now, static_cast<sim::Duration>(t)), FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
   }
 }
 
@@ -555,7 +557,6 @@ void FlowEngine::complete(TransferRecord* r) {
   }
   if (sim.trace().enabled()) trace_flow(r, bytes);
   if (r->split) {
-    r->tailing = true;
     sys_->inject_tail(r, 0);
     return;
   }

@@ -173,7 +173,7 @@ TimingModel parse_timing_model(std::string_view s, std::string_view what) {
   if (s == "chunk") return TimingModel::chunk;
   if (s == "flow") return TimingModel::flow;
   throw std::invalid_argument(fmt::format("{} '{}' is not a timing model; use 'chunk' (every chunk through every "
-                                          "stage, the reference) or 'flow' (flows sharing links max-min fairly, "
+                                          "stage, the reference) or 'flow' (flows through FIFO queues of fluid, "
                                           "timing only)",
                                           what, s));
 }
@@ -583,7 +583,6 @@ TransferRecord* System::alloc_record() {
   if (free_records_) {
     TransferRecord* r = free_records_;
     free_records_ = r->next_free;
-    r->tailing = false;  // an abandoned flow's record: its units were cleared
     return r;
   }
   records_.push_back(std::make_unique<TransferRecord>());
@@ -678,7 +677,6 @@ void System::land(TransferRecord* r) {
     r->src->in_flight_.remove(r, false);
     r->dst->in_flight_.remove(r, true);
   }
-  if (flows_) flows_->release(r);  // a flow whose last chunk landed before its release (none: safety)
   ++completed_;
   --r->path->users;
   bytes_moved_ += r->bytes;

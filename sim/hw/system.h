@@ -48,7 +48,8 @@
 namespace cubesim::hw {
 
 // How transfers are timed (engine.h): chunk by chunk through every stage (the reference), or as
-// flows sharing each unit's bandwidth max-min fairly, with events only where a flow starts or ends
+// flows through the units as FIFO queues of fluid (a congested unit serves each flow in proportion to
+// the rate it arrived at), with events where flows start, stop or their rates change at a unit's head
 // (faster for large messages; timing-only: values move chunk by chunk).
 enum class TimingModel : std::uint8_t { chunk, flow };
 // "chunk", "flow"

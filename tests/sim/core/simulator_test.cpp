@@ -518,5 +518,33 @@ TEST(Simulator, DirectHandOversKeepTheQueueOrder) {
   EXPECT_EQ(log, expect);
 }
 
+// Callbacks that say they did nothing (superseded wake-ups) at the end of a run do not move its
+// end: now() goes back to the last event that did something. A no-op followed by real work, or a
+// no-op before pending events, changes nothing.
+TEST(Simulator, ANoOpTailDoesNotMoveTheEndOfARun) {
+  Simulator sim;
+  int work = 0;
+  sim.at(100, [&] { ++work; });
+  sim.at(150, [&] { sim.note_noop_event(); });  // a no-op between real events: no effect
+  sim.at(200, [&] { ++work; });
+  sim.at(5000, [&] { sim.note_noop_event(); });
+  sim.at(9000, [&] { sim.note_noop_event(); });
+  sim.run();
+  EXPECT_EQ(work, 2);
+  EXPECT_EQ(sim.now(), 200u);
+  EXPECT_EQ(sim.events_executed(), 5u);
+  // The next run goes on from there; an event that did something last keeps the clock where it is.
+  sim.at(300, [&] { sim.note_noop_event(); });
+  sim.at(400, [&] { ++work; });
+  sim.run();
+  EXPECT_EQ(sim.now(), 400u);
+  // A process's wake-up after a no-op is real work: the clock stays at the process's time.
+  sim.at(450, [&] { sim.note_noop_event(); });
+  sim.spawn("p", [&] { this_process::sleep(100); ++work; });
+  sim.run();
+  EXPECT_EQ(sim.now(), 500u);
+  EXPECT_EQ(work, 4);
+}
+
 }  // namespace
 }  // namespace cubesim::sim
