@@ -298,6 +298,22 @@ __device__ __forceinline__ void epilogue(const Epi& e, const float (&acc)[BN / 2
   }
 }
 
+// The warpgroup's staged 64-row x 128-byte chunk at shared address `src` to global memory by one
+// TMA store at coordinates (c0, c1) of `map`, once every thread's shared stores are visible to the
+// copy engine (the three TMA-storing epilogues end each chunk with it).
+__device__ __forceinline__ void tma_store_staged(const CUtensorMap* map, int c0, int c1, std::uint32_t src, int cw,
+                                                 int t) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+  if (t == 0) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+        "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+        "r"(c0), "r"(c1), "r"(src)
+        : "memory");
+  }
+}
+
 // The same values as `epilogue`, stored by the copy engine: the warpgroup writes one 64 x 128-byte
 // column chunk of its rows into a swizzled shared buffer, one thread hands it to a TMA store
 // (bounds-clipped at M and N), and the warpgroup moves on. Two buffers alternate, so the stores of
@@ -341,15 +357,7 @@ __device__ __forceinline__ void epilogue_tma(const Epi& e, const float (&acc)[BN
         }
       }
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    if (t == 0) {
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
-          : "memory");
-    }
+    tma_store_staged(map, col0 + ch * CW, row0, bufs_smem + b * (64 * 128), cw, t);
   }
 }
 
@@ -409,15 +417,7 @@ __device__ __forceinline__ void epilogue_tma_b16(const Epi& e, const float (&acc
                    "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    if (t == 0) {
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-          "r"(col0 + ch * CW), "r"(row0), "r"(bufs_smem + b * (64 * 128))
-          : "memory");
-    }
+    tma_store_staged(map, col0 + ch * CW, row0, bufs_smem + b * (64 * 128), cw, t);
   }
 }
 
@@ -507,16 +507,8 @@ __device__ __forceinline__ void epilogue_tma_b16_trans(const Epi& e, const float
                    "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-    if (t == 0) {
-      // C column row0 (this consumer's Cᵀ rows), C row col0 + 32 ch.
-      asm volatile(
-          "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-          "cp.async.bulk.commit_group;" ::"l"(reinterpret_cast<std::uint64_t>(map)),
-          "r"(row0), "r"(col0 + ch * CR), "r"(bufs_smem + b * (64 * 128))
-          : "memory");
-    }
+    // C column row0 (this consumer's Cᵀ rows), C row col0 + 32 ch.
+    tma_store_staged(map, row0, col0 + ch * CR, bufs_smem + b * (64 * 128), cw, t);
   }
 }
 
