@@ -325,9 +325,10 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
                               .post = post,
                               .src_side = src_side,
                               .arrival = u.order() == PathUnit::Order::arrival,
-                              .serve = dynamic_cast<Memory*>(&u) ? Stage::Serve::memory
-                                       : dynamic_cast<Link*>(&u) ? Stage::Serve::link
-                                                                 : Stage::Serve::other,
+                              // (Memory and Link are the only units of these kinds.)
+                              .serve = u.kind() == UnitKind::memory ? Stage::Serve::memory
+                                       : u.kind() == UnitKind::link ? Stage::Serve::link
+                                                                    : Stage::Serve::other,
                               .fig = &unit_figures(u, false)});
   };
   // Reads pay the memory's latency; writes are posted: they cost bandwidth, not latency. A cube's
