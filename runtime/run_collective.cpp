@@ -173,8 +173,8 @@ CollectiveOutcome run_collective(Context& ctx, const CollectiveCase& c) {
     if (c.options.async_op) w.wait();
     if (c.timed) {
       res.end[i] = ctx.simulator().now();
+      w1 = wall_seconds();  // the rank whose collective ends last (in host time) writes last
       barrier(g);
-      if (r == 0) w1 = wall_seconds();
     }
     if (read) res.outputs[i] = out.to_host_bytes();
   });

@@ -14,8 +14,9 @@
 // On a timing-only context there are no values: inputs are not needed (nor read), nothing is
 // copied in, and outputs read back as zeros; a sweep turns read_outputs off and pays for the
 // collective alone. With `timed`, a barrier on the group brackets
-// the collective: every rank records its simulated start and end, and rank 0 the host wall time
-// between the barriers (the simulator's cost of the collective alone).
+// the collective: every rank records its simulated start and end, and the host wall time runs from
+// rank 0 leaving the first barrier to the last rank leaving the collective (the simulator's cost
+// of the collective alone; neither barrier counted).
 #pragma once
 
 #include <cstdint>
@@ -56,7 +57,8 @@ struct CollectiveOutcome {
   std::vector<std::vector<std::uint8_t>> outputs;  // per rank, bytes of dtype (with read_outputs)
   RunReport report;
   // With `timed`: per rank, simulated time when it entered and left the collective, and the host
-  // seconds rank 0 spent between the barriers around it.
+  // seconds from rank 0 leaving the barrier before it to the last rank leaving the collective (the
+  // barrier after it, there to keep the ranks' ends apart from what follows, is not counted).
   std::vector<sim::Time> start, end;
   double wall_s = 0;
 };

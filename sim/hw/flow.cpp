@@ -331,7 +331,11 @@ void FlowEngine::hop(const Hop& h) {
   // (counting it there would make the unit look congested and speed its fluid up to drain it).
   const bool congested = e.queued() || e.load_in > 1.0 + kSlack;
   if (!congested) e.backlog = 0;
-  const sim::Time start = now + static_cast<sim::Duration>(std::ceil(e.backlog + (congested && e.unit->order() == PathUnit::Order::arrival ? in_round(e, h.r) : 0.0)));
+  sim::Time start = now + static_cast<sim::Duration>(std::ceil(e.backlog + (congested && e.unit->order() == PathUnit::Order::arrival ? in_round(e, h.r) : 0.0)));
+  // FIFO among last chunks too: one that comes later is served after the one before it (whose start
+  // may lie beyond the backlog by the others' chunks still arriving, which the backlog does not
+  // count), so a unit's pauses follow one another in time order.
+  if (e.pause_head < e.pauses.size()) start = std::max(start, e.pauses.back().second);
   const sim::Time end = std::max(start + static_cast<sim::Duration>(std::ceil(work)), h.tail);
   if (congested) {
     e.backlog += work;
