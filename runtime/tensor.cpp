@@ -113,8 +113,18 @@ void Tensor::narrow_into(Tensor& out, std::int64_t d, std::int64_t start, std::i
                                    d, shape_[du], describe()));
   }
   if (out.storage_ != storage_) out.storage_ = storage_;
-  out.shape_.assign(shape_.begin(), shape_.end());  // no allocation when out held as many dimensions
-  out.strides_.assign(strides_.begin(), strides_.end());
+  const std::size_t n = shape_.size();
+  if (out.shape_.size() != n || out.strides_.size() != n) {
+    out.shape_.assign(shape_.begin(), shape_.end());
+    out.strides_.assign(strides_.begin(), strides_.end());
+  } else {
+    // The view a loop narrows again and again (a ring's step): as many dimensions, no allocation,
+    // and no call either.
+    for (std::size_t i = 0; i < n; ++i) {
+      out.shape_[i] = shape_[i];
+      out.strides_[i] = strides_[i];
+    }
+  }
   out.dtype_ = dtype_;
   out.shape_[du] = length;
   out.offset_ = offset_ + start * strides_[du];
