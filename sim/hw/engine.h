@@ -98,7 +98,9 @@ struct TransferRecord : TransferInfo {
   TransferRecord* next_free = nullptr;
 
   // ---- flow level (flow.cpp) ----
-  std::vector<FlowLeg> legs;     // one per distinct unit of the path, in path order
+  std::vector<FlowLeg> legs;     // one per distinct unit of the path, in path order; then the HBMs
+                                 // behind its L2s (fills and write-backs: fluid, not hops of the last chunk)
+  std::uint32_t hops = 0;        // the legs on the path: those the last chunk passes (FlowEngine::hop)
   double cap = 0;                // bytes per ps its source injects at (every byte of the flow in `full`)
   sim::Duration full = 0;        // the flow's time through an idle path, fixed delays aside
   sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
@@ -264,6 +266,7 @@ class FlowEngine {
   double in_round(const FlowResource& e, const TransferRecord* r) const;
   // A last chunk going through the queues on a path through an L2: the L2 looks it up now.
   void look_up_last(TransferRecord* r);
+  void add_leg(TransferRecord* r, FlowResource& e, double w);  // (merged where e already is one)
   void trace_flow(TransferRecord* r, std::uint64_t bytes);
 
   System* sys_;

@@ -9,6 +9,7 @@
 // rate at its next unit, settled at this same time. Rates are doubles computed in a fixed order (the
 // order units and flows changed), so a run gives the same bits every time.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -129,6 +130,16 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
   return t;
 }
 
+void FlowEngine::add_leg(TransferRecord* r, FlowResource& e, double w) {
+  if (e.leg_mark == leg_stamp_) {
+    r->legs[e.leg].weight += w;  // a copy within one memory reads and writes it
+  } else {
+    e.leg_mark = leg_stamp_;
+    e.leg = static_cast<std::uint32_t>(r->legs.size());
+    r->legs.push_back(FlowLeg{&e, w, 0});
+  }
+}
+
 FlowResource& FlowEngine::resource(PathUnit& u) {
   if (res_.empty()) res_.resize(static_cast<std::size_t>(sys_->num_units()));
   FlowResource& e = res_[u.id().value];
@@ -161,18 +172,58 @@ void FlowEngine::start(TransferRecord* r) {
   r->l2_hit = false;
   r->delays = p.figures.alpha - p.injector_overhead;
   const std::uint64_t body = r->nchunks > 1 ? (r->nchunks - 1) * r->chunk : r->bytes;
-  for (const Stage& st : p.stages) {
-    if (!p.l2) break;  // most paths have none: no walk over their stages' units
-    if (st.unit->kind() != UnitKind::l2) continue;
-    auto& l2 = static_cast<L2Cache&>(*st.unit);
-    const Region& reg = st.src_side ? r->src_region : r->dst_region;
-    if (st.cache_read && held(l2, reg)) {
-      r->l2_hit = true;
-      r->delays -= l2.memory().latency();
+  // What each L2 of the path moves to and from its HBM for this body (fills and write-backs): the
+  // flow uses the HBM for them, as the chunk level books its channels (at most two L2s: each end).
+  struct Below {
+    const L2Cache* l2;
+    std::uint64_t bytes;
+  };
+  std::array<Below, 2> below{};
+  std::size_t belows = 0;
+  if (p.l2) {  // most paths have none: no walk over their stages' units
+    // Its L2 stages in path order; a copy within one cube has its L2 twice (read, then write).
+    std::array<const Stage*, 4> l2s{};
+    std::size_t n = 0;
+    bool twice = false;
+    for (const Stage& st : p.stages) {
+      if (st.unit->kind() != UnitKind::l2 || n == l2s.size()) continue;
+      for (std::size_t k = 0; k < n; ++k) twice = twice || l2s[k]->unit == st.unit;
+      l2s[n++] = &st;
+    }
+    std::array<std::uint64_t, 2> before{};
+    for (std::size_t k = 0; k < n; ++k) {
+      auto& l2 = static_cast<L2Cache&>(*l2s[k]->unit);
+      const Region& reg = l2s[k]->src_side ? r->src_region : r->dst_region;
+      if (l2s[k]->cache_read && held(l2, reg)) {
+        r->l2_hit = true;
+        r->delays -= l2.memory().latency();
+      }
+      std::size_t i = 0;
+      while (i < belows && below[i].l2 != &l2) ++i;
+      if (i == belows && belows < below.size()) {
+        below[belows] = {&l2, 0};
+        before[belows++] = l2.below_bytes();
+      }
     }
     const sim::Time now = sim.now();
-    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .region = &reg, .bytes = body,
-                        .head = now, .tail = now, .pre = st.pre, .forget_before = now, .read = st.src_side});
+    auto visit = [&](const Stage& st, std::uint64_t chunk, std::uint64_t off, std::uint64_t bytes) {
+      auto& l2 = static_cast<L2Cache&>(*st.unit);
+      const Region& reg = st.src_side ? r->src_region : r->dst_region;
+      l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .chunk = chunk, .region = &reg,
+                          .offset = off, .bytes = bytes, .head = now, .tail = now, .pre = st.pre,
+                          .forget_before = now, .read = st.src_side});
+    };
+    if (!twice) {
+      for (std::size_t k = 0; k < n; ++k) visit(*l2s[k], 0, 0, body);
+    } else {
+      // Chunk by chunk, read then write, as the chunk level looks them up: the order decides which
+      // lines are dirty when they are evicted (a copy larger than the L2 writes back what it wrote).
+      std::uint64_t c = 0;
+      for (std::uint64_t off = 0; off < body; off += r->chunk, ++c) {
+        for (std::size_t k = 0; k < n; ++k) visit(*l2s[k], c, off, std::min(r->chunk, body - off));
+      }
+    }
+    for (std::size_t i = 0; i < belows; ++i) below[i].bytes = below[i].l2->below_bytes() - before[i];
   }
   // The idle time: every full chunk at the pace of the slowest stage, the last at its own. The
   // source injects at one rate over it (the last chunk's bytes spread over the flow). A protocol's
@@ -224,13 +275,16 @@ void FlowEngine::start(TransferRecord* r) {
     const double w = e.ps_per_byte * (st.arrival && !r->wire.identity()
                                           ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
                                           : 1.0);
-    if (e.leg_mark == leg_stamp_) {
-      r->legs[e.leg].weight += w;  // a copy within one memory reads and writes it
-    } else {
-      e.leg_mark = leg_stamp_;
-      e.leg = static_cast<std::uint32_t>(r->legs.size());
-      r->legs.push_back(FlowLeg{&e, w, 0});
-    }
+    add_leg(r, e, w);
+  }
+  r->hops = static_cast<std::uint32_t>(r->legs.size());
+  // Behind each L2, its HBM: the bytes the L2 fills and writes back for this flow, per byte of the
+  // flow. Fluid that loads the HBM (a copy larger than the L2 waits for its write-backs there, as at
+  // the chunk level), after the path's legs: the last chunk does not pass it as a hop.
+  for (std::size_t i = 0; i < belows; ++i) {
+    if (below[i].bytes == 0) continue;
+    FlowResource& m = resource(below[i].l2->memory());
+    add_leg(r, m, m.ps_per_byte * static_cast<double>(below[i].bytes) / static_cast<double>(body));
   }
   // Fast path: no unit of its path has a backlog or is over capacity with it: its rate passes every
   // unit unchanged and nobody else's changes (what settling would find, without it). Entered at its
@@ -345,7 +399,7 @@ void FlowEngine::hop(const Hop& h) {
     sim.at(served, FlowWake{.e = this, .res = &e, .drain_gen = 0, .drain = false});  // its fluid resumes
     mark(e);  // (its drain moves)
   }
-  if (h.index + 1 < h.r->legs.size()) {
+  if (h.index + 1 < h.r->hops) {
     if (start > now) {
       sim.at(start, FlowHop{.e = this, .r = h.r, .tail = end, .index = h.index + 1});
     } else {

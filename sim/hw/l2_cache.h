@@ -91,6 +91,9 @@ class L2Cache final : public PathUnit {
   // Line lookups so far (reads and writes; a line is looked up once per row segment that touches
   // it): what a micro-benchmark of lookups per second counts.
   std::uint64_t lines_looked_up() const { return line_lookups_; }
+  // Bytes moved to and from the HBM below so far: missed sectors fetched, dirty sectors written back
+  // (the flow level weighs a flow's use of the HBM by its share of them).
+  std::uint64_t below_bytes() const { return fill_bytes_ + writeback_bytes_; }
 
   // ---- as a unit on transfer paths ----
   // v.read: a read stage (misses go to the HBM) or a write (posted, write-allocate); v.pre: the
