@@ -24,9 +24,11 @@
 // RSS ~ p^k over the larger half; --big adds 2048 and 4096 ranks.
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
-//                     [--timing chunk|flow|both] [--big] [--max-mib N] [--ranks P,P,...]
+//                     [--timing chunk|flow|both] [--big] [--max-mib N] [--ranks P,P,...] [--repeat N]
 // --timing chunk|flow limits the speed section to that level; --ranks runs only those scaling points
 // (and not the functional row), e.g. `--no-sweep --timing flow --ranks 1024` to time or profile one.
+// --repeat N runs each speed point N times (each in its own child) and reports the median wall time,
+// every run's in the JSON (`wall_runs_s`): on a shared or noisy host one run can be 20% off.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,6 +74,7 @@ struct Row {
   bool flow = false;  // timed at the flow level
   double peak_rss_mb = 0;  // the run's own peak (run_isolated), 0 when not measured
   std::uint64_t events = 0;  // simulator events of the run (per message: the model's cost)
+  std::vector<double> wall_runs;  // --repeat N: every run's wall time (wall_s is their median)
 };
 
 // Least-squares slope of log(y) on log(x): the exponent of y ~ x^k.
@@ -151,6 +154,7 @@ nlohmann::json to_json(const Row& r) {
                       {"functional", r.functional}, {"timing", r.flow ? "flow" : "chunk"},
                       {"events", r.events}};
   if (r.peak_rss_mb > 0) j["peak_rss_MB"] = r.peak_rss_mb;
+  if (r.wall_runs.size() > 1) j["wall_runs_s"] = r.wall_runs;
   if (!r.nccl_plan.empty()) {
     j["nccl_plan"] = r.nccl_plan;
     j["nccl_predicted_us"] = r.nccl_predicted_us;
@@ -228,6 +232,27 @@ Row run_isolated(F&& fn) {
   return r;
 }
 
+// run_isolated `n` times: the row of the median wall time (the lower middle one for even n), every
+// run's wall time kept, the largest peak RSS. (Simulated results are the same in every run.)
+template <class F>
+Row run_repeated(int n, F&& fn) {
+  std::vector<Row> rows;
+  for (int i = 0; i < n; ++i) rows.push_back(run_isolated(fn));
+  std::vector<double> walls;
+  double rss = 0;
+  for (const Row& r : rows) {
+    walls.push_back(r.wall_s);
+    rss = std::max(rss, r.peak_rss_mb);
+  }
+  std::vector<std::size_t> order(rows.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return rows[a].wall_s < rows[b].wall_s; });
+  Row r = rows[order[(order.size() - 1) / 2]];
+  r.peak_rss_mb = rss;
+  if (n > 1) r.wall_runs = walls;
+  return r;
+}
+
 std::string pct(double x) { return fmt::format("{:+.2f}%", x); }
 
 }  // namespace
@@ -240,12 +265,21 @@ int main(int argc, char** argv) {
   std::string timing = "chunk";
   bool timing_given = false;  // --timing chunk|flow also limits the speed section to that level
   std::vector<int> ranks_only;  // --ranks: the scaling points to run (default 8..1024, with --big to 4096)
+  int repeat = 1;  // --repeat N: each speed run N times, the median reported
   for (std::size_t i = 0; i < args.rest.size(); ++i) {
     if (args.rest[i] == "--topology" && i + 1 < args.rest.size()) topologies.push_back(args.rest[++i]);
     else if (args.rest[i] == "--no-sweep") sweep = false;
     else if (args.rest[i] == "--no-targets") targets = false;
     else if (args.rest[i] == "--big") big = true;
     else if (args.rest[i] == "--max-mib" && i + 1 < args.rest.size()) max_mib = std::stoull(args.rest[++i]);
+    else if (args.rest[i] == "--repeat" && i + 1 < args.rest.size()) {
+      const std::string& v = args.rest[++i];
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), repeat);
+      if (ec != std::errc{} || end != v.data() + v.size() || repeat < 1 || repeat > 99) {
+        fmt::print(stderr, "bench_collectives: --repeat {}: give a count of runs from 1 to 99\n", v);
+        return 2;
+      }
+    }
     else if (args.rest[i] == "--ranks" && i + 1 < args.rest.size()) {
       std::string list = args.rest[++i];
       for (std::size_t at = 0; at <= list.size();) {
@@ -269,7 +303,8 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,...)\n", args.rest[i]);
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,..., --repeat N)\n",
+                 args.rest[i]);
       return 2;
     }
   }
@@ -362,7 +397,7 @@ int main(int argc, char** argv) {
     // Every run of this section in a child process of its own: its peak RSS is its own (a child
     // inherits its parent's peak, so the parent itself runs nothing large here).
     if (ranks_only.empty()) {
-      Row f = run_isolated([&] { return run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true); });
+      Row f = run_repeated(repeat, [&] { return run_one("torus8x8", {}, "all_reduce", Algorithm::ring, fbytes, DType::bf16, true); });
       t.row({"functional ring all_reduce", "chunk", std::to_string(f.ranks), human_bytes(f.bytes),
              fmt::format("{:.1f}", f.sim_time_us), fmt::format("{:.2f}", f.wall_s), fmt::format("{:.0f}", f.peak_rss_mb),
              args.quick ? "(quick)" : "<= 3 s",
@@ -384,7 +419,7 @@ int main(int argc, char** argv) {
       const char* tname = tm == hw::TimingModel::flow ? "flow" : "chunk";
       std::vector<double> xs, walls, rss;
       for (int p : scale) {
-        Row r = run_isolated([&] { return run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false, tm); });
+        Row r = run_repeated(repeat, [&] { return run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false, tm); });
         std::string target;
         double limit = 0;
         if (p == 1024) limit = tm == hw::TimingModel::flow ? 1 : 3;
