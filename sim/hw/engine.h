@@ -119,9 +119,7 @@ struct TransferRecord : TransferInfo {
 // The flow level's view of a unit: a FIFO queue of fluid, as the chunk level's links are (and,
 // nearly, its memories and DMA channels, which book chunks in the order they come). Its capacity is
 // 1 (time per time); a flow at r bytes per ps offers weight x r of it.
-struct FlowResource {
-  PathUnit* unit = nullptr;
-  double ps_per_byte = 0;  // 1 / the unit's bandwidth (all channels together)
+struct alignas(64) FlowResource {
   struct Entry {
     TransferRecord* flow;
     double weight;
@@ -134,7 +132,6 @@ struct FlowResource {
     bool ended = false;  // the flow's last byte has reached the head (its `last` change)
     bool passed = false;  // and that was handed on to the next unit (or the flow is through)
   };
-  std::vector<Entry> flows;
   // A change of a flow's arrival rate that has not reached the head of the backlog yet: it does at
   // `depart`, when every byte that arrived before it has left (FIFO).
   struct Change {
@@ -144,21 +141,26 @@ struct FlowResource {
     double rate;
     bool last = false;    // the flow's last byte comes with it (rate 0 from then on)
   };
+  // (The fields a flow on the fast path reads and writes come first, in the first two cache lines:
+  // a ring step touches every rank's units once, each cold.)
+  PathUnit* unit = nullptr;
+  double ps_per_byte = 0;  // 1 / the unit's bandwidth (all channels together)
+  double load_in = 0;    // sum of weight x in: above 1 the backlog grows
+  double load_head = 0;  // sum of weight x head
+  double backlog = 0;    // ps of work queued at `backlog_at`
+  std::vector<Entry> flows;
   std::vector<Change> pending;  // [pending_head, size): in departure order
   std::size_t pending_head = 0;
+  std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
+  bool dirty = false;            // in FlowEngine::dirty_
+  std::uint32_t drain_gen = 0;   // the drain event is current only while this matches
+  sim::Time backlog_at = 0;
   std::vector<Change> inbox;    // arrival rates changed at this time, not yet taken in (dirty)
   // Last chunks in its backlog, [start, end) in time order from pause_head: the unit serves them,
   // not its fluid, then (what leaves meanwhile is the last chunk, not fluid for the next unit).
   std::vector<std::pair<sim::Time, sim::Time>> pauses;
   std::size_t pause_head = 0;
-  double load_in = 0;    // sum of weight x in: above 1 the backlog grows
-  double load_head = 0;  // sum of weight x head
-  double backlog = 0;    // ps of work queued at `backlog_at`
-  sim::Time backlog_at = 0;
   sim::Time wake_at = 0;         // the last departure a wake-up is scheduled for
-  std::uint32_t drain_gen = 0;   // the drain event is current only while this matches
-  bool dirty = false;            // in FlowEngine::dirty_
-  std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
   sim::Trace::TrackId track = Server::kNoTrack;
   sim::Time traced_until = 0;
   // A backlog of at least kNoBacklog ps, or changes still on their way to its head.
