@@ -76,6 +76,13 @@ Outcome run_pattern(const Topology& t, TimingModel timing, const std::vector<Xfe
 
 Duration relative_gap(Time a, Time b) { return a > b ? a - b : b - a; }
 
+// A full chunk's time from cube 0 to cube 1 on an idle path (the unit the tests count in).
+Duration chunk_time_0_to_1(const Topology& t) {
+  sim::Simulator s0;
+  System sys(s0, t, {.functional = false});
+  return sys.path_figures(sys.hbm(0), sys.hbm(1)).chunk_time;
+}
+
 TEST(FlowTiming, AnIdlePathTakesExactlyTheChunkLevelTime) {
   for (const char* name : {"ring4", "mesh4x4", "torus8x8", "h200x4", "dgx_h100x8", "h200x8", "single_cube"}) {
     const Topology t = load_topology(name);
@@ -165,9 +172,7 @@ TEST(FlowTiming, EqualFlowsOfOnePairEndAChunkApartAsChunksDo) {
 TEST(FlowTiming, AFlowStartingBehindABacklogWaitsForIt) {
   const Topology t = load_topology("ring4");
   const std::uint64_t mib = 1 << 20;
-  sim::Simulator s0;
-  System sys(s0, t, {.functional = false});
-  const Duration chunk = sys.path_figures(sys.hbm(0), sys.hbm(1)).chunk_time;
+  const Duration chunk = chunk_time_0_to_1(t);
   for (const Time at : {126 * chunk + chunk / 4, 126 * chunk + chunk / 2, 127 * chunk - 1}) {
     SCOPED_TRACE(at);
     const std::vector<Xfer> p = {{.src = 0, .dst = 1, .bytes = 4 * mib}, {.src = 0, .dst = 1, .bytes = 4 * mib},
@@ -231,9 +236,7 @@ TEST(FlowTiming, ChannelsOfOnePairEndOneAfterAnother) {
   for (int i = 0; i < 16; ++i) xs.push_back({.src = 0, .dst = 1, .bytes = 4 * t.chunk_bytes});
   const Outcome c = run_pattern(t, TimingModel::chunk, xs);
   const Outcome f = run_pattern(t, TimingModel::flow, xs);
-  sim::Simulator s0;
-  System sys(s0, t, {.functional = false});
-  const Duration chunk = sys.path_figures(sys.hbm(0), sys.hbm(1)).chunk_time;
+  const Duration chunk = chunk_time_0_to_1(t);
   for (std::size_t i = 0; i < xs.size(); ++i) {
     EXPECT_LE(relative_gap(f.landed[i], c.landed[i]), 4u) << i << ": flow " << f.landed[i] << " chunk " << c.landed[i];
     if (i > 0) EXPECT_EQ(f.landed[i] - f.landed[i - 1], chunk) << i;
@@ -461,9 +464,7 @@ TEST(FlowTiming, AbandonedCongestionNoLongerDelays) {
 TEST(FlowTiming, LastChunksQueueInArrivalOrder) {
   const Topology t = load_topology("ring4");
   const std::uint64_t kib = 1 << 10;
-  sim::Simulator s0;
-  System sys(s0, t, {.functional = false});
-  const Duration chunk = sys.path_figures(sys.hbm(0), sys.hbm(1)).chunk_time;
+  const Duration chunk = chunk_time_0_to_1(t);
   for (const Time at : {64 * chunk / 20, 65 * chunk / 20, 160 * chunk / 20, 161 * chunk / 20}) {
     SCOPED_TRACE(at);
     const std::vector<Xfer> p = {{.src = 1, .dst = 2, .bytes = 1024 * kib},
