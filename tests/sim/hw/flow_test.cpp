@@ -506,7 +506,7 @@ TEST(FlowTiming, ACopyLargerThanItsL2WaitsForItsWriteBacks) {
     const Outcome c = run_pattern(t, TimingModel::chunk, p);
     EXPECT_LE(static_cast<double>(relative_gap(f.landed[0], c.landed[0])), k.bound * static_cast<double>(c.landed[0]))
         << "flow " << f.landed[0] << " chunk " << c.landed[0];
-    // The HBM's counters hold the fills and write-backs at both levels alike.
+    // The L2s' counters: the same bytes written back to the HBM at both levels.
     std::uint64_t fc = 0, ff = 0;
     for (std::size_t u = 0; u < c.kinds.size(); ++u) {
       if (c.kinds[u] != UnitKind::l2) continue;
