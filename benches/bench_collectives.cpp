@@ -25,10 +25,13 @@
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
 //                     [--timing chunk|flow|both] [--big] [--max-mib N] [--ranks P,P,...] [--repeat N]
+//                     [--rank-code]
 // --timing chunk|flow limits the speed section to that level; --ranks runs only those scaling points
 // (and not the functional row), e.g. `--no-sweep --timing flow --ranks 1024` to time or profile one.
 // --repeat N runs each speed point N times (each in its own child) and reports the median wall time,
 // every run's in the JSON (`wall_runs_s`): on a shared or noisy host one run can be 20% off.
+// --rank-code runs timing-only rings by the ranks' per-message code instead of callbacks
+// (ContextOptions::callback_collectives = false; the same simulated times), to compare the two.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,11 +106,14 @@ void random_input(int rank, std::span<std::uint8_t> bytes) {
   }
 }
 
+bool g_rank_code = false;  // --rank-code
+
 Row run_one(const std::string& topo, const std::vector<std::pair<std::string, nlohmann::json>>& overrides,
             const std::string& coll, Algorithm a, std::uint64_t bytes, DType d, bool functional,
             hw::TimingModel timing = hw::TimingModel::chunk) {
   ContextOptions o;
   o.stack_size = 64 * 1024;
+  o.callback_collectives = !g_rank_code;
   const hw::Topology topology = hw::load_topology(topo, overrides);
   auto ctx = make_sim_context(o, topology, {.timing_only = !functional, .timing = timing});
   const int p = ctx->world_size();
@@ -244,10 +250,8 @@ Row run_repeated(int n, F&& fn) {
     walls.push_back(r.wall_s);
     rss = std::max(rss, r.peak_rss_mb);
   }
-  std::vector<std::size_t> order(rows.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return rows[a].wall_s < rows[b].wall_s; });
-  Row r = rows[order[(order.size() - 1) / 2]];
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.wall_s < b.wall_s; });
+  Row r = rows[(rows.size() - 1) / 2];
   r.peak_rss_mb = rss;
   if (n > 1) r.wall_runs = walls;
   return r;
@@ -271,6 +275,7 @@ int main(int argc, char** argv) {
     else if (args.rest[i] == "--no-sweep") sweep = false;
     else if (args.rest[i] == "--no-targets") targets = false;
     else if (args.rest[i] == "--big") big = true;
+    else if (args.rest[i] == "--rank-code") g_rank_code = true;
     else if (args.rest[i] == "--max-mib" && i + 1 < args.rest.size()) max_mib = std::stoull(args.rest[++i]);
     else if (args.rest[i] == "--repeat" && i + 1 < args.rest.size()) {
       const std::string& v = args.rest[++i];
@@ -303,7 +308,7 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,..., --repeat N)\n",
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,..., --repeat N, --rank-code)\n",
                  args.rest[i]);
       return 2;
     }

@@ -191,6 +191,8 @@ class Backend {
   // streamed alongside (a reduction fused with the receive that delivered its data): only the
   // excess is charged.
   virtual void charge(int rank, const OpCost& cost, sim::Duration overlapped_with = 0) {}
+  // The time charge() would take for `cost` on `rank` with nothing overlapped (blocks nothing).
+  virtual sim::Duration charge_time(int rank, const OpCost& cost) const { return 0; }
 
   // Runs c = a·b (+ bias) itself — values and time, on the calling rank — and returns true; or
   // returns false, and the runtime computes it on the host and charge()s it. (2-D views.)

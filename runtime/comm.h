@@ -30,6 +30,8 @@ struct Context::Pending {
   std::vector<bool> arrived;
   std::vector<bool> finished;
   int finished_count = 0;
+  // The call's rings run by callbacks (algorithms/ring_callbacks.h), shared by its ranks.
+  std::vector<std::shared_ptr<void>> runs;
 };
 
 // One message: the k-th send from one member to another with one tag in one collective (or
@@ -166,6 +168,8 @@ class Comm {
   Tensor scratch(std::int64_t numel, DType dtype);
   // A reducing receive's staging buffer: one given back earlier in this collective, or scratch().
   Tensor staging(std::int64_t numel, DType dtype);
+  // Gives a staging buffer back for later staging() calls (freed with this Comm).
+  void keep_staging(Tensor t) { spare_.push_back(std::move(t)); }
 
  private:
   Context& ctx_;

@@ -51,6 +51,10 @@ struct ContextOptions {
   int hierarchy = 0;                      // default inner-group size for hierarchical (0: auto)
   std::size_t stack_size = 256 * 1024;    // per rank process
   bool record_ops = false;                // keep an OpRecord of every GEMM and collective (op_records())
+  // A timing-only run (no values, no trace) runs ring collectives over a whole group by callbacks
+  // instead of each rank's per-message code: the same transfers at the same times, several times
+  // faster at scale (runtime/algorithms/ring_callbacks.h). false: always the ranks' code.
+  bool callback_collectives = true;
   // The nccl algorithm's figures on a backend without a topology section (the host replaying a
   // simulated run: give it the simulated topology's section); none: hw::NcclSpec::defaults().
   std::optional<hw::NcclSpec> nccl = std::nullopt;
@@ -194,6 +198,9 @@ class Context {
   class MailTable;
   Mailbox& join_mailbox(const MailKey& key);
   void release_mailbox(Mailbox& mb);
+  // Ring collectives this context ran by callbacks (ContextOptions::callback_collectives), ever.
+  std::uint64_t callback_rings() const { return callback_rings_; }
+  void count_callback_ring() { ++callback_rings_; }
   // Messages filed now, and the mailboxes ever made (the most in flight at once: the pool's size).
   std::size_t messages_in_flight() const;
   std::size_t mailboxes_made() const;
@@ -218,6 +225,7 @@ class Context {
   std::map<std::string, std::shared_ptr<void>> extensions_;
   std::vector<OpRecord> op_records_;
   std::vector<std::unique_ptr<RankSlot>> slots_;
+  std::uint64_t callback_rings_ = 0;
 };
 
 }  // namespace cubesim::rt

@@ -1,6 +1,8 @@
 // The ring algorithms: per-rank code over Comm, in the chunking and reduction order ring.h documents.
 #include "runtime/algorithms/ring.h"
 
+#include "runtime/algorithms/ring_callbacks.h"
+
 namespace cubesim::rt::algo {
 
 namespace {
@@ -9,7 +11,7 @@ int mod(int a, int m) { return ((a % m) + m) % m; }
 
 void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
   const int M = m.size();
-  if (M == 1) return;
+  if (M == 1 || ring_by_callbacks(c, m, flat, op, RingPhases::reduce_scatter)) return;
   const int j = m.pos;
   const std::int64_t n = flat.numel();
   const int next = m.at(j + 1), prev = m.at(j - 1);
@@ -23,7 +25,7 @@ void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp
 
 void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params&) {
   const int M = m.size();
-  if (M == 1) return;
+  if (M == 1 || ring_by_callbacks(c, m, flat, ReduceOp::sum, RingPhases::all_gather)) return;
   const int j = m.pos;
   const std::int64_t n = flat.numel();
   const int next = m.at(j + 1), prev = m.at(j - 1);
@@ -36,6 +38,7 @@ void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params
 }
 
 void ring_all_reduce(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
+  if (m.size() > 1 && ring_by_callbacks(c, m, flat, op, RingPhases::all_reduce)) return;
   ring_reduce_scatter(c, m, flat, op);
   ring_all_gather(c, m, flat);
 }
