@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,6 +48,7 @@ struct Stage {
 // Its name, as PathFigures::stages shows it: "cube0.hbm (read)", "link c0->c1", "cube0.pe3.dma.read".
 std::string stage_label(const Stage& s);
 
+// The fields every message reads come first (two cache lines with flow_times), the figures last.
 struct Path {
   std::vector<Stage> stages;
   DmaChannel* injector = nullptr;  // requests through it serialize
@@ -54,7 +56,6 @@ struct Path {
   std::uint64_t chunk = 0;
   sim::Duration pace = 0;   // a full chunk at the slowest stage
   sim::Duration d_pre = 0;  // fixed delays before the first link (0 without links)
-  PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
   Memory* dst = nullptr;
   std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
   bool l2 = false;          // an L2 is one of its stages
@@ -68,10 +69,12 @@ struct Path {
     struct Each {
       sim::Duration chunk = 0, last = 0;  // the stage's time for a full chunk, for the last one
       Server* counters = nullptr;         // where its unit counts flows; null: an L2 (counted by its lookup)
+      FlowResource* res = nullptr;        // its unit's state in the flow engine (FlowEngine::resource)
       bool arrival = false;               // a link: counts wire bytes
     };
     std::vector<Each> each;  // per stage
   } flow_times;
+  PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
 };
 
 // A flow's use of one unit: the share of the unit's time one byte per picosecond of the flow takes
@@ -94,7 +97,7 @@ struct TransferRecord : TransferInfo {
   OnLanded landed_cb;
   sim::Time first_inject = 0;
   bool done = true;
-  std::optional<sim::Event> event;
+  std::unique_ptr<sim::Event> event;  // made when someone waits on its handle (TransferHandle::wait)
   TransferRecord* next_free = nullptr;
 
   // ---- flow level (flow.cpp) ----

@@ -123,6 +123,7 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
     t.each[s] = {.chunk = stage_time(p, s, r->chunk, r->wire, false),
                  .last = stage_time(p, s, last, r->wire, false),
                  .counters = st.unit->kind() == UnitKind::l2 ? nullptr : &st.unit->flow_counters(),
+                 .res = &resource(*st.unit),
                  .arrival = st.arrival};
     t.pace = std::max(t.pace, t.each[s].chunk);
     t.slowest = std::max(t.slowest, t.each[s].last);
@@ -209,7 +210,7 @@ void FlowEngine::start(TransferRecord* r) {
     auto visit = [&](const Stage& st, std::uint64_t chunk, std::uint64_t off, std::uint64_t bytes) {
       auto& l2 = static_cast<L2Cache&>(*st.unit);
       const Region& reg = st.src_side ? r->src_region : r->dst_region;
-      l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .chunk = chunk, .region = &reg,
+      l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_unit, .to = r->dst_unit, .chunk = chunk, .region = &reg,
                           .offset = off, .bytes = bytes, .head = now, .tail = now, .pre = st.pre,
                           .forget_before = now, .read = st.src_side});
     };
@@ -270,9 +271,11 @@ void FlowEngine::start(TransferRecord* r) {
     for (FlowResource& e : res_) e.leg_mark = 0;
     leg_stamp_ = 1;
   }
-  for (const Stage& st : p.stages) {
-    FlowResource& e = resource(*st.unit);
-    const double w = e.ps_per_byte * (st.arrival && !r->wire.identity()
+  // Each stage's unit state from the path's memo (not through the unit: one line fewer per stage).
+  const Path::FlowTimes& memo = times(r);
+  for (const Path::FlowTimes::Each& each : memo.each) {
+    FlowResource& e = *each.res;
+    const double w = e.ps_per_byte * (each.arrival && !r->wire.identity()
                                           ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
                                           : 1.0);
     add_leg(r, e, w);
@@ -355,7 +358,7 @@ void FlowEngine::look_up_last(TransferRecord* r) {
       const bool hit = reg.rows == 1 ? l2.holds(reg.addr + off, last) : held(l2, reg);
       if (hit != r->l2_hit) r->delays += hit ? -l2.memory().latency() : l2.memory().latency();
     }
-    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_name, .to = r->dst_name, .chunk = r->nchunks - 1,
+    l2.serve(ChunkVisit{.transfer = r->id, .from = r->src_unit, .to = r->dst_unit, .chunk = r->nchunks - 1,
                         .region = &reg, .offset = off, .bytes = last, .head = now, .tail = now, .pre = st.pre,
                         .forget_before = now, .read = st.src_side});
   }
@@ -657,7 +660,7 @@ void FlowEngine::trace_flow(TransferRecord* r, std::uint64_t bytes) {
     if (now <= from) continue;
     e.traced_until = now;
     tr.span(e.track, fmt::format("t{}", r->id), from, now,
-            {{"bytes", bytes}, {"from", *r->src_name}, {"to", *r->dst_name}, {"flow", std::int64_t{1}}});
+            {{"bytes", bytes}, {"from", r->src_unit->name()}, {"to", r->dst_unit->name()}, {"flow", std::int64_t{1}}});
   }
 }
 

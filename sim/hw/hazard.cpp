@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "sim/hw/format.h"
+#include "sim/hw/unit.h"
 
 namespace cubesim::hw {
 
@@ -54,7 +55,7 @@ void InFlightSet::List::remove(const TransferInfo* t, bool write) {
   }
 }
 
-void HazardTracker::check(const std::string& memory, const InFlightSet& in_flight, const Region& region, bool write,
+void HazardTracker::check(const Unit& memory, const InFlightSet& in_flight, const Region& region, bool write,
                           const TransferInfo* self) {
   if (mode_ == HazardMode::kOff) return;
   const std::span<const InFlight> writes = in_flight.writes();
@@ -76,19 +77,19 @@ void HazardTracker::check(const std::string& memory, const InFlightSet& in_fligh
   }
 }
 
-void HazardTracker::report(const std::string& memory, const InFlight& f, const Region& region, bool write,
+void HazardTracker::report(const Unit& memory, const InFlight& f, const Region& region, bool write,
                            const TransferInfo* self) {
   HazardReport h;
   h.kind = write ? (f.write ? HazardKind::kWriteDuringWrite : HazardKind::kWriteDuringRead) : HazardKind::kReadDuringWrite;
   h.time = sim_->now();
-  h.memory = memory;
+  h.memory = memory.name();
   h.actor = self ? fmt::format("transfer {} issued by {}", self->id, self->issuer) : actor();
   h.region = region;
   const TransferInfo& o = *f.transfer;
   h.other_transfer = o.id;
   h.other_region = f.region;
   h.other_actor = fmt::format("transfer {} issued by {} at {} ({} {} -> {} {})", o.id, o.issuer,
-                              sim::format_time(o.issued), *o.src_name, format_region(o.src_region), *o.dst_name,
+                              sim::format_time(o.issued), o.src_unit->name(), format_region(o.src_region), o.dst_unit->name(),
                               format_region(o.dst_region));
   const bool landed_known = o.landed == o.nchunks;
   h.message = fmt::format(

@@ -27,6 +27,10 @@
 #include "sim/hw/region.h"
 
 namespace cubesim::hw {
+class Unit;
+}
+
+namespace cubesim::hw {
 
 enum class HazardMode : std::uint8_t { kOff, kRecord, kThrow };
 enum class HazardKind : std::uint8_t { kReadDuringWrite, kWriteDuringWrite, kWriteDuringRead };
@@ -61,8 +65,9 @@ struct TransferInfo {
   std::uint64_t id = 0;
   std::string issuer;  // "'rank3'" or "a callback"
   sim::Time issued = 0;
-  const std::string* src_name = nullptr;  // the memories' names ("cube0.hbm")
-  const std::string* dst_name = nullptr;
+  // The memories (their names, "cube0.hbm", are made when a report asks: not per transfer).
+  const Unit* src_unit = nullptr;
+  const Unit* dst_unit = nullptr;
   Region src_region, dst_region;
   std::uint64_t nchunks = 0, landed = 0;  // the landing time is known once every chunk has landed
   sim::Time landing = 0;
@@ -124,7 +129,7 @@ class HazardTracker {
   // Checks an access of `region` in `memory` against the transfers in flight there (write: also
   // against their reads), in the order they were issued. `self` is the transfer making the access,
   // or null for a process's read or write.
-  void check(const std::string& memory, const InFlightSet& in_flight, const Region& region, bool write,
+  void check(const Unit& memory, const InFlightSet& in_flight, const Region& region, bool write,
              const TransferInfo* self);
 
   // Reports recorded under HazardMode::kRecord, in the order they happened.
@@ -135,7 +140,7 @@ class HazardTracker {
   sim::Simulator* sim_;
   HazardMode mode_;
   std::vector<HazardReport> reports_;
-  void report(const std::string& memory, const InFlight& f, const Region& region, bool write, const TransferInfo* self);
+  void report(const Unit& memory, const InFlight& f, const Region& region, bool write, const TransferInfo* self);
 };
 
 }  // namespace cubesim::hw

@@ -416,8 +416,8 @@ Passage L2Cache::serve(const ChunkVisit& v) {
       tr.span(server_.track, fmt::format("t{}", v.transfer), s, end,
               {{"bytes", v.bytes},
                {"chunk", v.chunk},
-               {"from", *v.from},
-               {"to", *v.to},
+               {"from", v.from->name()},
+               {"to", v.to->name()},
                {"access", write ? "write" : "read"},
                {"hit_sectors", chunk_hits_},
                {"miss_sectors", chunk_misses_}});

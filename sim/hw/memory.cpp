@@ -51,7 +51,7 @@ std::uint32_t Memory::channel_of(std::uint64_t addr) const {
 }
 
 void Memory::check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const {
-  if (len > capacity_ || addr > capacity_ - len) {
+  if (!contains(addr, len)) {
     throw MemoryError(fmt::format("{}: {} [{:#x}, {:#x}) ({} bytes) is outside the memory: capacity {} ({} bytes), "
                                   "valid addresses 0x0..{:#x}",
                                   name(), what, addr, addr + len, len, format_bytes(capacity_), capacity_,
@@ -76,21 +76,21 @@ void Memory::check_region(const Region& r, std::string_view what) const {
 void Memory::write(std::uint64_t addr, std::span<const std::byte> data) {
   check_range(addr, data.size(), "write");
   if (data.empty()) return;
-  hazards_->check(name(), in_flight_, Region::contiguous(addr, data.size()), true, nullptr);
+  hazards_->check(*this, in_flight_, Region::contiguous(addr, data.size()), true, nullptr);
   if (functional_) store_.write(addr, data.data(), data.size());
 }
 
 void Memory::fill(std::uint64_t addr, std::uint64_t len, std::byte value) {
   check_range(addr, len, "fill");
   if (len == 0) return;
-  hazards_->check(name(), in_flight_, Region::contiguous(addr, len), true, nullptr);
+  hazards_->check(*this, in_flight_, Region::contiguous(addr, len), true, nullptr);
   if (functional_) store_.fill(addr, len, value);
 }
 
 void Memory::read(std::uint64_t addr, std::span<std::byte> out) {
   check_range(addr, out.size(), "read");
   if (out.empty()) return;
-  hazards_->check(name(), in_flight_, Region::contiguous(addr, out.size()), false, nullptr);
+  hazards_->check(*this, in_flight_, Region::contiguous(addr, out.size()), false, nullptr);
   if (!functional_) {
     std::memset(out.data(), 0, out.size());
     return;

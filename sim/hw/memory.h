@@ -121,6 +121,8 @@ class Memory final : public PathUnit {
   std::uint64_t resident_bytes() const { return store_.resident_bytes(); }
   // What the channels served: counters() (unit.h).
 
+  // Whether [addr, addr + len) lies inside the memory.
+  bool contains(std::uint64_t addr, std::uint64_t len) const { return len <= capacity_ && addr <= capacity_ - len; }
   // Throws MemoryError unless [addr, addr + len) lies inside the memory. `what` says who asked.
   void check_range(std::uint64_t addr, std::uint64_t len, std::string_view what) const;
   void check_region(const Region& r, std::string_view what) const;

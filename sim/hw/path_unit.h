@@ -35,8 +35,8 @@ namespace cubesim::hw {
 // One chunk at one stage.
 struct ChunkVisit {
   std::uint64_t transfer = 0;            // the transfer's id (trace spans are named "t<id>")
-  const std::string* from = nullptr;     // the transfer's source and destination memories (trace args)
-  const std::string* to = nullptr;
+  const Unit* from = nullptr;            // the transfer's source and destination memories (trace args)
+  const Unit* to = nullptr;
   std::uint64_t chunk = 0;               // the chunk's number in its transfer
   const Region* region = nullptr;        // the transfer's region in this stage's memory (memories)
   std::uint64_t offset = 0;              // the chunk's first byte, from the start of the transfer

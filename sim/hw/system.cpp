@@ -76,7 +76,10 @@ std::vector<std::string> PathFigures::stage_names() const {
 bool TransferHandle::done() const { return rec_ == nullptr || rec_->id != id_ || rec_->done; }
 
 Time TransferHandle::wait() {
-  if (!done()) rec_->event->wait();
+  if (!done()) {
+    if (!rec_->event) rec_->event = std::make_unique<sim::Event>("transfer");  // made only when someone waits
+    rec_->event->wait();
+  }
   if (rec_) return rec_->sys->simulator().now();
   sim::Simulator* s = sim::Simulator::active();
   return s ? s->now() : 0;
@@ -483,9 +486,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
                                     src.name(), dst.name(), sr.bytes(), format_region(sr), dr.bytes(), format_region(dr)));
   }
   // (A region of one row inside the memory, the common case, passes without the call.)
-  auto inside = [](const Memory& m, const Region& r) {
-    return r.rows == 1 && r.row_bytes <= m.capacity() && r.addr <= m.capacity() - r.row_bytes;
-  };
+  auto inside = [](const Memory& m, const Region& r) { return r.rows == 1 && m.contains(r.addr, r.row_bytes); };
   if (!inside(src, sr)) src.check_region(sr, "transfer source");
   if (!inside(dst, dr)) dst.check_region(dr, "transfer destination");
   if (&src == &dst && sr.overlaps(dr)) {
@@ -512,16 +513,16 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   r->id = next_transfer_id_++;
   r->src = &src;
   r->dst = &dst;
-  r->src_name = &src.name();
-  r->dst_name = &dst.name();
+  r->src_unit = &src;
+  r->dst_unit = &dst;
   r->src_region = sr;
   r->dst_region = dr;
   r->issued = sim_->now();
   const bool tracking = hazard_tracker_.enabled();
   if (tracking || (opts_.functional && opts_.check_uninitialized)) hazard_tracker_.actor_into(r->issuer);
   if (tracking) {
-    hazard_tracker_.check(src.name(), src.in_flight_, sr, false, r);
-    hazard_tracker_.check(dst.name(), dst.in_flight_, dr, true, r);
+    hazard_tracker_.check(src, src.in_flight_, sr, false, r);
+    hazard_tracker_.check(dst, dst.in_flight_, dr, true, r);
   }
   if (opts_.functional && opts_.check_uninitialized) {
     for (std::uint64_t row = 0; row < sr.rows; ++row) {
@@ -545,8 +546,7 @@ TransferHandle System::start_transfer(Memory& src, const Region& sr, Memory& dst
   r->landed = 0;
   r->landing = 0;
   r->done = false;
-  r->event.reset();
-  r->event.emplace("transfer");
+  if (r->event && r->event->triggered()) r->event->reset();  // a waiter of an earlier use made it
   Time first = r->issued;
   if (p.injector) {
     // The channel is busy for the full chunks at the path's pace and the last chunk for its own bytes.
@@ -607,8 +607,8 @@ void System::advance(TransferRecord* r, std::uint64_t chunk, std::size_t stage, 
   const Time now = sim_->now();
   sim::Trace& tr = sim_->trace();
   ChunkVisit v{.transfer = r->id,
-               .from = r->src_name,
-               .to = r->dst_name,
+               .from = r->src_unit,
+               .to = r->dst_unit,
                .chunk = chunk,
                .offset = off,
                .bytes = std::min(r->chunk, r->bytes - off),
@@ -686,7 +686,7 @@ void System::land(TransferRecord* r) {
   --r->path->users;
   bytes_moved_ += r->bytes;
   r->done = true;
-  r->event->trigger();
+  if (r->event) r->event->trigger();
   const OnLanded cb = r->landed_cb;
   r->next_free = free_records_;
   free_records_ = r;

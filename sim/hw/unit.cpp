@@ -103,7 +103,7 @@ void PathUnit::trace_chunk(const ChunkVisit& v, Server& s, std::uint64_t channel
   if (end <= start) return;
   s.traced_until = end;
   tr.span(s.track, fmt::format("t{}", v.transfer), start, end,
-          {{"bytes", bytes}, {"chunk", v.chunk}, {"from", *v.from}, {"to", *v.to}});
+          {{"bytes", bytes}, {"chunk", v.chunk}, {"from", v.from->name()}, {"to", v.to->name()}});
 }
 
 }  // namespace cubesim::hw
