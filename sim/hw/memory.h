@@ -169,6 +169,12 @@ class Memory final : public PathUnit {
   bool functional_;
   bool check_uninitialized_;
   std::uint64_t capacity_;
+  // What every transfer from or to it reads, next to the fields above (two cache lines, not four):
+  // Transfers reading from / writing to this memory right now (for the hazard checker).
+  InFlightSet in_flight_;
+  // The System's path from path_src_ to this memory, the last one asked for (System::path).
+  const Memory* path_src_ = nullptr;
+  Path* path_ = nullptr;
   sim::Bandwidth bandwidth_;
   sim::Duration latency_;
   std::uint64_t interleave_;
@@ -189,11 +195,6 @@ class Memory final : public PathUnit {
   sim::Duration fast_duration_ = 0;
   SparseStore store_;
   Allocator allocator_;
-  // Transfers reading from / writing to this memory right now (for the hazard checker).
-  InFlightSet in_flight_;
-  // The System's path from path_src_ to this memory, the last one asked for (System::path).
-  const Memory* path_src_ = nullptr;
-  Path* path_ = nullptr;
 };
 
 }  // namespace cubesim::hw

@@ -390,6 +390,9 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   }
   if (dst_pe) dma_stage(*dst_pe, true);
   memory_stage(dst, false);
+  // Exactly its stages: a barrier over thousands of ranks holds thousands of paths thousands of hops
+  // long at once, where growth's spare capacity was a third of the peak memory.
+  p->stages.shrink_to_fit();
 
   const bool has_links = p->figures.hops > 0;
   if (has_links || !p->injector) p->chunk = topo_.chunk_bytes;
