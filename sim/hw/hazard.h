@@ -26,6 +26,8 @@
 #include "sim/core/time.h"
 #include "sim/hw/region.h"
 
+#include <boost/container/small_vector.hpp>
+
 namespace cubesim::hw {
 class Unit;
 }
@@ -99,8 +101,8 @@ class InFlightSet {
   }
   // Drops transfer t's read (write = false) or write entry, added before.
   void remove(const TransferInfo* t, bool write) { (write ? writes_ : reads_).remove(t, write); }
-  std::span<const InFlight> reads() const { return reads_.v; }
-  std::span<const InFlight> writes() const { return writes_.v; }
+  std::span<const InFlight> reads() const { return {reads_.v.data(), reads_.v.size()}; }
+  std::span<const InFlight> writes() const { return {writes_.v.data(), writes_.v.size()}; }
   // Forgets every entry (System::abandon_transfers: transfers of a failed run that will never land).
   void clear() {
     reads_ = {};
@@ -109,7 +111,9 @@ class InFlightSet {
 
  private:
   struct List {
-    std::vector<InFlight> v;
+    // Inline for the usual one or two (a memory a collective reads from or writes to): no separate
+    // buffer to reach per transfer.
+    boost::container::small_vector<InFlight, 2> v;
     std::size_t dead = 0;
     void remove(const TransferInfo* t, bool write);
   };
