@@ -61,6 +61,7 @@ struct Path {
   Memory* dst = nullptr;
   std::uint32_t users = 0;  // transfers in flight on it: a path in use is never evicted
   bool l2 = false;          // an L2 is one of its stages
+  sim::Duration flow_delays = 0;  // figures.alpha less the injector's overhead (a flow's fixed delays)
   // The flow level's stage times for the sizes it last asked (FlowEngine::times): a message's flow
   // needs them when it starts and again for the counters when it ends, and a path's messages are
   // mostly of one size, so they are worked out once per size, not per message.
@@ -74,7 +75,7 @@ struct Path {
       FlowResource* res = nullptr;        // its unit's state in the flow engine (FlowEngine::resource)
       bool arrival = false;               // a link: counts wire bytes
     };
-    std::vector<Each> each;  // per stage
+    boost::container::small_vector<Each, 5> each;  // per stage (inline up to five: no buffer of its own)
   } flow_times;
   PathFigures figures;      // without stages and links (System::path_figures lists them from `stages`)
 };
@@ -111,6 +112,7 @@ struct TransferRecord : TransferInfo {
   sim::Duration delays = 0;      // the path's fixed delays paid after the last byte (alpha less the DMA
                                  // request overhead, less the HBM's latency where the L2 holds the source)
   bool l2_hit = false;           // the source is all in its L2 (a read stage at the L2's figures)
+  bool path_l2 = false;          // its path has an L2 (Path::l2, here to spare the path a visit at the stop)
   bool split = false;            // its last chunk goes to the chunk level (a path through an L2, idle)
   bool packet = false;           // its last chunk goes through the queues as one piece (FlowEngine::hop)
   bool body_done = false;        // the fluid's last byte has left its last unit

@@ -171,7 +171,8 @@ void FlowEngine::start(TransferRecord* r) {
   // without the HBM's latency. (Its counters, hits and misses come from that lookup.) The chunk level
   // times the last chunk of such a message (engine.h).
   r->l2_hit = false;
-  r->delays = p.figures.alpha - p.injector_overhead;
+  r->delays = p.flow_delays;
+  r->path_l2 = p.l2;
   const std::uint64_t body = r->nchunks > 1 ? (r->nchunks - 1) * r->chunk : r->bytes;
   // What each L2 of the path moves to and from its HBM for this body (fills and write-backs): the
   // flow uses the HBM for them, as the chunk level books its channels (at most two L2s: each end).
@@ -333,7 +334,7 @@ void FlowEngine::stop(TransferRecord* r, std::uint32_t generation) {
     }
   }
   if (fast) {
-    r->split = r->tail > 0 && r->path->l2;
+    r->split = r->tail > 0 && r->path_l2;
     body_out(r);
     return;
   }

@@ -111,10 +111,10 @@ class InFlightSet {
 
  private:
   struct List {
+    std::size_t dead = 0;  // (before v: next to its size and first entries)
     // Inline for the usual one or two (a memory a collective reads from or writes to): no separate
     // buffer to reach per transfer.
     boost::container::small_vector<InFlight, 2> v;
-    std::size_t dead = 0;
     void remove(const TransferInfo* t, bool write);
   };
   List reads_, writes_;

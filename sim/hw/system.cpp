@@ -416,6 +416,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     p->pace = std::max(p->pace, sf.time(p->chunk));
   }
   f.chunk_time = p->pace;
+  p->flow_delays = f.alpha - p->injector_overhead;
   // A chunk is injected by an event d_pre after its head left the source, so local stages before
   // the first link book up to d_pre in the past: bookings younger than that must not be forgotten.
   if (p->d_pre > lookback_) {
