@@ -1,6 +1,7 @@
 // The ring algorithms of a timing-only run as callbacks (ring_callbacks.h).
 #include "runtime/algorithms/ring_callbacks.h"
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <string>
@@ -57,7 +58,8 @@ class RingRun {
  public:
   RingRun(Context& ctx, const Members& m, std::int64_t n, DType d, RingPhases phases)
       : ctx_(ctx), sim_(ctx.simulator()), be_(ctx.backend()), order_(m.order), tag_(m.phase), ring_phases_(phases),
-        n_(n), dtype_(d), el_(dtype_size(d)), M_(m.size()), slots_(static_cast<std::size_t>(m.size())) {
+        n_(n), dtype_(d), el_(dtype_size(d)), M_(m.size()), base_(n / m.size()), rem_(n % m.size()),
+        slots_(static_cast<std::size_t>(m.size())) {
     if (phases != RingPhases::all_gather) kinds_[phases_++] = Kind::reduce_scatter;
     if (phases != RingPhases::reduce_scatter) kinds_[phases_++] = Kind::all_gather;
   }
@@ -125,10 +127,14 @@ class RingRun {
  private:
   Slot& next(const Slot& k) { return slots_[static_cast<std::size_t>(k.pos + 1 == M_ ? 0 : k.pos + 1)]; }
   Slot& prev(const Slot& k) { return slots_[static_cast<std::size_t>(k.pos == 0 ? M_ - 1 : k.pos - 1)]; }
+  // chunk_range(n_, M_, i) without its divisions (two per call, several per message).
+  Range chunk(int i) const {
+    return Range{i * base_ + std::min<std::int64_t>(i, rem_), base_ + (i < rem_ ? 1 : 0)};
+  }
   int stage_of(const Slot& k, std::int64_t count) const { return k.stage_numel[0] == count ? 0 : 1; }
   // The reduction of k's current receive (reduce-scatter), as Comm::reduce_local prices it.
   sim::Duration reduce_time(const Slot& k) const {
-    return k.reduce_time[stage_of(k, chunk_range(n_, M_, mod(k.pos - k.step - 2, M_)).count)];
+    return k.reduce_time[stage_of(k, chunk(mod(k.pos - k.step - 2, M_)).count)];
   }
 
   // Offers the rank's send of this step and posts its receive, starting each transfer whose other
@@ -150,7 +156,7 @@ class RingRun {
   void start(Slot& f, Slot& k) {
     const int s = k.step;
     const Kind kind = kinds_[k.phase];
-    const Range r = chunk_range(n_, M_, mod(k.pos - s - (kind == Kind::reduce_scatter ? 2 : 1), M_));
+    const Range r = chunk(mod(k.pos - s - (kind == Kind::reduce_scatter ? 2 : 1), M_));
     const std::uint64_t bytes = static_cast<std::uint64_t>(r.count) * el_;
     const std::uint64_t at = static_cast<std::uint64_t>(r.begin) * el_;
     Storage* dst = k.flat;
@@ -277,6 +283,7 @@ class RingRun {
   DType dtype_;
   std::uint64_t el_;
   int M_;
+  std::int64_t base_, rem_;  // n_ / M_, n_ % M_
   Kind kinds_[2] = {Kind::reduce_scatter, Kind::reduce_scatter};
   std::uint8_t phases_ = 0;
   std::vector<Slot> slots_;
