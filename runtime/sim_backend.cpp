@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/sim_pe_attention.h"
+#include "kernels/reduce.h"
 #include "kernels/sim_pe_gemm.h"
 #include "runtime/backend_info.h"
 #include "runtime/errors.h"
@@ -159,6 +160,26 @@ sim::Duration SimBackend::cost_time(int rank, const OpCost& c) const {
     if (c.kind == OpCost::Kind::reduce) t += spec.kernel.reduction;
   }
   return t;
+}
+
+bool SimBackend::reduce(const Tensor& dst, const Tensor& src, ReduceOp op) {
+  if (!dst.is_contiguous() || !src.is_contiguous() || dst.nbytes() != src.nbytes()) return false;
+  auto& d = static_cast<SimStorage&>(dst.storage());
+  auto& s = static_cast<SimStorage&>(src.storage());
+  struct How {
+    DType dtype;
+    ReduceOp op;
+  } how{dst.dtype(), op};
+  // Pieces end at page boundaries of either tensor, both element-aligned: whole elements each.
+  d.memory().combine(
+      s.memory(), s.addr() + src.byte_offset(), d.addr() + dst.byte_offset(), dst.nbytes(),
+      [](std::byte* a, const std::byte* b, std::uint64_t n, void* x) {
+        const auto& h = *static_cast<const How*>(x);
+        kernels::reduce_values(reinterpret_cast<std::uint8_t*>(a), reinterpret_cast<const std::uint8_t*>(b), h.dtype,
+                               static_cast<std::int64_t>(n / dtype_size(h.dtype)), h.op);
+      },
+      &how);
+  return true;
 }
 
 void SimBackend::charge(int rank, const OpCost& c, sim::Duration overlapped_with) {

@@ -86,6 +86,8 @@ class SimBackend final : public Backend {
   bool simulates_time() const override { return true; }
   void delay(int rank, sim::Duration d, std::string_view what) override;
   void charge(int rank, const OpCost& cost, sim::Duration overlapped_with) override;
+  // dst = op(dst, src) in the simulated memory's pages, with no copy out and back (hw::Memory::combine).
+  bool reduce(const Tensor& dst, const Tensor& src, ReduceOp op) override;
   sim::Duration charge_time(int rank, const OpCost& cost) const override { return cost_time(rank, cost); }
   // GEMMs run on the rank's cube's PEs (kernels/sim_pe_gemm.h): tiles through TCM by DMA.
   bool gemm(const Tensor& a, const Tensor& b, const Tensor* bias, const Tensor& c, const char* name) override;

@@ -95,16 +95,34 @@ void Memory::read(std::uint64_t addr, std::span<std::byte> out) {
     std::memset(out.data(), 0, out.size());
     return;
   }
-  if (check_uninitialized_) {
-    if (auto u = store_.first_unwritten(addr, out.size())) {
-      throw UninitializedReadError(
-          fmt::format("{}: {} reads [{:#x}, {:#x}) at {} but byte {:#x} was never written; write it first, or set "
-                      "check_uninitialized off to read zeros (Context(check_uninitialized=False) in Python)",
-                      name(), hazards_->actor(), addr, addr + out.size(), sim::format_time(sim_->now()), *u),
-          *u);
-    }
-  }
+  check_written(addr, out.size());
   store_.read(addr, out.data(), out.size());
+}
+
+void Memory::check_written(std::uint64_t addr, std::uint64_t len) const {
+  if (!check_uninitialized_) return;
+  if (auto u = store_.first_unwritten(addr, len)) {
+    throw UninitializedReadError(
+        fmt::format("{}: {} reads [{:#x}, {:#x}) at {} but byte {:#x} was never written; write it first, or set "
+                    "check_uninitialized off to read zeros (Context(check_uninitialized=False) in Python)",
+                    name(), hazards_->actor(), addr, addr + len, sim::format_time(sim_->now()), *u),
+        *u);
+  }
+}
+
+void Memory::combine(Memory& src, std::uint64_t src_addr, std::uint64_t dst_addr, std::uint64_t len,
+                     SparseStore::Combine f, void* ctx) {
+  check_range(dst_addr, len, "combine");
+  src.check_range(src_addr, len, "combine source");
+  if (len == 0) return;
+  // As read(dst), read(src), write(dst) would check them, in that order.
+  const Region d = Region::contiguous(dst_addr, len);
+  hazards_->check(*this, in_flight_, d, false, nullptr);
+  if (functional_) check_written(dst_addr, len);
+  src.hazards_->check(src, src.in_flight_, Region::contiguous(src_addr, len), false, nullptr);
+  if (src.functional_) src.check_written(src_addr, len);
+  hazards_->check(*this, in_flight_, d, true, nullptr);
+  if (functional_ && src.functional_) store_.combine_from(src.store_, src_addr, dst_addr, len, f, ctx);
 }
 
 std::optional<std::uint64_t> Memory::first_unwritten(std::uint64_t addr, std::uint64_t len) const {

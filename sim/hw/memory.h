@@ -105,6 +105,12 @@ class Memory final : public PathUnit {
     read_as<T>(addr, std::span<T>(v));
     return v;
   }
+  // dst = f(dst, src) in place over [dst_addr, dst_addr + len) of this memory and [src_addr,
+  // src_addr + len) of `src` (may be this one; the ranges must not overlap), with the checks of
+  // reading dst, reading src, then writing dst (bounds, hazards, never-written bytes) and no copy
+  // out and back: what a reduction step does (SimBackend::reduce). Nothing in timing-only mode.
+  void combine(Memory& src, std::uint64_t src_addr, std::uint64_t dst_addr, std::uint64_t len,
+               SparseStore::Combine f, void* ctx);
   // The first never-written byte in [addr, addr + len), if any (nullopt in timing-only mode).
   std::optional<std::uint64_t> first_unwritten(std::uint64_t addr, std::uint64_t len) const;
 
@@ -162,6 +168,8 @@ class Memory final : public PathUnit {
  private:
   friend class System;  // moves bytes when a transfer lands, and keeps in_flight_
   void count(UnitCounters& u) const override;
+  // Throws UninitializedReadError if a byte of [addr, addr + len) was never written (when checking).
+  void check_written(std::uint64_t addr, std::uint64_t len) const;
   Server& flow_server() override { return stripe_; }  // a flow spreads over every channel
   sim::Simulator* sim_;
   HazardTracker* hazards_;

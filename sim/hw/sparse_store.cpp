@@ -110,6 +110,23 @@ void SparseStore::copy_from(const SparseStore& src, std::uint64_t src_addr, std:
   }
 }
 
+void SparseStore::combine_from(const SparseStore& src, std::uint64_t src_addr, std::uint64_t dst_addr,
+                               std::uint64_t len, Combine f, void* ctx) {
+  static const std::byte kZeros[kPageBytes] = {};
+  while (len > 0) {
+    const std::uint64_t soff = src_addr % kPageBytes;
+    const std::uint64_t doff = dst_addr % kPageBytes;
+    const std::uint64_t n = std::min({len, kPageBytes - soff, kPageBytes - doff});
+    Page& d = page_for_write(dst_addr / kPageBytes, false);  // read too: never "whole"
+    const Page* s = src.find(src_addr / kPageBytes);  // (a node of the map: stays put when d is made)
+    f(d.data.get() + doff, s ? s->data.get() + soff : kZeros, n, ctx);
+    mark_written(d, doff, doff + n);
+    src_addr += n;
+    dst_addr += n;
+    len -= n;
+  }
+}
+
 std::optional<std::uint64_t> SparseStore::first_unwritten(std::uint64_t addr, std::uint64_t len) const {
   while (len > 0) {
     const std::uint64_t off = addr % kPageBytes;

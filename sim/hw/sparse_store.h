@@ -33,6 +33,13 @@ class SparseStore {
   void read(std::uint64_t addr, std::byte* dst, std::uint64_t len) const;
   // Copies from another store (not the same one); the destination bytes count as written.
   void copy_from(const SparseStore& src, std::uint64_t src_addr, std::uint64_t dst_addr, std::uint64_t len);
+  // dst = f(dst, src) in place, piece by piece where both ranges are contiguous (pieces end at either
+  // range's page boundaries): f(d, s, n) combines n bytes at s into d. src may be this store (the
+  // ranges must not overlap); never-written source bytes read as zero; the destination bytes count
+  // as written.
+  using Combine = void (*)(std::byte* d, const std::byte* s, std::uint64_t n, void* ctx);
+  void combine_from(const SparseStore& src, std::uint64_t src_addr, std::uint64_t dst_addr, std::uint64_t len,
+                    Combine f, void* ctx);
 
   std::optional<std::uint64_t> first_unwritten(std::uint64_t addr, std::uint64_t len) const;
   bool all_written(std::uint64_t addr, std::uint64_t len) const { return !first_unwritten(addr, len); }

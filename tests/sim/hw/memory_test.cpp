@@ -84,6 +84,57 @@ TEST(SparseStore, CopyFromAnotherStore) {
   EXPECT_FALSE(b.first_unwritten(777, data.size()));
 }
 
+// combine_from against a byte-wise reference on random data: ranges that start at different page
+// offsets (pieces end at either's boundaries), within one store and across two, a source page
+// never written (zeros).
+TEST(SparseStore, CombineInPlacePieceByPiece) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto add = [](std::byte* d, const std::byte* s, std::uint64_t n, void*) {
+    for (std::uint64_t i = 0; i < n; ++i) d[i] = static_cast<std::byte>(static_cast<unsigned>(d[i]) + static_cast<unsigned>(s[i]));
+  };
+  for (int same = 0; same < 2; ++same) {
+    SparseStore a, b;
+    SparseStore& dst = same ? a : b;
+    const std::size_t n = 100'000 + rng() % 200'000;
+    const std::uint64_t src_at = rng() % (3 * SparseStore::kPageBytes);
+    const std::uint64_t dst_at = 8 * SparseStore::kPageBytes + rng() % (3 * SparseStore::kPageBytes);
+    const auto x = random_bytes(n, static_cast<std::uint32_t>(rng()));
+    const auto y = random_bytes(n, static_cast<std::uint32_t>(rng()));
+    a.write(src_at, x.data(), n / 2);  // the source's second half never written: zeros
+    dst.write(dst_at, y.data(), n);
+    dst.combine_from(a, src_at, dst_at, n, add, nullptr);
+    std::vector<std::byte> got(n);
+    dst.read(dst_at, got.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto want = static_cast<std::byte>(static_cast<unsigned>(y[i]) + (i < n / 2 ? static_cast<unsigned>(x[i]) : 0u));
+      ASSERT_EQ(got[i], want) << "byte " << i << (same ? " (one store)" : " (two stores)");
+    }
+    EXPECT_FALSE(dst.first_unwritten(dst_at, n));
+  }
+}
+
+// Memory::combine checks as a read of both and a write of the destination do: never-written bytes
+// and transfers in flight are refused with the same messages.
+TEST(Memory, CombineChecksAsReadsAndAWrite) {
+  sim::Simulator sim;
+  System sys(sim, small_topology());
+  Memory& m = sys.hbm(1);
+  auto add = [](std::byte* d, const std::byte* s, std::uint64_t n, void*) {
+    for (std::uint64_t i = 0; i < n; ++i) d[i] = static_cast<std::byte>(static_cast<unsigned>(d[i]) + static_cast<unsigned>(s[i]));
+  };
+  m.write_as<std::uint8_t>(0, std::vector<std::uint8_t>{1, 2, 3, 4});
+  m.write_as<std::uint8_t>(4096, std::vector<std::uint8_t>{10, 20, 30});
+  try {
+    m.combine(m, 4096, 0, 4, add, nullptr);  // the source's 4th byte was never written
+    ADD_FAILURE() << "expected UninitializedReadError";
+  } catch (const UninitializedReadError& e) {
+    EXPECT_EQ(e.first_unwritten(), 4099u);
+  }
+  m.combine(m, 4096, 0, 3, add, nullptr);
+  EXPECT_EQ(m.read_as<std::uint8_t>(0, 4), (std::vector<std::uint8_t>{11, 22, 33, 4}));
+  EXPECT_THROW(m.combine(m, 0, 1ull << 50, 3, add, nullptr), MemoryError);
+}
+
 TEST(Memory, ReadsWhatWasWrittenAndRejectsNeverWrittenBytes) {
   sim::Simulator sim;
   System sys(sim, small_topology());
