@@ -408,14 +408,19 @@ void Comm::reduce_local(const Tensor& dst, const Tensor& src, ReduceOp op, sim::
     be.fault_point(Backend::FaultPoint::reduce, dst);
     if (reduce_tap && *reduce_tap) (*reduce_tap)(src, dst);
   }
+  be.charge(rank_, reduce_cost(dst.dtype(), n), overlapped);
+}
+
+OpCost reduce_cost(DType dtype, std::int64_t n) {
+  const std::uint64_t bytes = static_cast<std::uint64_t>(n) * dtype_size(dtype);
   OpCost c;
   c.kind = OpCost::Kind::reduce;
   c.name = "reduce";
-  c.dtype = dst.dtype();
+  c.dtype = dtype;
   c.bytes_read = 2 * bytes;
   c.bytes_written = bytes;
   c.flops = static_cast<double>(n);
-  be.charge(rank_, c, overlapped);
+  return c;
 }
 
 void Comm::copy_local(const Tensor& dst, const Tensor& src) {

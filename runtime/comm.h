@@ -192,6 +192,9 @@ class Comm {
   std::exception_ptr send_error_;
 };
 
+// What one reduction step of n elements (dst = op(dst, src)) costs: read both, write one.
+OpCost reduce_cost(DType dtype, std::int64_t n);
+
 // Message plumbing the collectives and point-to-point calls share (comm.cpp). The calling process
 // is a rank's; `what` names the call for messages and outlives the message.
 // The sender's side: offers n bytes of src; starts the transfer if the receiver has posted. The

@@ -46,7 +46,6 @@ struct Slot {
   std::uint64_t stage_off[2] = {0, 0};
   sim::Duration reduce_time[2] = {0, 0};
   int rank = -1;
-  const std::string* what = nullptr;  // the collective's name
   std::exception_ptr error;
   std::unique_ptr<sim::Event> done;
 };
@@ -57,7 +56,7 @@ enum class Resume { enter, received, reduced, phase_over };
 class RingRun {
  public:
   RingRun(Context& ctx, const Members& m, std::int64_t n, DType d, RingPhases phases)
-      : ctx_(ctx), sim_(ctx.simulator()), be_(ctx.backend()), order_(m.order), tag_(m.phase), ring_phases_(phases),
+      : sim_(ctx.simulator()), be_(ctx.backend()), order_(m.order), tag_(m.phase), ring_phases_(phases),
         n_(n), dtype_(d), el_(dtype_size(d)), M_(m.size()), base_(n / m.size()), rem_(n % m.size()),
         slots_(static_cast<std::size_t>(m.size())) {
     if (phases != RingPhases::all_gather) kinds_[phases_++] = Kind::reduce_scatter;
@@ -74,7 +73,6 @@ class RingRun {
     k.run = this;
     k.pos = m.pos;
     k.rank = c.rank();
-    k.what = &c.name();
     k.flat = &flat.storage();
     k.flat_off = flat.byte_offset();
     if (kinds_[0] == Kind::reduce_scatter) {
@@ -88,14 +86,7 @@ class RingRun {
         k.stage_numel[b] = count;
         k.stage[b] = &t.storage();
         k.stage_off[b] = t.byte_offset();
-        OpCost cost;  // as Comm::reduce_local prices it
-        cost.kind = OpCost::Kind::reduce;
-        cost.name = "reduce";
-        cost.dtype = dtype_;
-        cost.bytes_read = 2 * t.nbytes();
-        cost.bytes_written = t.nbytes();
-        cost.flops = static_cast<double>(count);
-        k.reduce_time[b] = be_.charge_time(k.rank, cost);
+        k.reduce_time[b] = be_.charge_time(k.rank, reduce_cost(dtype_, count));  // as Comm::reduce_local
         c.keep_staging(std::move(t));
       }
     }
@@ -273,7 +264,6 @@ class RingRun {
                        k->step + 1, r.M_ - 1, ph, k->posted ? "waiting for" : "receiving", from);
   }
 
-  Context& ctx_;
   sim::Simulator& sim_;
   Backend& be_;
   std::vector<int> order_;
