@@ -55,8 +55,8 @@ enum class Resume { enter, received, reduced, phase_over };
 
 class RingRun {
  public:
-  RingRun(Context& ctx, const Members& m, std::int64_t n, DType d, RingPhases phases)
-      : sim_(ctx.simulator()), be_(ctx.backend()), order_(m.order), tag_(m.phase), ring_phases_(phases),
+  RingRun(Context& ctx, const ProcessGroup& g, const Members& m, std::int64_t n, DType d, RingPhases phases)
+      : group_(g), sim_(ctx.simulator()), be_(ctx.backend()), order_(m.order), tag_(m.phase), ring_phases_(phases),
         n_(n), dtype_(d), el_(dtype_size(d)), M_(m.size()), base_(n / m.size()), rem_(n % m.size()),
         slots_(static_cast<std::size_t>(m.size())) {
     if (phases != RingPhases::all_gather) kinds_[phases_++] = Kind::reduce_scatter;
@@ -256,14 +256,15 @@ class RingRun {
     if (k->finished) return "over";
     if (k->handed_back && !k->waiting_all) return fmt::format("rank {}: its last receive landed", k->rank);
     const char* ph = r.kinds_[k->phase] == Kind::reduce_scatter ? "reduce-scatter" : "all-gather";
-    const int from = r.order_[static_cast<std::size_t>(k->pos == 0 ? r.M_ - 1 : k->pos - 1)];
+    const int from = r.group_.rank_at(r.order_[static_cast<std::size_t>(k->pos == 0 ? r.M_ - 1 : k->pos - 1)]);
     if (k->waiting_all) {
       return fmt::format("rank {} at the end of the ring's {}: {} of its sends not landed", k->rank, ph, k->outstanding);
     }
-    return fmt::format("rank {} at step {} of {} of the ring's {}: {} the message from group index {}", k->rank,
+    return fmt::format("rank {} at step {} of {} of the ring's {}: {} the message from rank {}", k->rank,
                        k->step + 1, r.M_ - 1, ph, k->posted ? "waiting for" : "receiving", from);
   }
 
+  const ProcessGroup& group_;
   sim::Simulator& sim_;
   Backend& be_;
   std::vector<int> order_;
@@ -294,7 +295,7 @@ bool ring_by_callbacks(Comm& c, const Members& m, const Tensor& flat, ReduceOp, 
     if (r->matches(m, phases, flat.numel(), flat.dtype())) run = std::move(r);
   }
   if (!run) {
-    run = std::make_shared<RingRun>(ctx, m, flat.numel(), flat.dtype(), phases);
+    run = std::make_shared<RingRun>(ctx, c.group(), m, flat.numel(), flat.dtype(), phases);
     runs.push_back(run);
     ctx.count_callback_ring();
   }
