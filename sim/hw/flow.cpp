@@ -234,6 +234,7 @@ void FlowEngine::start(TransferRecord* r) {
   // which drains in the idle time (to the picosecond per chunk), and beside others it takes the
   // share of a link its wire bytes arrive at, as at the chunk level.
   sim::Duration pace = 0, slowest = 0;
+  const Path::FlowTimes& memo = times(r);  // (its stage times, and each stage's unit state for the legs)
   if (!r->wire.identity()) {
     const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
     for (std::size_t s = 0; s < p.stages.size(); ++s) {
@@ -241,9 +242,8 @@ void FlowEngine::start(TransferRecord* r) {
       slowest = std::max(slowest, stage_time(p, s, last, WireScale{}, r->l2_hit));
     }
   } else if (!r->l2_hit) {
-    const Path::FlowTimes& t = times(r);
-    pace = t.pace;
-    slowest = t.slowest;
+    pace = memo.pace;
+    slowest = memo.slowest;
   } else {
     const std::uint64_t last = r->bytes - (r->nchunks - 1) * r->chunk;
     for (std::size_t s = 0; s < p.stages.size(); ++s) {
@@ -273,7 +273,6 @@ void FlowEngine::start(TransferRecord* r) {
     leg_stamp_ = 1;
   }
   // Each stage's unit state from the path's memo (not through the unit: one line fewer per stage).
-  const Path::FlowTimes& memo = times(r);
   for (const Path::FlowTimes::Each& each : memo.each) {
     FlowResource& e = *each.res;
     const double w = e.ps_per_byte * (each.arrival && !r->wire.identity()
