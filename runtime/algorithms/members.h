@@ -21,7 +21,9 @@ struct Members {
   std::uint64_t phase = 0;
 
   int size() const { return static_cast<int>(order.size()); }
-  int at(int p) const { return order[static_cast<std::size_t>(((p % size()) + size()) % size())]; }
+  int at(int p) const { return order[static_cast<std::size_t>(mod(p, size()))]; }
+  // a mod m in [0, m) for negative a too (ring positions counted back).
+  static int mod(int a, int m) { return ((a % m) + m) % m; }
   static Members whole(const Comm& c, std::uint64_t phase = 0);
 };
 

@@ -30,7 +30,6 @@ namespace {
 constexpr NcclAlgo kAlgos[] = {NcclAlgo::ring, NcclAlgo::tree};
 constexpr int kMaxNcclSlices = 1024;
 
-int mod(int a, int m) { return ((a % m) + m) % m; }
 double us(sim::Duration d) { return static_cast<double>(d) / 1e6; }
 int algo_index(NcclAlgo a) { return a == NcclAlgo::ring ? 0 : 1; }
 
@@ -210,7 +209,7 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
   const int M = m.size();
   const std::int64_t n = flat.numel();
   // Ring position x is member position at(x) of m; it owns m's chunk at(x).
-  auto at = [&](int x) { return R ? (*R)[static_cast<std::size_t>(mod(x, M))] : mod(x, M); };
+  auto at = [&](int x) { return R ? (*R)[static_cast<std::size_t>(Members::mod(x, M))] : Members::mod(x, M); };
   int j = m.pos;
   if (R) j = static_cast<int>(std::find(R->begin(), R->end(), m.pos) - R->begin());
   const int next = m.at(at(j + 1)), prev = m.at(at(j - 1));
@@ -244,13 +243,13 @@ void ring_channel(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, in
   // The channel's steps: reduce-scatter's M-1 (receives reduce), then all-gather's M-1. Step t
   // sends ring position x's chunk and receives position y's under tag (phase, t).
   const int nrs = rs ? M - 1 : 0, T = nrs + (ag ? M - 1 : 0);
-  auto send_of = [&](int t, int k) { return t < nrs ? slice(mod(j - t - 1, M), k) : slice(mod(j - (t - nrs), M), k); };
+  auto send_of = [&](int t, int k) { return t < nrs ? slice(Members::mod(j - t - 1, M), k) : slice(Members::mod(j - (t - nrs), M), k); };
   auto tag_of = [&](int t, int k) {
     const int s = t < nrs ? t : t - nrs;
     return tag(t < nrs ? ph : ph + 1, static_cast<std::uint64_t>(ch), static_cast<std::uint64_t>(k) * M + s);
   };
   auto recv_slice = [&](int t, int k) {
-    return t < nrs ? slice(mod(j - t - 2, M), k) : slice(mod(j - (t - nrs) - 1, M), k);
+    return t < nrs ? slice(Members::mod(j - t - 2, M), k) : slice(Members::mod(j - (t - nrs) - 1, M), k);
   };
   // Chunk by chunk (chunk_slices slices, NCCL's chunk): every step sends the chunk's slices, each
   // after its receive of the step before. With more than one slice per chunk the receiver posts the

@@ -5,10 +5,6 @@
 
 namespace cubesim::rt::algo {
 
-namespace {
-int mod(int a, int m) { return ((a % m) + m) % m; }
-}  // namespace
-
 void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp op, const Params&) {
   const int M = m.size();
   if (M == 1 || ring_by_callbacks(c, m, flat, op, RingPhases::reduce_scatter)) return;
@@ -17,8 +13,8 @@ void ring_reduce_scatter(Comm& c, const Members& m, const Tensor& flat, ReduceOp
   const int next = m.at(j + 1), prev = m.at(j - 1);
   Tensor out, in;  // the step's chunks, views rewritten in place (no allocation per step)
   for (int s = 0; s < M - 1; ++s) {
-    c.isend(next, region(out, flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4, s));
-    c.recv_reduce(prev, region(in, flat, chunk_range(n, M, mod(j - s - 2, M))), op, tag(m.phase * 4, s));
+    c.isend(next, region(out, flat, chunk_range(n, M, Members::mod(j - s - 1, M))), tag(m.phase * 4, s));
+    c.recv_reduce(prev, region(in, flat, chunk_range(n, M, Members::mod(j - s - 2, M))), op, tag(m.phase * 4, s));
   }
   c.wait_all();
 }
@@ -31,8 +27,8 @@ void ring_all_gather(Comm& c, const Members& m, const Tensor& flat, const Params
   const int next = m.at(j + 1), prev = m.at(j - 1);
   Tensor out, in;
   for (int s = 0; s < M - 1; ++s) {
-    c.isend(next, region(out, flat, chunk_range(n, M, mod(j - s, M))), tag(m.phase * 4 + 1, s));
-    c.recv(prev, region(in, flat, chunk_range(n, M, mod(j - s - 1, M))), tag(m.phase * 4 + 1, s));
+    c.isend(next, region(out, flat, chunk_range(n, M, Members::mod(j - s, M))), tag(m.phase * 4 + 1, s));
+    c.recv(prev, region(in, flat, chunk_range(n, M, Members::mod(j - s - 1, M))), tag(m.phase * 4 + 1, s));
   }
   c.wait_all();
 }

@@ -16,8 +16,6 @@ namespace cubesim::rt::algo {
 
 namespace {
 
-int mod(int a, int m) { return ((a % m) + m) % m; }
-
 enum class Kind : std::uint8_t { reduce_scatter, all_gather };
 
 class RingRun;
@@ -79,7 +77,7 @@ class RingRun {
       // The staging buffers in the order the rank's code asks for them (Comm::staging), handed back
       // to the Comm at once: freed with it, as there.
       for (int s = 0; s < M_ - 1; ++s) {
-        const std::int64_t count = chunk_range(n_, M_, mod(k.pos - s - 2, M_)).count;
+        const std::int64_t count = chunk(Members::mod(k.pos - s - 2, M_)).count;
         if (k.stage_numel[0] == count || k.stage_numel[1] == count) continue;
         const int b = k.stage_numel[0] < 0 ? 0 : 1;
         Tensor t = c.staging(count, dtype_);
@@ -125,7 +123,7 @@ class RingRun {
   int stage_of(const Slot& k, std::int64_t count) const { return k.stage_numel[0] == count ? 0 : 1; }
   // The reduction of k's current receive (reduce-scatter), as Comm::reduce_local prices it.
   sim::Duration reduce_time(const Slot& k) const {
-    return k.reduce_time[stage_of(k, chunk(mod(k.pos - k.step - 2, M_)).count)];
+    return k.reduce_time[stage_of(k, chunk(Members::mod(k.pos - k.step - 2, M_)).count)];
   }
 
   // Offers the rank's send of this step and posts its receive, starting each transfer whose other
@@ -147,7 +145,7 @@ class RingRun {
   void start(Slot& f, Slot& k) {
     const int s = k.step;
     const Kind kind = kinds_[k.phase];
-    const Range r = chunk(mod(k.pos - s - (kind == Kind::reduce_scatter ? 2 : 1), M_));
+    const Range r = chunk(Members::mod(k.pos - s - (kind == Kind::reduce_scatter ? 2 : 1), M_));
     const std::uint64_t bytes = static_cast<std::uint64_t>(r.count) * el_;
     const std::uint64_t at = static_cast<std::uint64_t>(r.begin) * el_;
     Storage* dst = k.flat;
