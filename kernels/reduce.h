@@ -25,12 +25,23 @@ std::string_view reduce_op_name(ReduceOp op);  // "sum", "max"
 // "sum" | "max"; anything else throws std::invalid_argument naming the input and the valid ops.
 ReduceOp parse_reduce_op(std::string_view s);
 
-// dst[i] = op(dst[i], src[i]) for i < count, rounding once to dtype. Eight elements at a time with
-// AVX2 (F16C for f16) where the CPU has them, with exactly the bits of the scalar loop.
-void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
-// The scalar loop: the definition the vector path is tested against.
+// Which loop reduce_values runs. Every choice gives the same bits (the scalar loop's); `scalar` is
+// the definition the vector loops are tested against, and `avx2`/`avx512` throw where the CPU lacks
+// them. `automatic` picks the widest this CPU runs.
+enum class ReduceIsa { automatic, scalar, avx2, avx512 };
+std::string_view reduce_isa_name(ReduceIsa isa);  // "automatic", "scalar", "avx2", "avx512"
+// Whether this CPU runs `isa`'s loop: avx2 needs AVX2 and F16C, avx512 also AVX-512F.
+bool reduce_isa_available(ReduceIsa isa);
+// What `automatic` runs on this CPU.
+ReduceIsa reduce_isa_automatic();
+
+// dst[i] = op(dst[i], src[i]) for i < count, rounding once to dtype. Sixteen elements at a time with
+// AVX-512 (eight with AVX2 and F16C) where the CPU has them, with exactly the bits of the scalar loop.
+void reduce_values(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op,
+                   ReduceIsa isa = ReduceIsa::automatic);
+// The scalar loop: reduce_values with ReduceIsa::scalar.
 void reduce_values_scalar(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op);
-// Whether reduce_values uses the vector path on this CPU.
-bool reduce_simd_available();
+// Whether reduce_values uses a vector loop on this CPU.
+inline bool reduce_simd_available() { return reduce_isa_automatic() != ReduceIsa::scalar; }
 
 }  // namespace cubesim::kernels

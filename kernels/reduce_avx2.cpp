@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "kernels/detail/reduce_loop.h"
 #include "kernels/reduce.h"
 
 namespace cubesim::kernels::detail {
@@ -59,28 +60,22 @@ inline void store_f16(std::uint16_t* p, __m256 v) {
 
 // Handles the multiple-of-8 prefix of count; returns how many elements it did.
 std::int64_t reduce_values_avx2(void* dst, const void* src, DType dtype, std::int64_t count, ReduceOp op) {
-  const std::int64_t n = count / 8 * 8;
   switch (dtype) {
-    case DType::f32: {
-      auto* d = static_cast<float*>(dst);
-      const auto* s = static_cast<const float*>(src);
-      for (std::int64_t i = 0; i < n; i += 8) {
-        _mm256_storeu_ps(d + i, combine(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i), op));
-      }
-      return n;
-    }
-    case DType::bf16: {
-      auto* d = static_cast<std::uint16_t*>(dst);
-      const auto* s = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; i += 8) store_bf16(d + i, combine(load_bf16(d + i), load_bf16(s + i), op));
-      return n;
-    }
-    case DType::f16: {
-      auto* d = static_cast<std::uint16_t*>(dst);
-      const auto* s = static_cast<const std::uint16_t*>(src);
-      for (std::int64_t i = 0; i < n; i += 8) store_f16(d + i, combine(load_f16(d + i), load_f16(s + i), op));
-      return n;
-    }
+    case DType::f32:
+      return vector_loop<float, 8>(static_cast<float*>(dst), static_cast<const float*>(src), count,
+                                   [op](float* d, const float* s) {
+                                     _mm256_storeu_ps(d, combine(_mm256_loadu_ps(d), _mm256_loadu_ps(s), op));
+                                   });
+    case DType::bf16:
+      return vector_loop<std::uint16_t, 8>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(src),
+                                           count, [op](std::uint16_t* d, const std::uint16_t* s) {
+                                             store_bf16(d, combine(load_bf16(d), load_bf16(s), op));
+                                           });
+    case DType::f16:
+      return vector_loop<std::uint16_t, 8>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(src),
+                                           count, [op](std::uint16_t* d, const std::uint16_t* s) {
+                                             store_f16(d, combine(load_f16(d), load_f16(s), op));
+                                           });
   }
   return 0;
 }

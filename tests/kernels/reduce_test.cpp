@@ -1,4 +1,4 @@
-// The reduction step (kernels/reduce.h): the vector path (AVX2, F16C) gives the scalar loop's bits
+// The reduction step (kernels/reduce.h): each vector path (AVX2 and F16C, AVX-512) gives the scalar loop's bits
 // for every dtype and op, on random bit patterns that include NaNs, infinities, subnormals, signed
 // zeros and values that overflow when added, at every length around the vector width; and the
 // sum against its definition computed in f64.
@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
@@ -49,22 +51,48 @@ std::vector<std::uint8_t> random_bits(DType d, std::int64_t n, std::mt19937_64& 
   return v;
 }
 
-TEST(ReduceValues, VectorPathGivesTheScalarBits) {
-  if (!reduce_simd_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU: reduce_values is the scalar loop";
-  std::mt19937_64 rng(20261123);
-  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
-    for (ReduceOp op : kAllReduceOps) {
-      for (std::int64_t n : {8, 9, 15, 16, 17, 63, 64, 1000, 4099}) {
-        // f32 sums of two NaNs keep either payload (the hardware's choice): NaNs only in dst there.
-        const bool src_nans = !(d == DType::f32 && op == ReduceOp::sum);
-        const auto a = random_bits(d, n, rng, true), b = random_bits(d, n, rng, src_nans);
-        auto fast = a, slow = a;
-        reduce_values(fast.data(), b.data(), d, n, op);
-        reduce_values_scalar(slow.data(), b.data(), d, n, op);
-        ASSERT_EQ(fast, slow) << dtype_name(d) << " " << reduce_op_name(op) << " n=" << n;
+// Each vector loop this CPU runs (AVX2 and AVX-512 on most hosts, both when both exist) against the
+// scalar loop, on fresh random bits each run (the seed is printed), at lengths around every vector
+// width and the loops' 64-byte line, from offsets that leave the operands misaligned.
+TEST(ReduceValues, EveryVectorPathGivesTheScalarBits) {
+  const std::uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  int paths = 0;
+  for (ReduceIsa isa : {ReduceIsa::automatic, ReduceIsa::avx2, ReduceIsa::avx512}) {
+    if (!reduce_isa_available(isa)) {
+      EXPECT_THROW(reduce_values(nullptr, nullptr, DType::f32, 0, ReduceOp::sum, isa), std::invalid_argument);
+      continue;
+    }
+    ++paths;
+    for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+      for (ReduceOp op : kAllReduceOps) {
+        for (std::int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1000, 4099, 70000}) {
+          const std::int64_t off = static_cast<std::int64_t>(rng() % 5);  // elements: misaligned starts
+          // f32 sums of two NaNs keep either payload (the hardware's choice): NaNs only in dst there.
+          const bool src_nans = !(d == DType::f32 && op == ReduceOp::sum);
+          const auto a = random_bits(d, n + off, rng, true), b = random_bits(d, n + off, rng, src_nans);
+          auto fast = a, slow = a;
+          const std::size_t o = static_cast<std::size_t>(off) * dtype_size(d);
+          reduce_values(fast.data() + o, b.data() + o, d, n, op, isa);
+          reduce_values_scalar(slow.data() + o, b.data() + o, d, n, op);
+          ASSERT_EQ(fast, slow) << reduce_isa_name(isa) << " " << dtype_name(d) << " " << reduce_op_name(op)
+                                << " n=" << n << " offset " << off;
+        }
       }
     }
   }
+  if (reduce_isa_automatic() == ReduceIsa::scalar) GTEST_SKIP() << "no AVX2/F16C on this CPU: only the scalar loop";
+  EXPECT_GE(paths, 2) << "automatic and at least one forced vector loop";
+}
+
+TEST(ReduceValues, AutomaticIsTheWidestAvailable) {
+  const ReduceIsa a = reduce_isa_automatic();
+  EXPECT_TRUE(reduce_isa_available(a));
+  if (reduce_isa_available(ReduceIsa::avx512)) EXPECT_EQ(a, ReduceIsa::avx512);
+  else if (reduce_isa_available(ReduceIsa::avx2)) EXPECT_EQ(a, ReduceIsa::avx2);
+  else EXPECT_EQ(a, ReduceIsa::scalar);
+  EXPECT_EQ(reduce_simd_available(), a != ReduceIsa::scalar);
 }
 
 // reduce.h's definition: both operands widened exactly, the f32 sum (an IEEE f32 addition: the f64
