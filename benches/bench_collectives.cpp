@@ -25,9 +25,11 @@
 //
 //   bench_collectives [--json FILE] [--quick] [--topology NAME] [--no-sweep] [--no-targets]
 //                     [--timing chunk|flow|both] [--big] [--max-mib N] [--ranks P,P,...] [--repeat N]
-//                     [--rank-code]
+//                     [--rank-code] [--algorithm NAME]
 // --timing chunk|flow limits the speed section to that level; --ranks runs only those scaling points
-// (and not the functional row), e.g. `--no-sweep --timing flow --ranks 1024` to time or profile one.
+// (and not the functional row), e.g. `--no-sweep --timing flow --ranks 1024` to time or profile one;
+// --algorithm runs the scaling points' all-reduce with another algorithm (hierarchical: its sub-rings
+// by callbacks too; the targets are the ring's and are not marked then).
 // --repeat N runs each speed point N times (each in its own child) and reports the median wall time,
 // every run's in the JSON (`wall_runs_s`): on a shared or noisy host one run can be 20% off.
 // --rank-code runs timing-only rings by the ranks' per-message code instead of callbacks
@@ -267,6 +269,7 @@ int main(int argc, char** argv) {
   bool sweep = true, targets = true, big = false;
   std::uint64_t max_mib = 0;  // 0: 1 GiB (4 MiB with --quick)
   std::string timing = "chunk";
+  Algorithm scale_algorithm = Algorithm::ring;  // --algorithm: the timing-only scaling runs' all-reduce
   bool timing_given = false;  // --timing chunk|flow also limits the speed section to that level
   std::vector<int> ranks_only;  // --ranks: the scaling points to run (default 8..1024, with --big to 4096)
   int repeat = 1;  // --repeat N: each speed run N times, the median reported
@@ -276,6 +279,9 @@ int main(int argc, char** argv) {
     else if (args.rest[i] == "--no-targets") targets = false;
     else if (args.rest[i] == "--big") big = true;
     else if (args.rest[i] == "--rank-code") g_rank_code = true;
+    else if (args.rest[i] == "--algorithm" && i + 1 < args.rest.size()) {
+      scale_algorithm = parse_algorithm_for(CollectiveRequest::Kind::all_reduce, args.rest[++i]);
+    }
     else if (args.rest[i] == "--max-mib" && i + 1 < args.rest.size()) max_mib = std::stoull(args.rest[++i]);
     else if (args.rest[i] == "--repeat" && i + 1 < args.rest.size()) {
       const std::string& v = args.rest[++i];
@@ -308,7 +314,7 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr, "bench_collectives: unknown argument '{}' (valid: --json FILE, --quick, --topology NAME, "
-                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,..., --repeat N, --rank-code)\n",
+                         "--no-sweep, --no-targets, --timing chunk|flow|both, --big, --max-mib N, --ranks P,P,..., --repeat N, --rank-code, --algorithm NAME)\n",
                  args.rest[i]);
       return 2;
     }
@@ -424,14 +430,15 @@ int main(int argc, char** argv) {
       const char* tname = tm == hw::TimingModel::flow ? "flow" : "chunk";
       std::vector<double> xs, walls, rss;
       for (int p : scale) {
-        Row r = run_repeated(repeat, [&] { return run_one("ring4", {{"cubes", p}}, "all_reduce", Algorithm::ring, tbytes, DType::bf16, false, tm); });
+        Row r = run_repeated(repeat, [&] { return run_one("ring4", {{"cubes", p}}, "all_reduce", scale_algorithm, tbytes, DType::bf16, false, tm); });
         std::string target;
         double limit = 0;
-        if (p == 1024) limit = tm == hw::TimingModel::flow ? 1 : 3;
-        if (p == 4096) limit = tm == hw::TimingModel::flow ? 10 : 30;
+        // (The targets are the ring's.)
+        if (p == 1024 && scale_algorithm == Algorithm::ring) limit = tm == hw::TimingModel::flow ? 1 : 3;
+        if (p == 4096 && scale_algorithm == Algorithm::ring) limit = tm == hw::TimingModel::flow ? 10 : 30;
         if (limit > 0) target = fmt::format("<= {} s{}", limit, p == 4096 ? ", 1 GiB" : "");
         const bool ok = r.wall_s <= limit && (p != 4096 || r.peak_rss_mb <= 1024);
-        t.row({"timing-only ring all_reduce", tname, std::to_string(p), human_bytes(r.bytes), fmt::format("{:.1f}", r.sim_time_us),
+        t.row({fmt::format("timing-only {} all_reduce", algorithm_name(scale_algorithm)), tname, std::to_string(p), human_bytes(r.bytes), fmt::format("{:.1f}", r.sim_time_us),
                fmt::format("{:.2f}", r.wall_s), fmt::format("{:.0f}", r.peak_rss_mb), target,
                limit > 0 ? (ok ? "yes" : "NO") : ""});
         nlohmann::json j = to_json(r);

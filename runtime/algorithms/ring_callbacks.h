@@ -20,8 +20,10 @@
 // check times, unit counters and event counts against the ranks' code.
 //
 // Used when the context allows it (ContextOptions::callback_collectives, default on), the backend
-// simulates time without values, no trace is recorded (the ranks' code records per-step spans) and
-// the ring spans the whole group; otherwise false and the caller runs the ranks' code.
+// simulates time without values and no trace is recorded (the ranks' code records per-step spans);
+// otherwise false and the caller runs the ranks' code. The ring may be the whole group or a part of
+// it (hierarchical's inner and outer rings): each ring of a call is its own state machine, told
+// apart by its members, their order, its tag and its phases.
 #pragma once
 
 #include "runtime/algorithms/members.h"

@@ -24,7 +24,7 @@ struct Outcome {
 };
 
 Outcome run(const hw::Topology& topo, hw::TimingModel timing, bool callbacks, Kind k, std::int64_t count, DType d,
-            int ranks) {
+            int ranks, Algorithm a = Algorithm::ring) {
   ContextOptions o;
   o.stack_size = 64 * 1024;
   o.callback_collectives = callbacks;
@@ -32,7 +32,7 @@ Outcome run(const hw::Topology& topo, hw::TimingModel timing, bool callbacks, Ki
   CollectiveCase c{.collective = k,
                    .dtype = d,
                    .count = count,
-                   .options = {.algorithm = Algorithm::ring},
+                   .options = {.algorithm = a},
                    .ranks = ranks,
                    .read_outputs = false,
                    .timed = true};
@@ -99,6 +99,42 @@ TEST(RingCallbacks, SameTimesAsTheRanksCode) {
     }
   }
   EXPECT_EQ(cases, 30);
+}
+
+// Hierarchical all-reduce: an inner ring's reduce-scatter, an outer ring's all-reduce over one slice,
+// the inner ring's all-gather, each ring a part of the group and run by callbacks as a ring of its
+// own (inner rings of h ranks, outer rings of p / h; h the largest divisor of p with h * h <= p, as
+// the algorithm picks by default).
+TEST(RingCallbacks, HierarchicalRingsOfPartsOfTheGroup) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string topos[] = {"ring4", "h200x4", "mesh4x4", "dgx_h100x8", "torus8x8"};
+  int cases = 0;
+  for (const std::string& topo : topos) {
+    for (hw::TimingModel tm : {hw::TimingModel::chunk, hw::TimingModel::flow}) {
+      const int all = static_cast<int>(hw::load_topology(topo).cubes.size());
+      const int p = all > 4 && rng() % 3 == 0 ? static_cast<int>(4 + rng() % (all - 3)) : all;
+      int h = 1;
+      for (int i = 1; i * i <= p; ++i) {
+        if (p % i == 0) h = i;
+      }
+      const int groups = p / h;
+      const std::uint64_t rings = (h > 1 ? 2u * static_cast<std::uint64_t>(groups) : 0u) +
+                                  (groups > 1 ? static_cast<std::uint64_t>(h) : 0u);
+      const std::int64_t count = 1 + static_cast<std::int64_t>(rng() % (1 << 20));
+      const DType d = rng() % 2 ? DType::bf16 : DType::f32;
+      const std::string what = topo + (tm == hw::TimingModel::flow ? " flow " : " chunk ") + "hierarchical " +
+                               std::to_string(count) + " " + std::string(dtype_name(d)) + " on " + std::to_string(p) +
+                               " ranks (" + std::to_string(groups) + " x " + std::to_string(h) + ")";
+      const Outcome by_code = run(hw::load_topology(topo), tm, false, Kind::all_reduce, count, d, p, Algorithm::hierarchical);
+      const Outcome by_callbacks = run(hw::load_topology(topo), tm, true, Kind::all_reduce, count, d, p, Algorithm::hierarchical);
+      EXPECT_EQ(by_code.rings, 0u) << what;
+      EXPECT_EQ(by_callbacks.rings, rings) << what;
+      // Empty last chunks (fewer elements than ranks in a ring) cost the ranks' code no event.
+      expect_same(by_code, by_callbacks, what, count / p > 0 && count / h / groups > 0);
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 10);
 }
 
 // A large one with every chunk of the same size, the worst case for ties at equal times.
