@@ -465,9 +465,12 @@ void FlowEngine::settle_soon() {
 }
 
 void FlowEngine::wake(FlowResource* e, std::uint32_t drain_gen, bool drain) {
-  if (drain && drain_gen != e->drain_gen) {  // its arrivals changed since: a later event drains it
-    sys_->simulator().note_noop_event();           // (and this one does not move the end of a run)
-    return;
+  if (drain) {
+    if (drain_gen != e->drain_gen) {  // its arrivals changed since: a later event drains it
+      sys_->simulator().note_noop_event();  // (and this one does not move the end of a run)
+      return;
+    }
+    e->drain_pending = false;
   }
   mark(*e);
 }
@@ -579,12 +582,23 @@ void FlowEngine::settle_unit(FlowResource& e) {
     x.out = out;
     if (x.index + 1 < f->legs.size()) arrive(f, x.index + 1, out);
   }
-  ++e.drain_gen;
   if (e.backlog > 0 && in < 1.0 - kSlack) {
     // (Arrivals a hair under the unit's rate put the drain far ahead; a later change of arrivals
     // supersedes it. Clamped so that the time stays representable.)
     const double t = std::min(std::ceil(e.backlog / (1.0 - in)), static_cast<double>(sim::kTimeMax / 4));
-    sim.at(sim::add(now, static_cast<sim::Duration>(t)), FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
+    const sim::Time at = sim::add(now, static_cast<sim::Duration>(t));
+    // A drain already queued for that very time stays current: no second event (under many flows a
+    // unit is settled again and again with the same drain ahead; each new event left the last one
+    // in the queue as a no-op, a third of the flow level's events on a shared multi-hop ring).
+    if (!e.drain_pending || e.drain_at != at) {
+      ++e.drain_gen;
+      e.drain_pending = true;
+      e.drain_at = at;
+      sim.at(at, FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
+    }
+  } else {
+    ++e.drain_gen;  // the queued drain, if any, is void
+    e.drain_pending = false;
   }
 }
 
