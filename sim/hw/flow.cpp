@@ -594,7 +594,8 @@ void FlowEngine::settle_unit(FlowResource& e) {
       ++e.drain_gen;
       e.drain_pending = true;
       e.drain_at = at;
-      sim.at(at, FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
+      // (A departure's wake-up due then settles the unit as the drain would: none of its own.)
+      if (e.wake_at != at) sim.at(at, FlowWake{.e = this, .res = &e, .drain_gen = e.drain_gen, .drain = true});
     }
   } else {
     ++e.drain_gen;  // the queued drain, if any, is void
