@@ -6,9 +6,6 @@
 // functional collective runs at the memory's speed, not the core's.
 #include <immintrin.h>
 
-// GCC 12's AVX-512 conversion intrinsics start from _mm*_undefined_*() values, which its
-// -Wmaybe-uninitialized reports inside the header once inlined here: a false report.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <cstdint>
 
@@ -17,6 +14,11 @@
 #include "kernels/reduce.h"
 
 namespace cubesim::kernels::detail {
+
+// GCC 12's AVX-512 conversion intrinsics start from _mm*_undefined_*() values, which its
+// -Wmaybe-uninitialized reports inside the header once inlined in this file's loops: a false report.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace {
 inline __m512 combine(__m512 a, __m512 b, ReduceOp op) {
@@ -81,5 +83,7 @@ std::int64_t reduce_values_avx512(void* dst, const void* src, DType dtype, std::
   }
   return 0;
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace cubesim::kernels::detail

@@ -61,8 +61,11 @@ class RingRun {
     if (phases != RingPhases::reduce_scatter) kinds_[phases_++] = Kind::all_gather;
   }
 
+  // The same ring (members in order, tag, phases, count, dtype) that the caller's position has not
+  // joined yet: two identical rings of one call (on two regions) are run one after the other.
   bool matches(const Members& m, RingPhases phases, std::int64_t n, DType d) const {
-    return m.order == order_ && m.phase == tag_ && phases == ring_phases_ && n == n_ && d == dtype_;
+    return m.order == order_ && m.phase == tag_ && phases == ring_phases_ && n == n_ && d == dtype_ &&
+           !slots_[static_cast<std::size_t>(m.pos)].joined;
   }
 
   void join(Comm& c, const Members& m, const Tensor& flat) {
@@ -290,7 +293,10 @@ bool ring_by_callbacks(Comm& c, const Members& m, const Tensor& flat, ReduceOp, 
   std::shared_ptr<RingRun> run;
   for (const auto& x : runs) {
     auto r = std::static_pointer_cast<RingRun>(x);
-    if (r->matches(m, phases, flat.numel(), flat.dtype())) run = std::move(r);
+    if (r->matches(m, phases, flat.numel(), flat.dtype())) {
+      run = std::move(r);
+      break;  // the earliest: the ranks join a call's identical rings in the same order
+    }
   }
   if (!run) {
     run = std::make_shared<RingRun>(ctx, c.group(), m, flat.numel(), flat.dtype(), phases);

@@ -163,7 +163,7 @@ struct alignas(64) FlowResource {
   std::uint32_t leg_mark = 0, leg = 0;  // scratch of FlowEngine::start: the flow's leg on it, if marked
   bool dirty = false;            // in FlowEngine::dirty_
   std::uint32_t drain_gen = 0;   // the drain event is current only while this matches
-  bool drain_pending = false;    // a current drain event is queued, due at drain_at
+  bool drain_pending = false;    // a drain (its own event, or a departure's wake-up) is due at drain_at
   sim::Time drain_at = 0;
   sim::Time backlog_at = 0;
   std::vector<Change> inbox;    // arrival rates changed at this time, not yet taken in (dirty)

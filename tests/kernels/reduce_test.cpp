@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -55,8 +56,10 @@ std::vector<std::uint8_t> random_bits(DType d, std::int64_t n, std::mt19937_64& 
 // scalar loop, on fresh random bits each run (the seed is printed), at lengths around every vector
 // width and the loops' 64-byte line, from offsets that leave the operands misaligned.
 TEST(ReduceValues, EveryVectorPathGivesTheScalarBits) {
-  const std::uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  // CUBESIM_TEST_SEED=<seed> replays a failing run's draw.
+  const char* given = std::getenv("CUBESIM_TEST_SEED");
+  const std::uint64_t seed = given ? std::strtoull(given, nullptr, 10) : std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (CUBESIM_TEST_SEED to replay)");
   std::mt19937_64 rng(seed);
   int paths = 0;
   for (ReduceIsa isa : {ReduceIsa::automatic, ReduceIsa::avx2, ReduceIsa::avx512}) {
