@@ -484,6 +484,158 @@ __global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short
   }
 }
 
+// The bf16 path for long, narrow tensors (rows >= 2048, fewer 32-column strips than 2 x SMs): what
+// limits the 8-warp block there is the adding warp's pace (a dependent f32 add a row, 4 cycles, plus
+// a 2-byte shared load and a shift a row that the chain waits on). Here the adding warp (warp 0)
+// reads f32 values already widened and transposed, four rows of its column in one 16-byte shared
+// load, and only adds. Warps 1-4 (the producers) load each 256-row tile's 4-row x 8-column quads
+// from global memory into registers kBtAhead tiles ahead, then widen and store them as
+// tile[row / 4][column][row % 4] (XOR-swizzled so that neither the producers' 16-byte stores nor the
+// adder's loads conflict), into a ring of kBtBufs tiles handed over by named barriers (FULL: the
+// producers arrive, the adder waits; EMPTY: the reverse). Order unchanged: each column one chain of
+// f32 adds over m ascending from +0.0f. (kernels/cuda/NOTES.md, bias_grad v3.)
+constexpr int kBtRows = 256, kBtBufs = 3, kBtAhead = 3, kBtThreads = 160;
+constexpr int kBtSmem = kBtBufs * kBtRows * 32 * 4;  // 96 KB: the kernel's attribute is raised per device
+
+__device__ __forceinline__ void bt_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
+__device__ __forceinline__ void bt_bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
+// Where column c of a 4-row group lives in its 32 slots of 16 bytes: the low three bits XORed with
+// the column's 8-block and the group's parity, so that 8 producers storing one column of their quads
+// (two groups x four 8-blocks) hit 8 different bank groups; a warp of adding lanes reads a group's
+// 512 bytes, each 8 lanes a permutation of one 8-block.
+__device__ __forceinline__ int bt_slot(int c, int odd) { return (c & ~7) | ((c & 7) ^ ((c >> 3) | (odd << 2))); }
+
+__global__ void __launch_bounds__(kBtThreads, 1) bias_grad_bf16_tiles_kernel(const unsigned short* __restrict__ dy, void* db,
+                                                                          DType dbt, std::int64_t rows, std::int64_t cols) {
+  constexpr int kGroups = kBtRows / 4, kQuads = kBtRows / 128;  // 4-row groups a tile; quads a producer a tile
+  extern __shared__ __align__(16) float4 bt_tiles[];              // [kBtBufs][kGroups][32]
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  const std::int64_t tiles = (rows + kBtRows - 1) / kBtRows;
+  // Barriers 1..kBtBufs: FULL of a buffer; kBtBufs + 1..2 kBtBufs: EMPTY.
+  if (threadIdx.x >= 32) {
+    const int p = threadIdx.x - 32, cb = p & 3;  // 4 rows (group p / 4 + 32 q) x 8 columns (8-block cb)
+    uint4 v[kBtAhead][kQuads][4];
+    auto issue = [&](std::int64_t t, uint4 (&x)[kQuads][4]) {
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const std::int64_t m = t * kBtRows + 4 * ((p >> 2) + 32 * q) + i, c = c0 + cb * 8;
+          x[q][i] = m < rows && c < cols ? __ldg(reinterpret_cast<const uint4*>(dy + m * cols + c)) : make_uint4(0, 0, 0, 0);
+        }
+      }
+    };
+    auto put = [&](int b, const uint4 (&x)[kQuads][4]) {
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) {
+        const int g = (p >> 2) + 32 * q;
+        float4* dst = bt_tiles + (b * kGroups + g) * 32;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          auto widen = [&](const uint4& w) {
+            const unsigned u = j < 2 ? w.x : j < 4 ? w.y : j < 6 ? w.z : w.w;
+            return __uint_as_float((j & 1) ? (u & 0xffff0000u) : (u << 16));
+          };
+          dst[bt_slot(cb * 8 + j, g & 1)] = make_float4(widen(x[q][0]), widen(x[q][1]), widen(x[q][2]), widen(x[q][3]));
+        }
+      }
+    };
+#pragma unroll
+    for (int d = 0; d < kBtAhead; ++d)
+      if (d < tiles) issue(d, v[d]);
+    int b = 0;
+    for (std::int64_t t0 = 0; t0 < tiles; t0 += kBtAhead) {
+#pragma unroll
+      for (int d = 0; d < kBtAhead; ++d) {
+        const std::int64_t t = t0 + d;
+        if (t < tiles) {
+          if (t >= kBtBufs) bt_bar_sync(1 + kBtBufs + b);  // the adder is done with tile t - kBtBufs
+          put(b, v[d]);
+          bt_bar_arrive(1 + b);
+          if (t + kBtAhead < tiles) issue(t + kBtAhead, v[d]);
+          b = b + 1 == kBtBufs ? 0 : b + 1;
+        }
+      }
+    }
+    return;
+  }
+  const int lane = threadIdx.x, s0 = bt_slot(lane, 0), s1 = bt_slot(lane, 1);
+  float acc = 0.0f;
+  float4 piece[2][16];  // 64 rows: one piece's loads run under the previous piece's adds
+  auto add = [&](const float4 (&x)[16]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc = __fadd_rn(acc, x[j].x);
+      acc = __fadd_rn(acc, x[j].y);
+      acc = __fadd_rn(acc, x[j].z);
+      acc = __fadd_rn(acc, x[j].w);
+    }
+  };
+  auto load = [&](float4 (&x)[16], const float4* tile, int i) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) x[j] = tile[(i * 16 + j) * 32 + ((j & 1) ? s1 : s0)];
+  };
+  constexpr int kPieces = kBtRows / 64;
+  const std::int64_t whole = rows / kBtRows;
+  std::int64_t t = 0;
+  int b = 0, prev = 0;
+  bool pending = false;  // piece[1] holds the last piece of the previous tile, not yet added
+  if (whole > 0) {       // tile 0 apart: the loop's body has no branch to split its schedule
+    bt_bar_sync(1);
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      load(piece[i & 1], bt_tiles, i);
+      if (i > 0) add(piece[(i - 1) & 1]);
+    }
+    pending = true;
+    t = 1;
+    b = 1 % kBtBufs;
+  }
+  for (; t < whole; ++t) {
+    if (t - 1 + kBtBufs < tiles) bt_bar_arrive(1 + kBtBufs + prev);
+    bt_bar_sync(1 + b);
+    const float4* tile = bt_tiles + b * kGroups * 32;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      load(piece[i & 1], tile, i);
+      add(piece[(i - 1) & 1]);  // i = 0: the previous tile's last piece
+    }
+    prev = b;
+    b = b + 1 == kBtBufs ? 0 : b + 1;
+  }
+  if (pending) add(piece[1]);
+  if (t < tiles) {  // the last, partial tile
+    if (t >= 1 && t - 1 + kBtBufs < tiles) bt_bar_arrive(1 + kBtBufs + prev);
+    bt_bar_sync(1 + b);
+    const float4* tile = bt_tiles + b * kGroups * 32;
+    const int n = static_cast<int>(rows - t * kBtRows);
+    for (int r = 0; r < n; ++r) {
+      const float4 q = tile[(r >> 2) * 32 + (((r >> 2) & 1) ? s1 : s0)];
+      const int k = r & 3;
+      acc = __fadd_rn(acc, k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w);
+    }
+  }
+  if (c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc);
+}
+
+void launch_bias_grad_bf16_tiles(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols, int dev,
+                                 cudaStream_t stream) {
+  // The 96 KB of dynamic shared memory needs the kernel's attribute raised once per device.
+  static std::mutex mu;
+  static std::uint64_t raised = 0;  // a bit per device ordinal below 64
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
+    if (!bit || !(raised & bit)) {
+      CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_bf16_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBtSmem));
+      raised |= bit;
+    }
+  }
+  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+  bias_grad_bf16_tiles_kernel<<<blocks, kBtThreads, kBtSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt,
+                                                                       rows, cols);
+}
+
 template <int kCols, int kRows, int kStages>
 void launch_bias_grad_bf16(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols,
                            cudaStream_t stream) {
@@ -569,8 +721,10 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
   CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (dyt == DType::bf16 && aligned16(dy) && cols % 8 == 0) {
     // A warp per 32 columns wherever they fill the SMs twice over ([4096, 14336]: 448 warps); below
-    // that the 8-warp block, whose adding warp runs faster alone (kernels/cuda/NOTES.md, issue 18).
+    // that, long tensors take the widened transposed tiles, short ones the 8-warp block (whose first
+    // chunk lands sooner) (kernels/cuda/NOTES.md, issue 18).
     if ((cols + 31) / 32 >= 2 * static_cast<std::int64_t>(sms)) launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream);
+    else if (rows >= 2048) launch_bias_grad_bf16_tiles(dy, db, dbt, rows, cols, dev, stream);
     else bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);

@@ -193,8 +193,8 @@ TEST(CudaKernels, ElementwiseAndReduceEqualHostBits) {
   }
 }
 
-// The bias gradient's bf16 paths (8-warp blocks; a warp per 32 columns with a ring of row chunks in
-// flight) over shapes that cut their chunks and columns every way: fewer rows than a chunk, a chunk and
+// The bias gradient's bf16 paths (8-warp blocks; widened transposed tiles from 2048 rows; a warp per
+// 32 columns with a ring of row chunks in flight) over shapes that cut their chunks and columns every way: fewer rows than a chunk, a chunk and
 // one row, many chunks and a part; columns a multiple of 8 but not of 32 (the 16-byte vectors), and not
 // of 8 (the element-by-element path); -0 and infinities of both signs (in different columns: inf - inf's
 // NaN payload is the hardware's) among the values. Bits equal to the host's chain.
