@@ -491,11 +491,12 @@ __global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short
 // load, and only adds. Warps 1-4 (the producers) load each 256-row tile's 4-row x 8-column quads
 // from global memory into registers kBtAhead tiles ahead, then widen and store them as
 // tile[row / 4][column][row % 4] (XOR-swizzled so that neither the producers' 16-byte stores nor the
-// adder's loads conflict), into a ring of kBtBufs tiles handed over by named barriers (FULL: the
+// adder's loads conflict), into a ring of kBtBufs tiles of kBtRows rows handed over by named barriers (FULL: the
 // producers arrive, the adder waits; EMPTY: the reverse). Order unchanged: each column one chain of
 // f32 adds over m ascending from +0.0f. (kernels/cuda/NOTES.md, bias_grad v3.)
-constexpr int kBtRows = 256, kBtBufs = 3, kBtAhead = 3, kBtThreads = 160;
-constexpr int kBtSmem = kBtBufs * kBtRows * 32 * 4;  // 96 KB: the kernel's attribute is raised per device
+// Two shapes of the ring: <256 rows, 3 tiles, 3 ahead> (96 KB) and, from 8192 rows, <512, 2, 2>
+// (128 KB: more bytes in flight, which data that must come from HBM rather than the L2 needs).
+constexpr int kBtThreads = 160;
 
 __device__ __forceinline__ void bt_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
 __device__ __forceinline__ void bt_bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
@@ -505,8 +506,10 @@ __device__ __forceinline__ void bt_bar_arrive(int id) { asm volatile("bar.arrive
 // 512 bytes, each 8 lanes a permutation of one 8-block.
 __device__ __forceinline__ int bt_slot(int c, int odd) { return (c & ~7) | ((c & 7) ^ ((c >> 3) | (odd << 2))); }
 
+template <int kBtRows, int kBtBufs, int kBtAhead>
 __global__ void __launch_bounds__(kBtThreads, 1) bias_grad_bf16_tiles_kernel(const unsigned short* __restrict__ dy, void* db,
                                                                           DType dbt, std::int64_t rows, std::int64_t cols) {
+  static_assert(kBtRows % 128 == 0 && kBtRows / 64 % 2 == 0, "whole quads a producer, an even number of pieces");
   constexpr int kGroups = kBtRows / 4, kQuads = kBtRows / 128;  // 4-row groups a tile; quads a producer a tile
   extern __shared__ __align__(16) float4 bt_tiles[];              // [kBtBufs][kGroups][32]
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
@@ -618,22 +621,24 @@ __global__ void __launch_bounds__(kBtThreads, 1) bias_grad_bf16_tiles_kernel(con
   if (c0 + lane < cols) detail::store_elem_rt(db, dbt, c0 + lane, acc);
 }
 
+template <int kBtRows, int kBtBufs, int kBtAhead>
 void launch_bias_grad_bf16_tiles(const void* dy, void* db, DType dbt, std::int64_t rows, std::int64_t cols, int dev,
                                  cudaStream_t stream) {
-  // The 96 KB of dynamic shared memory needs the kernel's attribute raised once per device.
+  // The dynamic shared memory (over 48 KB) needs the kernel's attribute raised once per device.
+  constexpr int kSmem = kBtBufs * kBtRows * 32 * 4;
+  auto* kernel = bias_grad_bf16_tiles_kernel<kBtRows, kBtBufs, kBtAhead>;
   static std::mutex mu;
   static std::uint64_t raised = 0;  // a bit per device ordinal below 64
   {
     std::lock_guard<std::mutex> lock(mu);
     const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
     if (!bit || !(raised & bit)) {
-      CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(bias_grad_bf16_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBtSmem));
+      CUBESIM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       raised |= bit;
     }
   }
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  bias_grad_bf16_tiles_kernel<<<blocks, kBtThreads, kBtSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt,
-                                                                       rows, cols);
+  kernel<<<blocks, kBtThreads, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
 }
 
 template <int kCols, int kRows, int kStages>
@@ -719,12 +724,15 @@ void bias_grad(const void* dy, DType dyt, void* db, DType dbt, std::int64_t rows
   int dev = 0, sms = 0;
   CUBESIM_CUDA_CHECK(cudaGetDevice(&dev));
   CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int smem_optin = 0;  // what a block may have (227 KB on an H100 or H200)
+  CUBESIM_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (dyt == DType::bf16 && aligned16(dy) && cols % 8 == 0) {
     // A warp per 32 columns wherever they fill the SMs twice over ([4096, 14336]: 448 warps); below
     // that, long tensors take the widened transposed tiles, short ones the 8-warp block (whose first
     // chunk lands sooner) (kernels/cuda/NOTES.md, issue 18).
     if ((cols + 31) / 32 >= 2 * static_cast<std::int64_t>(sms)) launch_bias_grad_bf16<32, 64, 6>(dy, db, dbt, rows, cols, stream);
-    else if (rows >= 2048) launch_bias_grad_bf16_tiles(dy, db, dbt, rows, cols, dev, stream);
+    else if (rows >= 8192 && smem_optin >= 128 * 1024) launch_bias_grad_bf16_tiles<512, 2, 2>(dy, db, dbt, rows, cols, dev, stream);
+    else if (rows >= 2048 && smem_optin >= 96 * 1024) launch_bias_grad_bf16_tiles<256, 3, 3>(dy, db, dbt, rows, cols, dev, stream);
     else bias_grad_kernel<true><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);
   } else {
     bias_grad_kernel<false><<<blocks, kBgThreads, 0, stream>>>(dy, dyt, db, dbt, rows, cols);

@@ -206,7 +206,7 @@ TEST(CudaKernels, BiasGradEqualsHostBitsAcrossShapes) {
   // Up to 8192 columns the 8-warp block runs; from 2 x 132 SMs x 32 = 8448 columns (on an H100 or
   // H200) a warp per 32 columns: 8456 and 40960 columns take that path on any GPU of up to 640 SMs.
   for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {3, 40}, {127, 96}, {129, 264}, {1000, 200},
-                      {2333, 1032}, {4099, 4104}, {70, 33}, {1, 8448}, {130, 8456}, {1100, 8712}, {67, 40960}})
+                      {2333, 1032}, {4099, 4104}, {8200, 96}, {70, 33}, {1, 8448}, {130, 8456}, {1100, 8712}, {67, 40960}})
   for (DType d : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C) + " " + std::string(dtype_name(d)));
     auto xs = random_values(R * C, d, rng);

@@ -848,7 +848,8 @@ TEST(CudaGemmPlan, TheLayersGemmsReadTheirOperandsInPlace) {
 }
 
 // The bias gradient of a bf16 tensor (elementwise_cuda.cu: the 8-warp block for short narrow
-// tensors, the widened transposed tiles from 2048 rows, a warp per 32 columns for wide ones): every
+// tensors, the widened transposed tiles from 2048 rows (256-row tiles; 512 from 8192 rows), a warp per
+// 32 columns for wide ones): every
 // column one chain of f32 adds over the rows in ascending order from +0.0f, equal bit for bit to that
 // chain on the host; shapes that cut the 256-row chunks and tiles (fewer rows, a chunk and one, many
 // and a part, whole tiles only) and the 32-column blocks, and values with cancellations, -0 and
@@ -857,7 +858,7 @@ TEST_F(CudaGemm, BiasGradBf16EqualsTheHostChain) {
   std::mt19937_64 rng(2025);
   for (auto [R, C] : {std::pair<std::int64_t, std::int64_t>{1, 8}, {255, 40}, {256, 32}, {257, 264}, {1000, 200},
                       {2333, 1032}, {4096, 4096}, {4099, 4104}, {513, 8456}, {2048, 40}, {2047, 8}, {2304, 8},
-                      {5000, 2056}, {8192, 264}}) {
+                      {5000, 2056}, {8192, 264}, {9000, 40}}) {
     SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C));
     std::vector<std::uint16_t> x(static_cast<std::size_t>(R * C));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
