@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short
 // limits the 8-warp block there is the adding warp's pace (a dependent f32 add a row, 4 cycles, plus
 // a 2-byte shared load and a shift a row that the chain waits on). Here the adding warp (warp 0)
 // reads f32 values already widened and transposed, four rows of its column in one 16-byte shared
-// load, and only adds. Warps 1-4 (the producers) load each 256-row tile's 4-row x 8-column quads
+// load, and only adds. Warps 1, 2, 3 and 5 (the producers; warp 4 leaves at once, kBtBlock) load each 256-row tile's 4-row x 8-column quads
 // from global memory into registers kBtAhead tiles ahead, then widen and store them as
 // tile[row / 4][column][row % 4] (XOR-swizzled so that neither the producers' 16-byte stores nor the
 // adder's loads conflict), into a ring of kBtBufs tiles of kBtRows rows handed over by named barriers (FULL: the
@@ -496,7 +496,11 @@ __global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short
 // f32 adds over m ascending from +0.0f. (kernels/cuda/NOTES.md, bias_grad v3.)
 // Two shapes of the ring: <256 rows, 3 tiles, 3 ahead> (96 KB) and, from 8192 rows, <512, 2, 2>
 // (128 KB: more bytes in flight, which data that must come from HBM rather than the L2 needs).
-constexpr int kBtThreads = 160;
+constexpr int kBtThreads = 160;  // the adding warp and four producers: the named barriers' count
+// The block has a sixth warp that leaves at once: warp w issues from the SM's sub-partition w % 4, so
+// with warps 0-4 the adder shared its scheduler with producer warp 4; with warp 4 idle and the fourth
+// producer in warp 5, the adder has a scheduler of its own.
+constexpr int kBtBlock = 192;
 
 __device__ __forceinline__ void bt_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
 __device__ __forceinline__ void bt_bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kBtThreads) : "memory"); }
@@ -507,7 +511,7 @@ __device__ __forceinline__ void bt_bar_arrive(int id) { asm volatile("bar.arrive
 __device__ __forceinline__ int bt_slot(int c, int odd) { return (c & ~7) | ((c & 7) ^ ((c >> 3) | (odd << 2))); }
 
 template <int kBtRows, int kBtBufs, int kBtAhead>
-__global__ void __launch_bounds__(kBtThreads, 1) bias_grad_bf16_tiles_kernel(const unsigned short* __restrict__ dy, void* db,
+__global__ void __launch_bounds__(kBtBlock, 1) bias_grad_bf16_tiles_kernel(const unsigned short* __restrict__ dy, void* db,
                                                                           DType dbt, std::int64_t rows, std::int64_t cols) {
   static_assert(kBtRows % 128 == 0 && kBtRows / 64 % 2 == 0, "whole quads a producer, an even number of pieces");
   constexpr int kGroups = kBtRows / 4, kQuads = kBtRows / 128;  // 4-row groups a tile; quads a producer a tile
@@ -515,8 +519,11 @@ __global__ void __launch_bounds__(kBtThreads, 1) bias_grad_bf16_tiles_kernel(con
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
   const std::int64_t tiles = (rows + kBtRows - 1) / kBtRows;
   // Barriers 1..kBtBufs: FULL of a buffer; kBtBufs + 1..2 kBtBufs: EMPTY.
-  if (threadIdx.x >= 32) {
-    const int p = threadIdx.x - 32, cb = p & 3;  // 4 rows (group p / 4 + 32 q) x 8 columns (8-block cb)
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  if (warp == 4) return;  // (kBtBlock: keeps sub-partition 0 to the adder)
+  if (warp > 0) {
+    // 4 rows (group p / 4 + 32 q) x 8 columns (8-block cb); producers are warps 1, 2, 3 and 5
+    const int p = (warp == 5 ? 3 : warp - 1) * 32 + static_cast<int>(threadIdx.x & 31), cb = p & 3;
     uint4 v[kBtAhead][kQuads][4];
     auto issue = [&](std::int64_t t, uint4 (&x)[kQuads][4]) {
 #pragma unroll
@@ -638,7 +645,7 @@ void launch_bias_grad_bf16_tiles(const void* dy, void* db, DType dbt, std::int64
     }
   }
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  kernel<<<blocks, kBtThreads, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
+  kernel<<<blocks, kBtBlock, kSmem, stream>>>(static_cast<const unsigned short*>(dy), db, dbt, rows, cols);
 }
 
 template <int kCols, int kRows, int kStages>
