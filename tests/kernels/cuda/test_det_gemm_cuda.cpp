@@ -407,6 +407,65 @@ TEST_F(CudaGemmTc, BackToBackGemmsOnOneStreamSeeEachOthersData) {
   }
 }
 
+TEST_F(CudaGemmTc, BiasGradRightAfterAGemmSeesItsOutput) {
+  // The long narrow bias gradient (elementwise_cuda.cu: the tiles kernel, from 2048 rows) between
+  // tensor-core GEMMs, which are programmatic dependent launches that let their dependents start at
+  // once. On one stream, no synchronisation: X = A·B, db = bias_grad(X) (read after write), then
+  // X = A2·B overwrites what that bias gradient reads (write after read), db2 = bias_grad(X). Each
+  // equals the rows-in-order f32 chain over the X of a one-at-a-time run, bit for bit. (A bias
+  // gradient made a dependent launch without its wait fails here: tried 2026-11-29.)
+  const auto chain = [](const Operand& x) {
+    std::vector<float> want(static_cast<std::size_t>(x.cols()));
+    for (std::int64_t c = 0; c < x.cols(); ++c) {
+      float acc = 0.0f;
+      for (std::int64_t r = 0; r < x.rows(); ++r) acc = acc + x.at(r, c);
+      want[static_cast<std::size_t>(c)] = acc;
+    }
+    return want;
+  };
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{4096, 4096, 128}, {2304, 264, 64},
+                         {8200, 1032, 64}}) {
+    SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                 " seed=" + std::to_string(seed_));
+    Operand a = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand a2 = Operand::random(rng_, DType::bf16, M, K, Layout::row_major);
+    Operand b = Operand::random(rng_, DType::bf16, K, N, Layout::col_major);
+    Operand x_ref = Operand::output(DType::bf16, M, N, Layout::row_major), x2_ref = Operand::output(DType::bf16, M, N, Layout::row_major);
+    det_gemm_cuda(a.dev(), b.dev(), nullptr, x_ref.dev_mut(), tc(), nullptr);
+    det_gemm_cuda(a2.dev(), b.dev(), nullptr, x2_ref.dev_mut(), tc(), nullptr);
+    x_ref.download();
+    x2_ref.download();
+    const std::vector<float> want = chain(x_ref), want2 = chain(x2_ref);
+    cudaStream_t created = nullptr;
+    CUBESIM_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    for (cudaStream_t st : {created, static_cast<cudaStream_t>(nullptr)}) {
+      for (int rep = 0; rep < 3; ++rep) {
+        Operand x = Operand::output(DType::bf16, M, N, Layout::row_major);
+        Operand db = Operand::output(DType::f32, 1, N, Layout::row_major), db2 = Operand::output(DType::f32, 1, N, Layout::row_major);
+        x.poison();
+        db.poison();
+        db2.poison();
+        det_gemm_cuda(a.dev(), b.dev(), nullptr, x.dev_mut(), tc(), st);
+        bias_grad(x.dev().data, DType::bf16, db.dev_mut().data, DType::f32, M, N, st);
+        det_gemm_cuda(a2.dev(), b.dev(), nullptr, x.dev_mut(), tc(), st);
+        bias_grad(x.dev().data, DType::bf16, db2.dev_mut().data, DType::f32, M, N, st);
+        CUBESIM_CUDA_CHECK(cudaStreamSynchronize(st));
+        db.download();
+        db2.download();
+        int bad = 0, bad2 = 0;
+        for (std::int64_t c = 0; c < N; ++c) {
+          const float g = db.at(0, c), g2 = db2.at(0, c);
+          bad += std::memcmp(&g, &want[static_cast<std::size_t>(c)], 4) != 0;
+          bad2 += std::memcmp(&g2, &want2[static_cast<std::size_t>(c)], 4) != 0;
+        }
+        EXPECT_EQ(bad, 0) << "columns off after the first GEMM (read after write), rep " << rep;
+        EXPECT_EQ(bad2, 0) << "columns off after the overwrite (write after read), rep " << rep;
+      }
+    }
+    CUBESIM_CUDA_CHECK(cudaStreamDestroy(created));
+  }
+}
+
 TEST_F(CudaGemmTc, BatchInvariantBitwise) {
   // One big batch is the reference; sub-batches, chunks, padded and shuffled batches must reproduce
   // its rows bit for bit. K is not a multiple of the 64-wide k-tile, N not a multiple of any tile.
