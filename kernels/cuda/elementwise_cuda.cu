@@ -488,8 +488,9 @@ __global__ void __launch_bounds__(32) bias_grad_bf16_kernel(const unsigned short
 // limits the 8-warp block there is the adding warp's pace (a dependent f32 add a row, 4 cycles, plus
 // a 2-byte shared load and a shift a row that the chain waits on). Here the adding warp (warp 0)
 // reads f32 values already widened and transposed, four rows of its column in one 16-byte shared
-// load, and only adds. Warps 1, 2, 3 and 5 (the producers; warp 4 leaves at once, kBtBlock) load each 256-row tile's 4-row x 8-column quads
-// from global memory into registers kBtAhead tiles ahead, then widen and store them as
+// load, and only adds. Warps 1, 2, 3 and 5 (the producers; warp 4 leaves at once, kBtBlock) load
+// each 256-row tile's 4-row x 8-column quads from global memory into registers kBtAhead tiles ahead,
+// then widen and store them as
 // tile[row / 4][column][row % 4] (XOR-swizzled so that neither the producers' 16-byte stores nor the
 // adder's loads conflict), into a ring of kBtBufs tiles of kBtRows rows handed over by named barriers (FULL: the
 // producers arrive, the adder waits; EMPTY: the reverse). Order unchanged: each column one chain of
