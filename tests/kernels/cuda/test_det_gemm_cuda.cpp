@@ -412,15 +412,12 @@ TEST_F(CudaGemmTc, BiasGradRightAfterAGemmSeesItsOutput) {
   // tensor-core GEMMs, which are programmatic dependent launches that let their dependents start at
   // once. On one stream, no synchronisation: X = A·B, db = bias_grad(X) (read after write), then
   // X = A2·B overwrites what that bias gradient reads (write after read), db2 = bias_grad(X). Each
-  // equals the rows-in-order f32 chain over the X of a one-at-a-time run, bit for bit. (A bias
-  // gradient made a dependent launch without its wait fails here: tried 2026-11-29.)
+  // equals the host's bias gradient (kernels::det_gemm_bias_grad, rows in order) over the X of a
+  // one-at-a-time run, bit for bit. (A bias gradient made a dependent launch without its wait fails
+  // here: tried 2026-11-29.)
   const auto chain = [](const Operand& x) {
     std::vector<float> want(static_cast<std::size_t>(x.cols()));
-    for (std::int64_t c = 0; c < x.cols(); ++c) {
-      float acc = 0.0f;
-      for (std::int64_t r = 0; r < x.rows(); ++r) acc = acc + x.at(r, c);
-      want[static_cast<std::size_t>(c)] = acc;
-    }
+    kernels::det_gemm_bias_grad(x.host(), kernels::MutableVectorView::contiguous(want.data(), DType::f32, x.cols()));
     return want;
   };
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{4096, 4096, 128}, {2304, 264, 64},
