@@ -255,6 +255,15 @@ class Backend {
   // Tokens count from 1; 0 and the defaults: the collective is ordered where it runs.
   virtual std::uint64_t async_begin(int rank) { return 0; }
   virtual void async_end(std::uint64_t token) {}
+  // Graphs, on a backend whose work is queued (cuda: CUDA graphs): graph_begin(rank) starts recording
+  // the work the rank then issues instead of running it, graph_end(token) ends the recording, and
+  // graph_launch(token) runs what was recorded, again each time, on the same tensors (the recording's
+  // own tensors are held until the run ends; those made before it must outlive its launches). A graph
+  // lives until its run (Context::spawn) ends. graph_begin returns 0 where the backend records no
+  // graph (every default, and cuda where it cannot): the caller then runs the work itself.
+  virtual std::uint64_t graph_begin(int rank) { return 0; }
+  virtual void graph_end(std::uint64_t token) {}
+  virtual void graph_launch(std::uint64_t token) {}
   // Expires with the backend (a Work that outlives its context must not call it).
   std::weak_ptr<const void> lifetime() const { return alive_; }
   virtual void end_region(std::uint64_t token) {}

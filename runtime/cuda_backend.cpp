@@ -78,6 +78,24 @@ struct Device {
   cudaEvent_t order = nullptr;
   std::map<std::uint64_t, std::vector<void*>> free;
   CudaAllocatorStats stats;
+  std::uint64_t recording = 0;  // the graph token whose recording the stream is in (graph_begin); 0: none
+
+  // What the host cannot do while the stream records a graph (it would run now, not in the graph).
+  void refuse_while_recording(int rank, std::string_view what) const {
+    if (recording == 0) return;
+    throw RuntimeError(fmt::format(
+        "{} on rank {} (GPU {}) while the rank's work is recorded into a CUDA graph (graph {}, graph_begin): the host "
+        "cannot read, write or copy between GPUs inside a graph; do it before graph_begin or after graph_end",
+        what, rank, id, recording));
+  }
+  // A timing event: inside a recording it becomes the graph's own node, recorded at each launch.
+  void record_timing(cudaEvent_t ev, cudaStream_t s) const {
+    if (recording) {
+      CUBESIM_CUDA_CHECK(cudaEventRecordWithFlags(ev, s, cudaEventRecordExternal));
+    } else {
+      CUBESIM_CUDA_CHECK(cudaEventRecord(ev, s));
+    }
+  }
 
   Device(int id_) : id(id_) {
     CUBESIM_CUDA_CHECK(cudaSetDevice(id));
@@ -171,6 +189,7 @@ class CudaStorage final : public Storage {
   void read(std::uint64_t offset, void* dst, std::uint64_t n) const override {
     if (n == 0) return;
     check(offset, n, "read");
+    dev_->refuse_while_recording(rank(), fmt::format("reading {} bytes to the host from {}", n, where()));
     dev_->use();
     CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->side));  // an asynchronous collective not waited for
     CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
@@ -179,6 +198,7 @@ class CudaStorage final : public Storage {
   void write(std::uint64_t offset, const void* src, std::uint64_t n) override {
     if (n == 0) return;
     check(offset, n, "write");
+    dev_->refuse_while_recording(rank(), fmt::format("writing {} bytes from the host to {}", n, where()));
     dev_->use();
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(ptr_ + offset, src, n, cudaMemcpyHostToDevice, dev_->stream));
     CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));  // the caller may free src on return
@@ -280,6 +300,26 @@ struct CudaBackend::Impl {
   std::vector<int> async_open;
   static constexpr int kSideSms = 16;
 
+  // CUDA graphs (graph_begin); token = index + 1. Entries stay after their run (a stale token is
+  // refused by name); the executable graph and the blocks go when the run ends.
+  struct Graph {
+    int rank = 0;
+    cudaGraphExec_t exec = nullptr;
+    bool ended = false;  // graph_end was called (or the run ended)
+    // Every tensor allocated while recording: the graph writes and reads their blocks at each launch,
+    // so none returns to the free lists (to be handed to other tensors) while the graph lives.
+    std::vector<std::shared_ptr<Storage>> keep;
+  };
+  std::vector<Graph> graphs;
+  Graph& graph(std::uint64_t token, const char* fn) {
+    if (token == 0 || token > graphs.size())
+      throw RuntimeError(fmt::format("cuda backend: {}({}): no such graph (graph_begin returned {} so far)", fn, token,
+                                     graphs.empty() ? std::string("none") : fmt::format("1 to {}", graphs.size())));
+    return graphs[token - 1];
+  }
+  // Ends every recording still open (a failed run) and lets every graph of the run go.
+  void release_graphs();
+
   Device& dev(int rank) { return *devs.at(static_cast<std::size_t>(rank)); }
 
   const std::vector<ncclComm_t>& comm_for(const std::vector<int>& members) {
@@ -349,6 +389,7 @@ CudaBackend::CudaBackend(int ranks, CudaBackendOptions opts) : impl_(std::make_u
 }
 
 CudaBackend::~CudaBackend() {
+  impl_->release_graphs();
   for (auto& d : impl_->devs) {
     cudaSetDevice(d->id);
     cudaStreamSynchronize(d->side);
@@ -398,7 +439,10 @@ std::shared_ptr<Storage> CudaBackend::allocate(int rank, std::uint64_t bytes, st
   auto dev = impl_->devs[static_cast<std::size_t>(rank)];
   const std::uint64_t cls = size_class(bytes);
   void* p = dev->allocate(cls, rank, what);
-  return std::make_shared<CudaStorage>(rank, bytes, std::move(dev), p, cls);
+  const std::uint64_t rec = dev->recording;
+  auto st = std::make_shared<CudaStorage>(rank, bytes, std::move(dev), p, cls);
+  if (rec) impl_->graphs[rec - 1].keep.push_back(st);
+  return st;
 }
 
 void CudaBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, std::uint64_t dst_off, std::uint64_t n) {
@@ -408,6 +452,10 @@ void CudaBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, 
   if (!s || !d) throw RuntimeError(fmt::format("cuda backend: copy between {} and {}: both must be GPU memory", src.where(), dst.where()));
   Device& ds = s->device();
   Device& dd = d->device();
+  if (&ds != &dd) {
+    ds.refuse_while_recording(src.rank(), fmt::format("a copy of {} bytes from {} to {}", n, src.where(), dst.where()));
+    dd.refuse_while_recording(dst.rank(), fmt::format("a copy of {} bytes from {} to {}", n, src.where(), dst.where()));
+  }
   if (&ds == &dd) {
     ds.use();
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(d->ptr() + dst_off, s->ptr() + src_off, n, cudaMemcpyDeviceToDevice, ds.stream));
@@ -511,6 +559,7 @@ void CudaBackend::checksum(const Tensor& t, std::uint64_t base, void* slots, std
 void CudaBackend::read_checksums(int rank, void* slots, std::uint64_t* out, std::size_t n) {
   auto& cs = *static_cast<ChecksumSlots*>(slots);
   Device& d = impl_->dev(cs.rank);
+  d.refuse_while_recording(cs.rank, "reading checksums to the host");
   d.use();
   CUBESIM_CUDA_CHECK(cudaMemcpyAsync(out, as_cuda(*cs.storage)->ptr(), 8 * n, cudaMemcpyDeviceToHost, d.stream));
   CUBESIM_CUDA_CHECK(cudaStreamSynchronize(d.stream));
@@ -579,6 +628,7 @@ bool CudaBackend::attention(const AttentionRequest& r) {
   std::shared_ptr<Storage> lengths;
   const std::int64_t* kv_valid = nullptr;
   if (!r.kv_valid.empty()) {
+    d.refuse_while_recording(rank, "attention's padding lengths (kv_valid) from the host");
     lengths = allocate(rank, r.kv_valid.size_bytes(), "attention kv_valid");
     auto* p = static_cast<CudaStorage&>(*lengths).ptr();
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(p, r.kv_valid.data(), r.kv_valid.size_bytes(), cudaMemcpyHostToDevice, d.stream));
@@ -635,6 +685,7 @@ bool CudaBackend::rowwise(const RowwiseRequest& r) {
   std::vector<std::shared_ptr<Storage>> keep;
   const auto upload = [&](const void* p, std::size_t bytes, const char* what) -> std::uint8_t* {
     if (bytes == 0) return nullptr;
+    d.refuse_while_recording(rank, fmt::format("{} from the host", what));
     keep.push_back(allocate(rank, bytes, what));
     auto* q = static_cast<CudaStorage&>(*keep.back()).ptr();
     CUBESIM_CUDA_CHECK(cudaMemcpyAsync(q, p, bytes, cudaMemcpyHostToDevice, d.stream));
@@ -671,6 +722,7 @@ bool CudaBackend::rowwise(const RowwiseRequest& r) {
       const std::int64_t g = s.heads / s.kv_heads, hd = s.head_dim, half = hd / 2;
       auto& table = impl_->rotary_tables[{rank, s.seq_q, half, r.rotary_base}];
       if (!table) {
+        d.refuse_while_recording(rank, "a rotary table from the host (made at its first use: run once before recording)");
         const kernels::RotaryTable t = kernels::rotary_table(s.seq_q, hd, r.rotary_base);
         std::vector<float> cs(t.cos);
         cs.insert(cs.end(), t.sin.begin(), t.sin.end());
@@ -743,10 +795,11 @@ void CudaBackend::Impl::issue(Rendezvous& v, const ProcessGroup& g) {
   for (int i = 0; i < p; ++i) {
     const CollectiveRequest& r = v.reqs[static_cast<std::size_t>(i)];
     if (r.region) {
-      dev(g.rank_at(i)).use();
+      Device& d = dev(g.rank_at(i));
+      d.use();
       Region& reg = regions[r.region - 1];
       reg.side = r.async != 0;
-      CUBESIM_CUDA_CHECK(cudaEventRecord(reg.start, stream_of(i)));
+      d.record_timing(reg.start, stream_of(i));
     }
   }
   lib.check(lib.group_start(), "ncclGroupStart for " + what);
@@ -835,6 +888,7 @@ void CudaBackend::abandon_run() {
   // arrived), so no GPU waits on a peer that never comes: dropping them is enough.
   impl_->rendezvous.clear();
   impl_->notes.clear();  // the failed run has no report to say them in
+  impl_->release_graphs();
   impl_->async_open.assign(impl_->async_open.size(), 0);  // collectives of the abandoned run are not waited for
   for (Impl::Async& a : impl_->asyncs) {
     a.ended = true;
@@ -856,7 +910,7 @@ std::uint64_t CudaBackend::begin_region(int rank, std::string_view kind) {
   reg.rank = rank;
   CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.start));
   CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.stop));
-  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.start, d.stream));
+  d.record_timing(reg.start, d.stream);
   impl_->regions.push_back(reg);
   return impl_->regions.size();
 }
@@ -866,7 +920,7 @@ void CudaBackend::end_region(std::uint64_t token) {
   Impl::Region& reg = impl_->regions.at(token - 1);
   Device& d = impl_->dev(reg.rank);
   d.use();
-  CUBESIM_CUDA_CHECK(cudaEventRecord(reg.stop, reg.side ? d.side : d.stream));
+  d.record_timing(reg.stop, reg.side ? d.side : d.stream);
 }
 
 std::uint64_t CudaBackend::async_begin(int rank) {
@@ -899,6 +953,7 @@ void CudaBackend::async_end(std::uint64_t token) {
 }
 
 void CudaBackend::end_run() {
+  impl_->release_graphs();
   // Collectives nobody waited for: each rank's stream waits for its side stream, once, and the
   // events of the run's asynchronous collectives go.
   if (impl_->asyncs.empty()) return;
@@ -931,6 +986,100 @@ double CudaBackend::measured_seconds(std::uint64_t token) {
     reg.seconds = ms * 1e-3;
   }
   return reg.seconds;
+}
+
+void CudaBackend::Impl::release_graphs() {
+  for (auto& d : devs) {
+    if (d->recording == 0) continue;
+    // A run that failed while recording: end it and drop what was recorded (an invalidated
+    // recording ends with an error, which is the failure already reported).
+    cudaSetDevice(d->id);
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(d->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    d->recording = 0;
+  }
+  for (Graph& g : graphs) {
+    if (g.exec) {
+      cudaSetDevice(dev(g.rank).id);
+      cudaStreamSynchronize(dev(g.rank).stream);  // its last launch (and the timing events in it) done
+      // Destroying an executable graph that is still running is allowed (CUDA defers it); its
+      // blocks go back to free lists that hand them out in this stream's order, after its launches.
+      cudaGraphExecDestroy(g.exec);
+      g.exec = nullptr;
+    }
+    g.ended = true;
+    g.keep.clear();
+  }
+  cudaGetLastError();
+}
+
+std::uint64_t CudaBackend::graph_begin(int rank) {
+  if (rank < 0 || rank >= impl_->ranks)
+    throw RuntimeError(fmt::format("cuda backend: graph_begin on rank {}: ranks are 0 to {}", rank, impl_->ranks - 1));
+  if (impl_->opts.collectives == CudaCollectives::ring && impl_->ranks > 1) {
+    // The runtime's collectives copy between the ranks' streams, and each rank records a graph of
+    // its own stream: a copy would tie two recordings together, which CUDA refuses.
+    impl_->note("CUDA graphs: not recorded with collectives 'ring' on more than one rank (its copies join the ranks' "
+                "streams); the work ran without graphs. Collectives 'nccl', or one rank, record them");
+    return 0;
+  }
+  Device& d = impl_->dev(rank);
+  if (d.recording)
+    throw RuntimeError(fmt::format("cuda backend: graph_begin on rank {}: graph {} is still being recorded there; "
+                                   "call graph_end first", rank, d.recording));
+  d.use();
+  // Relaxed: every rank records on one host thread, and the allocator may call cudaMalloc meanwhile.
+  CUBESIM_CUDA_CHECK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeRelaxed));
+  Impl::Graph g;
+  g.rank = rank;
+  impl_->graphs.push_back(std::move(g));
+  d.recording = impl_->graphs.size();
+  return d.recording;
+}
+
+void CudaBackend::graph_end(std::uint64_t token) {
+  Impl::Graph& g = impl_->graph(token, "graph_end");
+  Device& d = impl_->dev(g.rank);
+  if (g.ended || d.recording != token)
+    throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: {}", token, g.rank,
+                                   g.ended ? "it has ended already" : "it is not being recorded"));
+  d.use();
+  // Work the side stream joined in (asynchronous collectives) rejoins the stream before the end.
+  cudaStreamCaptureStatus side = cudaStreamCaptureStatusNone;
+  CUBESIM_CUDA_CHECK(cudaStreamIsCapturing(d.side, &side));
+  if (side == cudaStreamCaptureStatusActive) {
+    CUBESIM_CUDA_CHECK(cudaEventRecord(d.order, d.side));
+    CUBESIM_CUDA_CHECK(cudaStreamWaitEvent(d.stream, d.order, 0));
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(d.stream, &graph);
+  d.recording = 0;
+  g.ended = true;
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: cudaStreamEndCapture failed: {} ({}); "
+                                   "something the rank did while recording cannot be recorded",
+                                   token, g.rank, cudaGetErrorName(e), cudaGetErrorString(e)));
+  }
+  const cudaError_t ie = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {
+    cudaGetLastError();
+    g.exec = nullptr;
+    throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: cudaGraphInstantiate failed: {} ({})", token,
+                                   g.rank, cudaGetErrorName(ie), cudaGetErrorString(ie)));
+  }
+}
+
+void CudaBackend::graph_launch(std::uint64_t token) {
+  Impl::Graph& g = impl_->graph(token, "graph_launch");
+  if (!g.exec)
+    throw RuntimeError(fmt::format("cuda backend: graph_launch({}) on rank {}: {}", token, g.rank,
+                                   g.ended ? "the graph's run has ended (graphs live until their spawn() returns)"
+                                           : "its recording has not ended (graph_end)"));
+  Device& d = impl_->dev(g.rank);
+  d.use();
+  CUBESIM_CUDA_CHECK(cudaGraphLaunch(g.exec, d.stream));
 }
 
 std::unique_ptr<Context> make_cuda_context(ContextOptions ctx_opts, CudaBackendOptions cuda_opts) {

@@ -24,12 +24,14 @@
 //
 //   cubesim-xcheck [--topology h200x4] [--tp N]... [--tokens 4096 --hidden 4096 --ffn 14336]
 //                  [--check-tokens 256 --check-hidden 1024 --check-ffn 4096] [--iters 5]
-//                  [--json FILE] [--sim-only] [--share-gpus] [--torch | --no-torch] [--torch-json FILE]
+//                  [--json FILE] [--sim-only] [--share-gpus] [--graph] [--torch | --no-torch] [--torch-json FILE]
 // Without --tp: every power of two up to the smaller of the topology's cubes and the GPUs.
 // --share-gpus: a --tp above the GPUs places its ranks on them in turn (rank r on GPU r % GPUs, each its
 // own stream); only the bits are checked then, in the modes the runtime's ring serves (exact+ring,
 // tensor_core+ring; NCCL wants a GPU per rank), and the timed section runs on the simulator alone.
 // (Without --tp the sizes stop at the GPUs' count, so name the larger ones.)
+// --graph: also times the tensor_core+nccl step recorded once as a CUDA graph per GPU and launched
+// each iteration (tp::MlpStepOptions::graph), against its step run op by op and PyTorch's.
 // Exit status: 0 all bitwise claims hold; 1 a claim failed; 2 bad arguments; 3 no usable GPU (the
 // simulated side is still printed; --sim-only asks for it alone and exits 0).
 #include <algorithm>
@@ -76,6 +78,7 @@ struct Args {
   std::string json;
   bool sim_only = false;
   bool share_gpus = false;  // bits at a tp above the GPUs: ranks share them (r % GPUs); no timing then
+  bool graph = false;       // also time the tensor_core+nccl step as a CUDA graph (tp::MlpStepOptions::graph)
   enum class Torch { automatic, on, off } torch = Torch::automatic;
   std::string torch_json;
 };
@@ -168,7 +171,7 @@ struct MlpRun {
 // forward + backward `iters` times on `tp` ranks, each iteration a measured "step" region, from
 // random inputs (never zeros: they run faster than real data on tensor cores); `collect` reads
 // every tensor back.
-MlpRun run_mlp(rt::Context& ctx, const Size& s, int tp, bool collect, int iters) {
+MlpRun run_mlp(rt::Context& ctx, const Size& s, int tp, bool collect, int iters, bool graph = false) {
   MlpRun run;
   run.step = tp::run_mlp_step(ctx, {.mlp = {.hidden = s.hidden, .ffn = s.ffn, .dtype = DType::bf16, .seed = 7},
                                     .tokens = s.tokens,
@@ -177,7 +180,8 @@ MlpRun run_mlp(rt::Context& ctx, const Size& s, int tp, bool collect, int iters)
                                     .collect = collect ? tp::Collect::all : tp::Collect::none,
                                     .step_regions = true,
                                     .inputs_first = true,
-                                    .hold_tensors = true});
+                                    .hold_tensors = true,
+                                    .graph = graph});
   run.ops = ctx.op_records();
   return run;
 }
@@ -265,7 +269,7 @@ std::unique_ptr<rt::Context> sim_context(const hw::Topology& topo, int tp, bool 
 int usage(const std::string& msg) {
   fmt::print(stderr,
              "cubesim-xcheck: {}\nusage: cubesim-xcheck [--topology NAME] [--tp N]... [--tokens N] [--hidden N] [--ffn N] "
-             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only] [--share-gpus] "
+             "[--check-tokens N] [--check-hidden N] [--check-ffn N] [--iters N] [--json FILE] [--sim-only] [--share-gpus] [--graph] "
              "[--torch | --no-torch] [--torch-json FILE]\n",
              msg);
   return 2;
@@ -294,6 +298,7 @@ int main(int argc, char** argv) {
       else if (s == "--json") a.json = next();
       else if (s == "--sim-only") a.sim_only = true;
       else if (s == "--share-gpus") a.share_gpus = true;
+      else if (s == "--graph") a.graph = true;
       else if (s == "--torch") a.torch = Args::Torch::on;
       else if (s == "--no-torch") a.torch = Args::Torch::off;
       else if (s == "--torch-json") a.torch_json = next();
@@ -445,7 +450,8 @@ int main(int argc, char** argv) {
                a.time.hidden, a.time.ffn, sim::to_us(sim.step.report.sim_time));
     std::vector<std::string> header = {"op", "sim us"};
     std::map<std::string, std::vector<double>> measured[2];
-    std::vector<double> step_us[2];
+    std::vector<double> step_us[2], graph_us;
+    int graph_ranks = 0;
     const bool timed = cuda && tp <= gpus;  // a timing with ranks sharing a GPU would say nothing
 #ifdef CUBESIM_XCHECK_CUDA
     if (cuda && !timed) fmt::print("  cuda: not timed (tp {} on {} GPU(s): --share-gpus checks the bits only)\n", tp, gpus);
@@ -462,6 +468,14 @@ int main(int argc, char** argv) {
             measured[mi][key].push_back(1e6 * be.measured_seconds(op->region));
           }
         }
+      }
+      if (a.graph) {  // the step alone: its ops ran inside the graph, once recorded
+        auto cctx = cuda_context(tp, modes[1].opts, true);
+        const MlpRun g = run_mlp(*cctx, a.time, tp, false, a.iters, true);
+        graph_ranks = g.step.graphs;
+        for (int it = 1; it < a.iters; ++it)
+          graph_us.push_back(1e6 * cctx->backend().measured_seconds(g.step.steps[0][static_cast<std::size_t>(it)]));
+        for (const auto& n : g.step.report.notes) fmt::print("  note: {}\n", n);
       }
     }
 #endif
@@ -543,6 +557,15 @@ int main(int argc, char** argv) {
                  r <= 1.0 ? "met" : "NOT met");
       out["vs_pytorch"].push_back({{"tp", tp}, {"tensor_core_nccl_us", step[2]}, {"pytorch_us", step[3]}, {"ratio", r},
                                    {"target", 1.0}});
+    }
+    if (!graph_us.empty()) {
+      const double gs = median(graph_us);
+      fmt::print("tensor_core+nccl step as a CUDA graph at tp {}: {:.1f} us ({} of {} ranks recorded one); / the step run "
+                 "op by op: {:.3f}{}\n",
+                 tp, gs, graph_ranks, tp, step[2] > 0 ? gs / step[2] : -1.0,
+                 step[3] > 0 ? fmt::format("; / PyTorch: {:.3f}", gs / step[3]) : std::string());
+      out["graph"].push_back({{"tp", tp}, {"graph_us", gs}, {"ranks_recorded", graph_ranks}, {"tensor_core_nccl_us", step[2]},
+                              {"pytorch_us", step[3] > 0 ? step[3] : -1.0}});
     }
   }
   const auto now = std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now());

@@ -54,6 +54,12 @@ struct MlpStepOptions {
   bool step_regions = false;
   bool inputs_first = false;  // place dy with x, before the first forward
   bool hold_tensors = false;  // keep x and the outputs to the end of the run (collect implies it)
+  // Iterations after the first as one recorded graph each rank launches (Backend::graph_begin: CUDA
+  // graphs on the cuda backend): iteration 2 is recorded before its region opens, then every
+  // iteration from 2 on launches it, on the same tensors. x is held to the end. Where the backend
+  // records no graph (sim, host; cuda with ring collectives on several ranks) the iterations run as
+  // usual. The same values either way: a graph replays the recorded kernels on the same data.
+  bool graph = false;
 };
 
 struct MlpStepResult {
@@ -62,6 +68,7 @@ struct MlpStepResult {
   std::vector<std::map<std::string, std::vector<std::uint8_t>>> tensors;
   // Per rank: the begin_region token of each iteration (with step_regions).
   std::vector<std::vector<std::uint64_t>> steps;
+  int graphs = 0;  // ranks that recorded their iterations as a graph and launched it (MlpStepOptions::graph)
 };
 
 // Runs the step; throws RuntimeError naming the option for a tp outside 1..world_size, sequence

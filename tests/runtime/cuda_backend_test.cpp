@@ -2,7 +2,8 @@
 // bitwise equal to the host replay; NCCL collectives within tolerance (bitwise where no arithmetic
 // is involved); the device kernels bitwise equal to the host ops; the TP MLP with exact GEMMs and
 // the ring bitwise equal to the host replay, with tensor-core GEMMs and NCCL within tolerance; the
-// caching allocator; and the errors (no GPU, fewer GPUs than ranks, a failing CUDA call).
+// caching allocator; CUDA graphs (recorded work launched again, bitwise the work run as it is); and
+// the errors (no GPU, fewer GPUs than ranks, a failing CUDA call, the host inside a recording).
 // Every test that needs GPUs skips when fewer are present, so CI (no GPU) compiles and skips.
 #include <gtest/gtest.h>
 
@@ -23,6 +24,7 @@
 #include "sim/hw/errors.h"
 #include "tp/equivalence.h"
 #include "tp/gpt_step.h"
+#include "tp/mlp_step.h"
 #include "tp/transformer_step.h"
 
 namespace cubesim::rt::testing {
@@ -773,6 +775,151 @@ TEST(CudaBackendErrors, AFailedRunLeavesAUsableContext) {
       ASSERT_EQ(got[1][i], got[0][i]) << "element " << i;
     }
   }
+}
+
+// ---------------------------------------------------------------- CUDA graphs
+// A recorded GEMM + bias + GELU runs nothing while recorded; each launch runs it on what its input
+// tensors hold then: outputs poisoned (NaN) before every launch, the input rewritten between
+// launches, each result bitwise the same ops run as they are on the same values.
+TEST(CudaGraphs, ALaunchRunsTheRecordedWorkOnTheTensorsCurrentValues) {
+  NEED_GPUS(1);
+  for (const cuda::GemmMode mode : {cuda::GemmMode::exact, cuda::GemmMode::tensor_core}) {
+    auto ctx = cuda_with(mode, CudaCollectives::nccl)(1);
+    Backend& be = ctx->backend();
+    std::mt19937_64 rng(23 + static_cast<int>(mode));
+    const std::int64_t M = 96, K = 256, N = 192;
+    const auto x1 = random_values(M * K, DType::bf16, rng), x2 = random_values(M * K, DType::bf16, rng);
+    const auto w = random_values(K * N, DType::bf16, rng), b = random_values(N, DType::bf16, rng);
+    const std::vector<float> nan(static_cast<std::size_t>(M * N), std::nanf(""));
+    std::vector<std::uint8_t> want1, want2, got1, got2, recorded;
+    const RunReport rep = ctx->spawn(1, [&](int r) {
+      Tensor x = ctx->from_host_f32(r, {M, K}, DType::bf16, x1), wt = ctx->from_host_f32(r, {K, N}, DType::bf16, w);
+      Tensor bias = ctx->from_host_f32(r, {N}, DType::bf16, b);
+      auto ops = [&] {
+        Tensor pre = ctx->empty(r, {M, N}, DType::bf16, "pre"), y = ctx->empty(r, {M, N}, DType::bf16, "y");
+        matmul(x, wt, &bias, pre, "graph gemm");
+        gelu(kernels::GeluKind::tanh, pre, y);
+        return y;
+      };
+      want1 = ops().to_host_bytes();
+      x.copy_from_host_f32(x2.data(), M * K);
+      want2 = ops().to_host_bytes();
+      x.copy_from_host_f32(x1.data(), M * K);
+      const std::uint64_t g = be.graph_begin(r);
+      ASSERT_NE(g, 0u) << "one rank records a graph";
+      Tensor y = ops();  // recorded: nothing runs
+      be.graph_end(g);
+      y.copy_from_host_f32(nan.data(), M * N);
+      recorded = y.to_host_bytes();  // still the poison: the recording ran nothing
+      be.graph_launch(g);
+      got1 = y.to_host_bytes();
+      y.copy_from_host_f32(nan.data(), M * N);
+      x.copy_from_host_f32(x2.data(), M * K);
+      be.graph_launch(g);
+      got2 = y.to_host_bytes();
+    });
+    const char* m = cuda::gemm_mode_name(mode);
+    EXPECT_TRUE(rep.notes.empty()) << m << ": " << ::testing::PrintToString(rep.notes);
+    EXPECT_NE(want1, want2) << m << ": two inputs, one output";
+    EXPECT_NE(recorded, want1) << m << ": the output was not poisoned";
+    EXPECT_EQ(got1, want1) << m << ": first launch";
+    EXPECT_EQ(got2, want2) << m << ": launch after the input changed";
+  }
+}
+
+// The MLP step with its iterations after the first as one graph equals the step run each time, bit
+// for bit, on one GPU (tensor-core GEMMs, exact GEMMs), and on two with NCCL (within the tp tolerance:
+// NCCL's order is not the contract's). With the runtime's ring on two ranks no graph is recorded:
+// the run report says so and the values are the ring's.
+TEST(CudaGraphs, TheMlpStepAsAGraphEqualsTheStepRunEachTime) {
+  NEED_GPUS(1);
+  struct Case {
+    int tp;
+    cuda::GemmMode mode;
+    CudaCollectives coll;
+  };
+  std::vector<Case> cases = {{1, cuda::GemmMode::tensor_core, CudaCollectives::nccl},
+                             {1, cuda::GemmMode::exact, CudaCollectives::ring}};
+  if (cuda_device_count() >= 2) {
+    cases.push_back({2, cuda::GemmMode::tensor_core, CudaCollectives::nccl});
+    cases.push_back({2, cuda::GemmMode::exact, CudaCollectives::ring});
+  }
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("tp {} {} {}", c.tp, cuda::gemm_mode_name(c.mode), cuda_collectives_name(c.coll));
+    tp::MlpStepOptions o{.mlp = {.hidden = 256, .ffn = 1024, .dtype = DType::bf16, .seed = 41},
+                         .tokens = 128,
+                         .tp = c.tp,
+                         .data_seed = 17,
+                         .iterations = 3,
+                         .collect = tp::Collect::all};
+    auto eager_ctx = cuda_with(c.mode, c.coll)(c.tp);
+    const tp::MlpStepResult eager = tp::run_mlp_step(*eager_ctx, o);
+    o.graph = true;
+    auto graph_ctx = cuda_with(c.mode, c.coll)(c.tp);
+    const tp::MlpStepResult graph = tp::run_mlp_step(*graph_ctx, o);
+    const bool records = c.tp == 1 || c.coll == CudaCollectives::nccl;
+    EXPECT_EQ(graph.graphs, records ? c.tp : 0) << what;
+    EXPECT_EQ(eager.graphs, 0) << what;
+    if (records) {
+      EXPECT_TRUE(graph.report.notes.empty()) << what << ": " << ::testing::PrintToString(graph.report.notes);
+    } else {
+      ASSERT_EQ(graph.report.notes.size(), 1u) << what << ": " << ::testing::PrintToString(graph.report.notes);
+      EXPECT_NE(graph.report.notes[0].find("CUDA graphs: not recorded"), std::string::npos) << graph.report.notes[0];
+    }
+    for (int r = 0; r < c.tp; ++r) {
+      const auto& e = eager.tensors[static_cast<std::size_t>(r)];
+      const auto& g = graph.tensors[static_cast<std::size_t>(r)];
+      ASSERT_EQ(e.size(), 7u) << what;
+      for (const auto& [name, bytes] : e) {
+        const auto& gb = g.at(name);
+        ASSERT_EQ(gb.size(), bytes.size()) << what << " " << name;
+        if (c.coll == CudaCollectives::ring || c.tp == 1) {
+          EXPECT_EQ(gb, bytes) << what << " rank " << r << " " << name;
+          continue;
+        }
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i + 1 < bytes.size(); i += 2) {
+          const double a = bf16_to_f32(static_cast<std::uint16_t>(gb[i] | gb[i + 1] << 8));
+          const double b = bf16_to_f32(static_cast<std::uint16_t>(bytes[i] | bytes[i + 1] << 8));
+          num += (a - b) * (a - b);
+          den += b * b;
+        }
+        EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), tp::tp_tolerance(DType::bf16, 2)) << what << " rank " << r << " " << name;
+      }
+    }
+  }
+}
+
+// What the host cannot do inside a recording is refused by name, the run fails without a hang, and
+// the context runs again (the recording was ended with the failed run).
+TEST(CudaGraphs, TheHostInsideARecordingIsRefusedByName) {
+  NEED_GPUS(1);
+  auto ctx = cuda_nccl(1);
+  Backend& be = ctx->backend();
+  try {
+    ctx->spawn(1, [&](int r) {
+      Tensor t = ctx->zeros(r, {1024}, DType::f32);
+      const std::uint64_t g = be.graph_begin(r);
+      ASSERT_NE(g, 0u);
+      (void)t.to_host_f32();
+    });
+    FAIL() << "a host read inside a recording succeeded";
+  } catch (const RankError& e) {
+    const std::string m = e.what();
+    for (const char* part : {"reading 4096 bytes to the host", "rank 0", "recorded into a CUDA graph", "graph_end"})
+      EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
+  }
+  EXPECT_THROW(be.graph_launch(1), RuntimeError);  // its run ended: the graph is gone
+  std::mt19937_64 rng(3);
+  const auto a = random_values(1024, DType::f32, rng);
+  std::vector<float> got;
+  ctx->spawn(1, [&](int r) {
+    Tensor t = ctx->from_host_f32(r, {1024}, DType::f32, a);
+    Tensor y = ctx->empty(r, {1024}, DType::f32);
+    add(t, t, y);
+    got = y.to_host_f32();
+  });
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(got[i], a[i] + a[i]) << "element " << i;
 }
 
 // ---------------------------------------------------------------- errors
