@@ -76,7 +76,7 @@ struct Path {
     struct Each {
       sim::Duration chunk = 0, last = 0;  // the stage's time for a full chunk, for the last one
       Server* counters = nullptr;         // where its unit counts flows; null: an L2 (counted by its lookup)
-      FlowResource* res = nullptr;        // its unit's state (FlowEngine::resource); null on a path not memoized
+      FlowResource* res = nullptr;        // its unit's state in the flow engine (FlowEngine::resource)
       bool arrival = false;               // a link: counts wire bytes
     };
     boost::container::small_vector<Each, 5> each;  // per stage (inline up to five: no buffer of its own)

@@ -125,9 +125,7 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
                                                                                    : stage_time(p, s, r->chunk, r->wire, false),
                  .last = stage_time(p, s, last, r->wire, false),
                  .counters = st.unit->kind() == UnitKind::l2 ? nullptr : &st.unit->flow_counters(),
-                 // (A long path's: found when its flow takes legs; a barrier's token, the usual
-                 // long path, takes none, and the units' states are lines it need not read.)
-                 .res = memo ? &resource(*st.unit) : nullptr,
+                 .res = &resource(*st.unit),
                  .arrival = st.arrival};
     t.pace = std::max(t.pace, t.each[s].chunk);
     t.slowest = std::max(t.slowest, t.each[s].last);
@@ -280,9 +278,8 @@ void FlowEngine::start(TransferRecord* r) {
     leg_stamp_ = 1;
   }
   // Each stage's unit state from the path's memo (not through the unit: one line fewer per stage).
-  for (std::size_t s = 0; s < memo.each.size(); ++s) {
-    const Path::FlowTimes::Each& each = memo.each[s];
-    FlowResource& e = each.res ? *each.res : resource(*p.stages[s].unit);
+  for (const Path::FlowTimes::Each& each : memo.each) {
+    FlowResource& e = *each.res;
     const double w = e.ps_per_byte * (each.arrival && !r->wire.identity()
                                           ? static_cast<double>(r->wire.wire) / static_cast<double>(r->wire.data)
                                           : 1.0);
