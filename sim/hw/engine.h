@@ -44,9 +44,6 @@ struct Stage {
   // Which serve() the chunk level calls: a memory's and a link's without the virtual call (both
   // classes are final; the chunk loop's first touch of the unit is then its own data, not its vtable).
   enum class Serve : std::uint8_t { memory, link, other } serve = Serve::other;
-  // fig->time(the path's chunk) in ps, worked out once when the path is built (0: over 2^32 ps, work
-  // it out when needed); in the padding, so a stage stays 48 bytes.
-  std::uint32_t chunk_ps = 0;
   L2Cache* cache_read = nullptr;  // an L2 read stage: its figures are the cold (all-miss) path's
   const StageFigures* fig = nullptr;  // the unit's figures (an L2 read's: cold), one copy per unit
 };
@@ -54,7 +51,6 @@ struct Stage {
 std::string stage_label(const Stage& s);
 
 // The fields every message reads come first (two cache lines with flow_times), the figures last.
-static_assert(sizeof(Stage) == 48, "a barrier's token paths hold millions of stages");
 struct Path {
   std::vector<Stage> stages;
   DmaChannel* injector = nullptr;  // requests through it serialize

@@ -120,9 +120,7 @@ const Path::FlowTimes& FlowEngine::times(const TransferRecord* r) {
   t.each.resize(p.stages.size());
   for (std::size_t s = 0; s < p.stages.size(); ++s) {
     const Stage& st = p.stages[s];
-    // (A full chunk of the path's size: its time from the path, worked out when it was built.)
-    t.each[s] = {.chunk = r->chunk == p.chunk && r->wire.identity() && st.chunk_ps ? sim::Duration{st.chunk_ps}
-                                                                                   : stage_time(p, s, r->chunk, r->wire, false),
+    t.each[s] = {.chunk = stage_time(p, s, r->chunk, r->wire, false),
                  .last = stage_time(p, s, last, r->wire, false),
                  .counters = st.unit->kind() == UnitKind::l2 ? nullptr : &st.unit->flow_counters(),
                  .res = &resource(*st.unit),

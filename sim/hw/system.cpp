@@ -9,7 +9,6 @@
 #include "sim/hw/system.h"
 
 #include <algorithm>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -412,7 +411,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   f.chunk_bytes = p->chunk;
   f.alpha = p->injector_overhead;
   bool first = true, before_link = true;
-  for (Stage& s : p->stages) {
+  for (const Stage& s : p->stages) {
     if (s.arrival) before_link = false;
     if (before_link && has_links) p->d_pre += s.pre + s.post;
     // The figures of an L2 read are its misses': the HBM's latency and channels too (a chunk that
@@ -424,9 +423,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
     if (first || sf.bandwidth.bytes_per_s < f.bandwidth.bytes_per_s) f.bandwidth = sf.bandwidth;
     first = false;
     // Sources inject at the pace of the slowest stage's service of a full chunk.
-    const Duration ct = sf.time(p->chunk);
-    s.chunk_ps = ct <= Duration{std::numeric_limits<std::uint32_t>::max()} ? static_cast<std::uint32_t>(ct) : 0;
-    p->pace = std::max(p->pace, ct);
+    p->pace = std::max(p->pace, sf.time(p->chunk));
   }
   f.chunk_time = p->pace;
   p->flow_delays = f.alpha - p->injector_overhead;
