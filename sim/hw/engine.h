@@ -117,7 +117,6 @@ struct TransferRecord : TransferInfo {
   bool packet = false;           // its last chunk goes through the queues as one piece (FlowEngine::hop)
   bool body_done = false;        // the fluid's last byte has left its last unit
   bool packet_done = false;      // the last chunk has left its last unit
-  bool counted = false;          // its units' counters have it (a latency-bound flow: when it started)
   sim::Duration tail = 0;        // the last chunk at its slowest stage (its time on an idle path)
   sim::Time started = 0;
   std::uint32_t generation = 0;  // its source's stop event is current only while this matches (never reset)
@@ -282,8 +281,6 @@ class FlowEngine {
   void look_up_last(TransferRecord* r);
   void add_leg(TransferRecord* r, FlowResource& e, double w);  // (merged where e already is one)
   void trace_flow(TransferRecord* r, std::uint64_t bytes);
-  // Adds r to its units' counters (FlowTimes of its sizes) and marks it counted.
-  void count(TransferRecord* r, const Path::FlowTimes& t);
 
   System* sys_;
   std::vector<FlowResource> res_;  // by UnitId, made on first use

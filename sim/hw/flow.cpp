@@ -257,7 +257,7 @@ void FlowEngine::start(TransferRecord* r) {
   r->full = r->nchunks > 1 ? static_cast<sim::Duration>(r->nchunks - 1) * pace : whole;
   r->tail = r->nchunks > 1 ? slowest : 0;
   r->cap = static_cast<double>(body) / static_cast<double>(r->full);
-  r->split = r->packet = r->counted = false;
+  r->split = r->packet = false;
   r->body_done = r->packet_done = false;
   r->started = sim.now();
   r->legs.clear();
@@ -265,9 +265,6 @@ void FlowEngine::start(TransferRecord* r) {
   if (whole <= kLatencyBound) {  // latency-bound: outside the queues
     r->full = whole;
     r->tail = 0;
-    // Counted now, from the stage times just worked out: a barrier's token has a path thousands of
-    // hops long, whose times would be worked out again when it lands (one path's are kept).
-    count(r, memo);
     sim.at(sim.now() + whole, FlowUnshared{this, r});
     return;
   }
@@ -624,24 +621,19 @@ void FlowEngine::body_out(TransferRecord* r) {
   if (!r->packet || r->packet_done) complete(r);
 }
 
-void FlowEngine::count(TransferRecord* r, const Path::FlowTimes& t) {
+void FlowEngine::complete(TransferRecord* r) {
+  sim::Simulator& sim = sys_->simulator();
   // Counters: the transfer's bytes on each unit (wire bytes on links), the chunks it stands for, and
   // the time it takes the unit at full rate; a split flow's last chunk counts where it passes.
   const std::uint64_t last = r->split ? 0 : r->bytes - (r->nchunks - 1) * r->chunk;
   const std::uint64_t chunks = r->split ? r->nchunks - 1 : r->nchunks;
   const std::uint64_t bytes = (r->nchunks - 1) * r->chunk + last;
-  for (const Path::FlowTimes::Each& e : t.each) {
+  for (const Path::FlowTimes::Each& e : times(r).each) {
     if (!e.counters) continue;  // an L2: counted by its lookup when the flow started
     const sim::Duration busy = static_cast<sim::Duration>(r->nchunks - 1) * e.chunk + (r->split ? 0 : e.last);
     PathUnit::flow_account(*e.counters, e.arrival ? r->wire.of(bytes) : bytes, chunks, busy);
   }
-  r->counted = true;
-}
-
-void FlowEngine::complete(TransferRecord* r) {
-  sim::Simulator& sim = sys_->simulator();
-  if (!r->counted) count(r, times(r));
-  if (sim.trace().enabled()) trace_flow(r, (r->nchunks - 1) * r->chunk + (r->split ? 0 : r->bytes - (r->nchunks - 1) * r->chunk));
+  if (sim.trace().enabled()) trace_flow(r, bytes);
   if (r->split) {
     sys_->inject_tail(r, 0);
     return;

@@ -289,31 +289,26 @@ Path& System::path_of(Memory& src, Memory& dst) {
   auto it = paths_.find(key);
   if (it != paths_.end()) return *it->second;
   std::unique_ptr<Path> p = build_path(src, dst);
-  if (path_stages_ + p->stages.size() > opts_.path_cache_stages) evict_paths(p->stages.size());
+  if (path_stages_ + p->stages.size() > opts_.path_cache_stages) evict_paths();
   path_stages_ += p->stages.size();
   return *paths_.emplace(key, std::move(p)).first->second;
 }
 
-void System::evict_paths(std::size_t need) {
+void System::evict_paths() {
   // Paths are pure functions of their two memories: one evicted is rebuilt when next asked for, and
-  // times do not change. Those in use by a transfer in flight stay. Long paths go first: the many-hop
-  // paths of a dissemination barrier over thousands of ranks, each used by one token per barrier,
-  // are what fills the cache, and the short paths a collective uses again and again (a ring's
-  // neighbours, with their flow-level memos) then stay; the rest only when that is not room enough.
-  for (int pass = 0; pass < 2 && path_stages_ + need > opts_.path_cache_stages; ++pass) {
-    for (auto it = paths_.begin(); it != paths_.end();) {
-      Path& p = *it->second;
-      if (p.users > 0 || (pass == 0 && p.stages.size() <= kShortPathStages)) {
-        ++it;
-        continue;
-      }
-      if (p.dst->path_ == &p) {
-        p.dst->path_src_ = nullptr;
-        p.dst->path_ = nullptr;
-      }
-      path_stages_ -= p.stages.size();
-      it = paths_.erase(it);
+  // times do not change. Those in use by a transfer in flight stay.
+  for (auto it = paths_.begin(); it != paths_.end();) {
+    Path& p = *it->second;
+    if (p.users > 0) {
+      ++it;
+      continue;
     }
+    if (p.dst->path_ == &p) {
+      p.dst->path_src_ = nullptr;
+      p.dst->path_ = nullptr;
+    }
+    path_stages_ -= p.stages.size();
+    it = paths_.erase(it);
   }
   if (flows_) flows_->paths_evicted();  // a new path may take an evicted one's address
 }
@@ -373,20 +368,15 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
 
   Pe* src_pe = src.memory_kind() == MemoryKind::kTcm ? &pe(src.cube(), src.pe()) : nullptr;
   Pe* dst_pe = dst.memory_kind() == MemoryKind::kTcm ? &pe(dst.cube(), dst.pe()) : nullptr;
-  const bool src_host = src.memory_kind() == MemoryKind::kHost, dst_host = dst.memory_kind() == MemoryKind::kHost;
-  // Its stages at most (two more per link through a switch with ports), reserved: a barrier's token
-  // paths are thousands of hops long, and growing them copied each one about three times.
-  const std::vector<int>* route =
-      !src_host && !dst_host && src.cube() != dst.cube() ? &router_.route(src.cube(), dst.cube()) : nullptr;
-  p->stages.reserve(4 + (route ? route->size() * (switch_ports_.empty() ? 1 : 3) : std::size_t{src_host != dst_host}));
   memory_stage(src, true);
   if (src_pe) dma_stage(*src_pe, false);
+  const bool src_host = src.memory_kind() == MemoryKind::kHost, dst_host = dst.memory_kind() == MemoryKind::kHost;
   if (src_host && !dst_host) {
     link_stage(router_.link_between(kHostNode, dst.cube()));
   } else if (dst_host && !src_host) {
     link_stage(router_.link_between(src.cube(), kHostNode));
-  } else if (route) {
-    for (int li : *route) {
+  } else if (!src_host && src.cube() != dst.cube()) {
+    for (int li : router_.route(src.cube(), dst.cube())) {
       link_stage(li);
       // Through a switch with ports: the sender's in ports after its link up, then the
       // receiver's out ports before the link down.
@@ -401,7 +391,7 @@ std::unique_ptr<Path> System::build_path(Memory& src, Memory& dst) {
   if (dst_pe) dma_stage(*dst_pe, true);
   memory_stage(dst, false);
   // Exactly its stages: a barrier over thousands of ranks holds thousands of paths thousands of hops
-  // long at once, where spare capacity was a third of the peak memory. (A no-op but through a switch.)
+  // long at once, where growth's spare capacity was a third of the peak memory.
   p->stages.shrink_to_fit();
 
   const bool has_links = p->figures.hops > 0;

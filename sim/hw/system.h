@@ -221,10 +221,7 @@ class System {
   std::size_t path_stages_ = 0;  // stages of the paths in paths_
   std::vector<std::unique_ptr<StageFigures>> unit_figures_;  // by 2 x UnitId (+1: an L2's cold read)
   const StageFigures& unit_figures(PathUnit& u, bool cold_read);
-  // Makes room for a path of `need` stages: unused paths longer than kShortPathStages first, then
-  // the other unused ones.
-  void evict_paths(std::size_t need);
-  static constexpr std::size_t kShortPathStages = 16;
+  void evict_paths();
   std::vector<std::unique_ptr<TransferRecord>> records_;
   TransferRecord* free_records_ = nullptr;
   std::uint64_t next_transfer_id_ = 1;
