@@ -208,7 +208,9 @@ class CudaStorage final : public Storage {
     check(offset, n, "write");
     dev_->use();
     CUBESIM_CUDA_CHECK(cudaMemsetAsync(ptr_ + offset, 0, n, dev_->stream));  // stream-ordered like write
-    CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
+    // Inside a graph's recording the zeroing is recorded (a tensor made with zeros() in a recorded
+    // step is zeroed at each launch); the host has nothing to wait for.
+    if (!dev_->recording) CUBESIM_CUDA_CHECK(cudaStreamSynchronize(dev_->stream));
   }
   std::string where() const override {
     return fmt::format("GPU {} ({}) @ {}", dev_->id, dev_->name, static_cast<const void*>(ptr_));

@@ -778,9 +778,10 @@ TEST(CudaBackendErrors, AFailedRunLeavesAUsableContext) {
 }
 
 // ---------------------------------------------------------------- CUDA graphs
-// A recorded GEMM + bias + GELU runs nothing while recorded; each launch runs it on what its input
-// tensors hold then: outputs poisoned (NaN) before every launch, the input rewritten between
-// launches, each result bitwise the same ops run as they are on the same values.
+// A recorded GEMM + bias + GELU, added to a tensor made with zeros(), runs nothing while recorded;
+// each launch runs it on what its input tensors hold then (the zeroing too): outputs poisoned (NaN)
+// before every launch, the input rewritten between launches, each result bitwise the same ops run as
+// they are on the same values.
 TEST(CudaGraphs, ALaunchRunsTheRecordedWorkOnTheTensorsCurrentValues) {
   NEED_GPUS(1);
   for (const cuda::GemmMode mode : {cuda::GemmMode::exact, cuda::GemmMode::tensor_core}) {
@@ -799,7 +800,9 @@ TEST(CudaGraphs, ALaunchRunsTheRecordedWorkOnTheTensorsCurrentValues) {
         Tensor pre = ctx->empty(r, {M, N}, DType::bf16, "pre"), y = ctx->empty(r, {M, N}, DType::bf16, "y");
         matmul(x, wt, &bias, pre, "graph gemm");
         gelu(kernels::GeluKind::tanh, pre, y);
-        return y;
+        Tensor out = ctx->zeros(r, {M, N}, DType::bf16, "out");  // recorded: zeroed at each launch
+        add(out, y, out);
+        return out;
       };
       want1 = ops().to_host_bytes();
       x.copy_from_host_f32(x2.data(), M * K);
