@@ -84,8 +84,9 @@ struct Device {
   void refuse_while_recording(int rank, std::string_view what) const {
     if (recording == 0) return;
     throw RuntimeError(fmt::format(
-        "{} on rank {} (GPU {}) while the rank's work is recorded into a CUDA graph (graph {}, graph_begin): the host "
-        "cannot read, write or copy between GPUs inside a graph; do it before graph_begin or after graph_end",
+        "{} on rank {} (GPU {}) while the rank's work is recorded into a CUDA graph (graph {}, graph_begin): host "
+        "reads and writes, copies between GPUs and checksums cannot be part of a graph; do it before graph_begin or "
+        "after graph_end",
         what, rank, id, recording));
   }
   // A timing event: inside a recording it becomes the graph's own node, recorded at each launch.
@@ -139,7 +140,7 @@ struct Device {
     use();
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, cls);
-    if (e == cudaErrorMemoryAllocation) {
+    if (e == cudaErrorMemoryAllocation && !recording) {  // (trim waits for the stream: not while recording)
       cudaGetLastError();
       trim();  // give the cache back and try once more
       e = cudaMalloc(&p, cls);
@@ -151,9 +152,12 @@ struct Device {
       cudaGetLastError();
       const std::string msg = fmt::format(
           "allocation '{}' of {} bytes on rank {} ({}, GPU {}): cudaMalloc failed: {} ({}); the allocator holds {} "
-          "bytes in use and {} cached; the GPU has {} of {} bytes free",
+          "bytes in use and {} cached; the GPU has {} of {} bytes free{}",
           what, cls, rank, name, id, cudaGetErrorName(e), cudaGetErrorString(e), stats.in_use_bytes,
-          stats.cached_bytes, fr, total);
+          stats.cached_bytes, fr, total,
+          recording ? fmt::format(" (while recording graph {}: its tensors are all held until the run ends, and the "
+                                  "cache is not given back meanwhile)", recording)
+                    : std::string());
       // Out of memory is the same error as a simulated memory's (Python: cubesim.OutOfMemoryError).
       if (e == cudaErrorMemoryAllocation) throw hw::OutOfMemoryError(msg);
       throw RuntimeError(msg);
@@ -284,6 +288,7 @@ struct CudaBackend::Impl {
     cudaEvent_t start = nullptr, stop = nullptr;
     double seconds = -1;
     bool side = false;  // an asynchronous NCCL collective's: its stop goes on the side stream
+    std::uint64_t graph = 0;  // recorded into this graph: timed only once it has been launched
   };
   std::vector<Region> regions;
   // Asynchronous collectives (async_begin): where the input was ready on the rank's stream, and where
@@ -301,6 +306,9 @@ struct CudaBackend::Impl {
   // persistent GEMM and runs after it instead of beside it.
   std::vector<int> async_open;
   static constexpr int kSideSms = 16;
+  bool async_pending(int rank) const {
+    return static_cast<std::size_t>(rank) < async_open.size() && async_open[static_cast<std::size_t>(rank)] > 0;
+  }
 
   // CUDA graphs (graph_begin); token = index + 1. Entries stay after their run (a stale token is
   // refused by name); the executable graph and the blocks go when the run ends.
@@ -308,6 +316,7 @@ struct CudaBackend::Impl {
     int rank = 0;
     cudaGraphExec_t exec = nullptr;
     bool ended = false;  // graph_end was called (or the run ended)
+    std::uint64_t launches = 0;
     // Every tensor allocated while recording: the graph writes and reads their blocks at each launch,
     // so none returns to the free lists (to be handed to other tensors) while the graph lives.
     std::vector<std::shared_ptr<Storage>> keep;
@@ -541,6 +550,8 @@ std::shared_ptr<void> CudaBackend::checksum_slots(int rank, std::size_t slots) {
 void CudaBackend::checksum(const Tensor& t, std::uint64_t base, void* slots, std::size_t word, std::size_t mix) {
   auto& cs = *static_cast<ChecksumSlots*>(slots);
   Device& d = impl_->dev(cs.rank);
+  // (Its kernels add into slots zeroed when they were made: each launch of a graph would add again.)
+  d.refuse_while_recording(cs.rank, "a checksum");
   d.use();
   auto* p = reinterpret_cast<std::uint64_t*>(as_cuda(*cs.storage)->ptr());  // zeroed when made
   std::uint64_t* w = word == kNoSlot ? nullptr : p + word;
@@ -910,6 +921,7 @@ std::uint64_t CudaBackend::begin_region(int rank, std::string_view kind) {
   d.use();
   Impl::Region reg;
   reg.rank = rank;
+  reg.graph = d.recording;
   CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.start));
   CUBESIM_CUDA_CHECK(cudaEventCreate(&reg.stop));
   d.record_timing(reg.start, d.stream);
@@ -980,6 +992,7 @@ void CudaBackend::end_run() {
 double CudaBackend::measured_seconds(std::uint64_t token) {
   if (token == 0 || token > impl_->regions.size()) return -1;
   Impl::Region& reg = impl_->regions[token - 1];
+  if (reg.graph && impl_->graphs[reg.graph - 1].launches == 0) return -1;  // recorded, never run
   if (reg.seconds < 0) {
     impl_->dev(reg.rank).use();
     CUBESIM_CUDA_CHECK(cudaEventSynchronize(reg.stop));
@@ -1018,17 +1031,24 @@ void CudaBackend::Impl::release_graphs() {
 std::uint64_t CudaBackend::graph_begin(int rank) {
   if (rank < 0 || rank >= impl_->ranks)
     throw RuntimeError(fmt::format("cuda backend: graph_begin on rank {}: ranks are 0 to {}", rank, impl_->ranks - 1));
-  if (impl_->opts.collectives == CudaCollectives::ring && impl_->ranks > 1) {
-    // The runtime's collectives copy between the ranks' streams, and each rank records a graph of
-    // its own stream: a copy would tie two recordings together, which CUDA refuses.
-    impl_->note("CUDA graphs: not recorded with collectives 'ring' on more than one rank (its copies join the ranks' "
-                "streams); the work ran without graphs. Collectives 'nccl', or one rank, record them");
+  if (impl_->ranks > 1) {
+    // Several ranks: the runtime's ring copies between the ranks' streams (a copy would tie two
+    // recordings together, which CUDA refuses), and a graph holding NCCL collectives must be launched
+    // on every member before any of them is waited for, while ranks launch one after another on one
+    // host thread (a launch rendezvous, as collective() has, would allow it: not built yet).
+    impl_->note(fmt::format("CUDA graphs: recorded on a one-rank backend only (this one has {} ranks: the ring's copies "
+                            "join the ranks' streams, and NCCL collectives in graphs need every member's launch "
+                            "queued together); the work ran without graphs",
+                            impl_->ranks));
     return 0;
   }
   Device& d = impl_->dev(rank);
   if (d.recording)
     throw RuntimeError(fmt::format("cuda backend: graph_begin on rank {}: graph {} is still being recorded there; "
                                    "call graph_end first", rank, d.recording));
+  if (impl_->async_pending(rank))
+    throw RuntimeError(fmt::format("cuda backend: graph_begin on rank {}: an asynchronous collective launched before "
+                                   "it is not waited for yet; wait for it (Work::wait) before recording", rank));
   d.use();
   // Relaxed: every rank records on one host thread, and the allocator may call cudaMalloc meanwhile.
   CUBESIM_CUDA_CHECK(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeRelaxed));
@@ -1045,6 +1065,10 @@ void CudaBackend::graph_end(std::uint64_t token) {
   if (g.ended || d.recording != token)
     throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: {}", token, g.rank,
                                    g.ended ? "it has ended already" : "it is not being recorded"));
+  if (impl_->async_pending(g.rank))
+    throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: an asynchronous collective launched while "
+                                   "recording is not waited for yet; wait for it (Work::wait) before graph_end",
+                                   token, g.rank));
   d.use();
   // Work the side stream joined in (asynchronous collectives) rejoins the stream before the end.
   cudaStreamCaptureStatus side = cudaStreamCaptureStatusNone;
@@ -1082,6 +1106,7 @@ void CudaBackend::graph_launch(std::uint64_t token) {
   Device& d = impl_->dev(g.rank);
   d.use();
   CUBESIM_CUDA_CHECK(cudaGraphLaunch(g.exec, d.stream));
+  ++g.launches;
 }
 
 std::unique_ptr<Context> make_cuda_context(ContextOptions ctx_opts, CudaBackendOptions cuda_opts) {

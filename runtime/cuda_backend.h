@@ -97,10 +97,11 @@ class CudaBackend final : public Backend {
   std::uint64_t async_begin(int rank) override;
   void async_end(std::uint64_t token) override;
   // CUDA graphs (Backend::graph_begin): the rank's stream records instead of running, and its side
-  // stream with it (asynchronous NCCL collectives). Recorded with NCCL collectives or on one rank;
-  // with the runtime's ring collectives on several ranks graph_begin returns 0 and says so in the run
-  // report (the ring copies between ranks' streams, which per-rank graphs cannot hold). While a rank
-  // records, host reads and writes of its tensors and copies between GPUs are refused by name.
+  // stream with it (asynchronous NCCL collectives). Recorded on a one-rank backend only: with several
+  // ranks graph_begin returns 0 and says why in the run report (the ring copies between ranks'
+  // streams; NCCL collectives in graphs need every member's launch queued before any is waited for,
+  // which needs a launch rendezvous, not built). While a rank records, host reads and writes of its
+  // tensors, host uploads, checksums and copies between GPUs are refused by name.
   std::uint64_t graph_begin(int rank) override;
   void graph_end(std::uint64_t token) override;
   void graph_launch(std::uint64_t token) override;

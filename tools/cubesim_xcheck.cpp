@@ -30,8 +30,9 @@
 // own stream); only the bits are checked then, in the modes the runtime's ring serves (exact+ring,
 // tensor_core+ring; NCCL wants a GPU per rank), and the timed section runs on the simulator alone.
 // (Without --tp the sizes stop at the GPUs' count, so name the larger ones.)
-// --graph: also times the tensor_core+nccl step recorded once as a CUDA graph per GPU and launched
-// each iteration (tp::MlpStepOptions::graph), against its step run op by op and PyTorch's.
+// --graph: also times the tensor_core+nccl step recorded once as a CUDA graph and launched each
+// iteration (tp::MlpStepOptions::graph), against its step run op by op and PyTorch's (tp 1: the cuda
+// backend records graphs on one rank only; above, the step runs without them and the note says why).
 // Exit status: 0 all bitwise claims hold; 1 a claim failed; 2 bad arguments; 3 no usable GPU (the
 // simulated side is still printed; --sim-only asks for it alone and exits 0).
 #include <algorithm>

@@ -57,8 +57,7 @@ struct MlpStepOptions {
   // Iterations after the first as one recorded graph each rank launches (Backend::graph_begin: CUDA
   // graphs on the cuda backend): iteration 2 is recorded before its region opens, then every
   // iteration from 2 on launches it, on the same tensors. x is held to the end. Where the backend
-  // records no graph (sim, host; cuda with ring collectives on several ranks) the iterations run as
-  // usual. The same values either way: a graph replays the recorded kernels on the same data.
+  // records no graph (sim, host; cuda with several ranks) the iterations run as usual. The same values either way: a graph replays the recorded kernels on the same data.
   bool graph = false;
 };
 

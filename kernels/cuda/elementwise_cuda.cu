@@ -12,6 +12,8 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -238,6 +240,13 @@ GeluTables gelu_tables(kernels::GeluKind k, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(dev, static_cast<int>(k));
   if (const auto it = made.find(key); it != made.end()) return it->second;
+  // Made once per device, waited for here: not inside a CUDA graph's recording of the stream.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CUBESIM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone)
+    throw std::runtime_error("GELU on GPU " + std::to_string(dev) + " while its stream records a CUDA graph: the GELU "
+                             "tables are made at a device's first GELU of each kind, which cannot be recorded; run "
+                             "the step once before recording it");
   void* p = nullptr;
   CUBESIM_CUDA_CHECK(cudaMalloc(&p, 65536 * (2 + 4)));
   auto* bwd = static_cast<float*>(p);
