@@ -148,6 +148,15 @@ TEST(TpMlpStep, DataCollectAndErrors) {
   const MlpStepResult c = run_mlp_step(*ctx, o);
   EXPECT_EQ(c.steps[1].size(), 3u);
   EXPECT_EQ(a.tensors, c.tensors);  // an iteration recomputes the same step
+  // Iterations as a graph where the backend records none (the simulator): they run as usual.
+  o.graph = true;
+  const MlpStepResult g = run_mlp_step(*ctx, o);
+  EXPECT_EQ(g.graphs, 0);
+  EXPECT_EQ(g.steps[1].size(), 3u);
+  EXPECT_EQ(a.tensors, g.tensors);
+  EXPECT_EQ(g.report.sim_time, c.report.sim_time);
+  EXPECT_EQ(g.report.events, c.report.events);
+  o.graph = false;
 
   auto expect_error = [&](MlpStepOptions bad, const std::string& needle, rt::Context& on) {
     try {
