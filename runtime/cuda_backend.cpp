@@ -316,6 +316,7 @@ struct CudaBackend::Impl {
     int rank = 0;
     cudaGraphExec_t exec = nullptr;
     bool ended = false;  // graph_end was called (or the run ended)
+    bool failed = false;  // graph_end could not end or instantiate it (said then)
     std::uint64_t launches = 0;
     // Every tensor allocated while recording: the graph writes and reads their blocks at each launch,
     // so none returns to the free lists (to be handed to other tensors) while the graph lives.
@@ -463,7 +464,7 @@ void CudaBackend::copy(const Storage& src, std::uint64_t src_off, Storage& dst, 
   if (!s || !d) throw RuntimeError(fmt::format("cuda backend: copy between {} and {}: both must be GPU memory", src.where(), dst.where()));
   Device& ds = s->device();
   Device& dd = d->device();
-  if (&ds != &dd) {
+  if (&ds != &dd) {  // (two ranks: reached once graphs span several ranks; graph_begin refuses that now)
     ds.refuse_while_recording(src.rank(), fmt::format("a copy of {} bytes from {} to {}", n, src.where(), dst.where()));
     dd.refuse_while_recording(dst.rank(), fmt::format("a copy of {} bytes from {} to {}", n, src.where(), dst.where()));
   }
@@ -1083,6 +1084,7 @@ void CudaBackend::graph_end(std::uint64_t token) {
   g.ended = true;
   if (e != cudaSuccess) {
     cudaGetLastError();
+    g.failed = true;
     throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: cudaStreamEndCapture failed: {} ({}); "
                                    "something the rank did while recording cannot be recorded",
                                    token, g.rank, cudaGetErrorName(e), cudaGetErrorString(e)));
@@ -1092,6 +1094,7 @@ void CudaBackend::graph_end(std::uint64_t token) {
   if (ie != cudaSuccess) {
     cudaGetLastError();
     g.exec = nullptr;
+    g.failed = true;
     throw RuntimeError(fmt::format("cuda backend: graph_end({}) on rank {}: cudaGraphInstantiate failed: {} ({})", token,
                                    g.rank, cudaGetErrorName(ie), cudaGetErrorString(ie)));
   }
@@ -1101,8 +1104,9 @@ void CudaBackend::graph_launch(std::uint64_t token) {
   Impl::Graph& g = impl_->graph(token, "graph_launch");
   if (!g.exec)
     throw RuntimeError(fmt::format("cuda backend: graph_launch({}) on rank {}: {}", token, g.rank,
-                                   g.ended ? "the graph's run has ended (graphs live until their spawn() returns)"
-                                           : "its recording has not ended (graph_end)"));
+                                   g.failed  ? "its graph_end failed (the error said why); record it again"
+                                   : g.ended ? "the graph's run has ended (graphs live until their spawn() returns)"
+                                             : "its recording has not ended (graph_end)"));
   Device& d = impl_->dev(g.rank);
   d.use();
   CUBESIM_CUDA_CHECK(cudaGraphLaunch(g.exec, d.stream));
